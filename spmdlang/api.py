@@ -1,0 +1,103 @@
+"""The Python API: `spmdlang.compile(...)` returns a `Compiled`, whose stages are computed lazily."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+
+import numpy as np
+
+from .errors import Source, Span, SpmdError
+from .frontend.lower import lower
+from .frontend.parse import parse
+from .inputs import check_inputs, random_inputs
+from .ir.core import Program
+from .ir.printer import print_program
+
+BACKENDS = ("ref", "sim", "jax", "xla")
+
+
+def read_source(path: str) -> str:
+    """Read a .spmd file as UTF-8 text; binary or undecodable files are located user errors."""
+    with open(path, "rb") as f:
+        data = f.read()
+    where = Span(Source(path, ""), 1, 1)
+    if b"\x00" in data:
+        raise SpmdError("this is a binary file, not spmdlang source text", where)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise SpmdError(f"the file is not UTF-8 text (byte 0x{data[e.start]:02x})",
+                        Span(Source(path, data.decode("utf-8", "replace")), line, col)) from None
+    if not text.strip():
+        raise SpmdError("empty file: expected a mesh declaration and a function", Span(Source(path, text), 1, 1))
+    return text.removeprefix("\ufeff")
+
+
+class Compiled:
+    """A compiled program. Stages (IR, shardings, per-partition IR, jax source) are computed on
+    first use; every stage is a pure function of the previous one."""
+
+    def __init__(self, program: Program):
+        self.program = program
+
+    @property
+    def mesh(self):
+        return self.program.mesh
+
+    @cached_property
+    def ir(self) -> str:
+        """The global program as IR text."""
+        return print_program(self.program)
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        return random_inputs(self.program, seed)
+
+    def check_inputs(self, inputs: dict, origin: str = "inputs") -> dict[str, np.ndarray]:
+        return check_inputs(self.program, inputs, origin)
+
+    def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
+            origin: str = "inputs") -> list[np.ndarray]:
+        """Run on `inputs` (name -> array; random from `seed` when None); results in order."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        inputs = check_inputs(self.program, inputs if inputs is not None else self.random_inputs(seed), origin)
+        if backend == "ref":
+            from .backend_ref import run_global
+
+            return run_global(self.program, inputs)
+        raise NotImplementedError(f"backend {backend!r} is not available yet")
+
+
+def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, int] | None = None,
+            entry: str | None = None, filename: str | None = None) -> Compiled:
+    """Compile a .spmd file (a path) or source text. `mesh` overrides axis sizes, `consts` consts.
+
+    Raises SpmdError for anything wrong with the program or the overrides.
+    """
+    if filename is None and "\n" not in program and (program.endswith(".spmd") or os.path.exists(program)):
+        filename, text = program, read_source(program)
+    else:
+        text = program
+        filename = filename or "<input>"
+    module, source = parse(text, filename)
+    _check_overrides(module, source, mesh, consts)
+    return Compiled(lower(module, source, mesh, consts, entry))
+
+
+def _check_overrides(module, source, mesh, consts):
+    where = Span(source, 1, 1)
+    axes = {a.name for m in module.meshes for a in m.axes}
+    for name, size in (mesh or {}).items():
+        if name not in axes:
+            raise SpmdError(f"--mesh names axis '{name}', which the mesh does not have"
+                            + (f" (axes: {', '.join(sorted(axes))})" if axes else ""), where)
+        if not isinstance(size, int) or size < 1:
+            raise SpmdError(f"--mesh {name}={size}: sizes must be positive integers", where)
+    names = {c.name for c in module.consts}
+    for name in consts or {}:
+        if name not in names:
+            raise SpmdError(f"--set names const '{name}', which the program does not declare"
+                            + (f" (consts: {', '.join(sorted(names))})" if names else ""), where)

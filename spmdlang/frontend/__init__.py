@@ -1,0 +1,1 @@
+"""Frontend: source text -> AST (parse) -> global IR (lower)."""

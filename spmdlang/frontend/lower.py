@@ -1,0 +1,712 @@
+"""AST -> IR: consts and the mesh, type checking, inlining, broadcasting and dtype adoption.
+
+Expressions evaluate to either a `Value` (a tensor in the IR) or a static Python value (int, float,
+bool, str, list, tuple, spec, type): literals, consts and loop indices stay static until an
+operation with a tensor needs them, when they adopt that tensor's dtype ("weak" literals).
+User functions are inlined at each call; `for` loops over `range` are unrolled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import Source, Span, SpmdError
+from ..ir import types as T
+from ..ir.builder import Builder
+from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.types import TensorType
+from ..partition.mesh import Mesh, Sharding
+from . import ast as A
+
+
+@dataclass(frozen=True)
+class StaticType:
+    """A type written as an argument, e.g. zeros(f32[4, 8])."""
+
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class Dtype:
+    """A dtype written as an argument, e.g. cast(x, bf16)."""
+
+    name: str
+
+
+def did_you_mean(name: str, options) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _check_static_int(value, span, what="value") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpmdError(f"{what} must be a static integer, got {describe(value)}", span)
+    return value
+
+
+def describe(value) -> str:
+    if isinstance(value, Value):
+        return f"a tensor {value.type}"
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, StaticType):
+        return f"the type {value.type}"
+    if isinstance(value, Dtype):
+        return f"the dtype {value.name}"
+    if isinstance(value, A.SpecExpr):
+        return "a sharding spec"
+    return type(value).__name__
+
+
+class Lowerer:
+    """Lowers one module. `lower_program` is the entry point."""
+
+    def __init__(self, module: A.Module, source: Source, mesh_override=None, const_override=None):
+        self.module = module
+        self.source = source
+        self.mesh_override = dict(mesh_override or {})
+        self.const_override = dict(const_override or {})
+        self.consts: dict[str, int] = {}
+        self.funcs: dict[str, A.FuncDef] = {}
+        self.mesh: Mesh | None = None
+        self.b = Builder()
+        self.names: dict[Value, str] = {}
+        self.stack: list[str] = []
+
+    # ------------------------------------------------------------------ module level
+
+    def lower_program(self, entry: str | None = None) -> Program:
+        from .builtins import BUILTINS
+
+        m = self.module
+        self._lower_consts()
+        self._lower_mesh()
+        for f in m.funcs:
+            if f.name in self.funcs:
+                raise SpmdError(f"function '{f.name}' is defined twice", f.span)
+            if f.name in BUILTINS:
+                raise SpmdError(f"function '{f.name}' has the name of a builtin", f.span)
+            self.funcs[f.name] = f
+        if not m.funcs:
+            raise SpmdError("no function defined; add e.g. `func main(x: f32[8]) -> f32[8] { return x }`",
+                            Span(self.source, 1, 1))
+        if entry is not None:
+            if entry not in self.funcs:
+                raise SpmdError(f"no function '{entry}' (--entry){did_you_mean(entry, self.funcs)}",
+                                Span(self.source, 1, 1))
+            fdef = self.funcs[entry]
+        elif "main" in self.funcs:
+            fdef = self.funcs["main"]
+        elif len(self.funcs) == 1:
+            fdef = next(iter(self.funcs.values()))
+        else:
+            raise SpmdError("several functions and none is 'main'; name the entry with --entry",
+                            m.funcs[0].span)
+        prog = self._lower_entry(fdef)
+        self._check_uncalled(fdef.name)
+        return prog
+
+    def _lower_consts(self):
+        for c in self.module.consts:
+            if c.name in self.consts:
+                raise SpmdError(f"const '{c.name}' is defined twice", c.span)
+            if c.name in self.const_override:
+                self.consts[c.name] = self.const_override[c.name]
+                continue
+            self.consts[c.name] = _check_static_int(self.static(c.value, {}), c.value.span,
+                                                    f"const '{c.name}'")
+
+    def _lower_mesh(self):
+        meshes = self.module.meshes
+        if not meshes:
+            raise SpmdError("no mesh declaration; add one such as `mesh [data=2, model=4]`",
+                            Span(self.source, 1, 1))
+        if len(meshes) > 1:
+            raise SpmdError("more than one mesh declaration (exactly one is allowed)", meshes[1].span)
+        decl = meshes[0]
+        axes: dict[str, int] = {}
+        for ax in decl.axes:
+            if ax.name in axes:
+                raise SpmdError(f"mesh axis '{ax.name}' is declared twice", ax.span)
+            if ax.name == "_":
+                raise SpmdError("'_' cannot name a mesh axis (it means 'not split' in specs)", ax.span)
+            size = self.mesh_override.get(ax.name)
+            if size is None:
+                size = _check_static_int(self.static(ax.size, {}), ax.size.span, f"size of mesh axis '{ax.name}'")
+            if size < 1:
+                raise SpmdError(f"mesh axis '{ax.name}' must have a positive size, got {size}", ax.size.span)
+            axes[ax.name] = size
+        n = 1
+        for s in axes.values():
+            n *= s
+        devices = None
+        if decl.devices is not None:
+            devices = [_check_static_int(self.static(d, {}), d.span, "device id") for d in decl.devices]
+            if sorted(devices) != list(range(n)):
+                note = None
+                if len(devices) != n and self.mesh_override:
+                    note = "--mesh changed the number of devices; drop the devices list or give matching sizes"
+                raise SpmdError(f"devices must be a permutation of 0..{n - 1} for a mesh of {n} devices, "
+                                f"got {devices}", decl.devices_span, note)
+        self.mesh = Mesh.make(axes, devices)
+
+    def _check_uncalled(self, entry: str):
+        """Functions never reached by inlining are still type-checked on their own."""
+        called = self.called
+        for name, f in self.funcs.items():
+            if name != entry and name not in called:
+                saved = (self.b, self.names)
+                self.b, self.names = Builder(), {}
+                try:
+                    params = [Value(self.type_of(p.type)) for p in f.params]
+                    self.call_function(f, params, f.span)
+                finally:
+                    self.b, self.names = saved
+
+    @property
+    def called(self) -> set[str]:
+        return getattr(self, "_called", set())
+
+    def _lower_entry(self, f: A.FuncDef) -> Program:
+        self._check_params(f)
+        params = []
+        env: dict[str, Any] = {}
+        for p in f.params:
+            t = self.type_of(p.type)
+            spec = self.sharding_of(p.spec, t, allow_open=False) if p.spec else None
+            v = Value(t, p.name)
+            params.append(Param(v, p.name, spec, p.span))
+            env[p.name] = v
+        named: dict[str, tuple[Value, Span]] = {p.name: (v.value, v.span) for p, v in zip(f.params, params)}
+        self.stack.append(f.name)
+        outs = self.body(f, env, named)
+        self.stack.pop()
+        results = []
+        for r, v in zip(f.results, outs):
+            spec = self.sharding_of(r.spec, v.type, allow_open=False) if r.spec else None
+            if spec is not None:  # the caller receives this layout: a constraint like shard()
+                v = self.b.emit("shard", v, span=r.span, sharding=spec)
+            results.append(Result(v, spec, r.span))
+        ops, rename = self._finalize_names()
+        params = [Param(rename.get(p.value, p.value), p.name, p.sharding, p.span) for p in params]
+        results = [Result(rename.get(r.value, r.value), r.sharding, r.span) for r in results]
+        names = tuple((n, rename.get(v, v), s) for n, (v, s) in named.items())
+        return Program(f.name, self.mesh, tuple(params), tuple(ops), tuple(results), names, self.source)
+
+    def _finalize_names(self) -> tuple[list[Op], dict[Value, Value]]:
+        """Give values the source names they were assigned to, in one pass over the ops."""
+        rename: dict[Value, Value] = {v: v.renamed(n) for v, n in self.names.items() if v.name != n}
+        if not rename:
+            return list(self.b.ops), {}
+        ops = []
+        for op in self.b.ops:
+            ops.append(op.replace(operands=tuple(rename.get(v, v) for v in op.operands),
+                                  results=tuple(rename.get(v, v) for v in op.results)))
+        return ops, rename
+
+    # ------------------------------------------------------------------ functions
+
+    def _check_params(self, f: A.FuncDef):
+        seen = set()
+        for p in f.params:
+            if p.name in seen:
+                raise SpmdError(f"parameter '{p.name}' is declared twice", p.span)
+            seen.add(p.name)
+        if not f.results:
+            raise SpmdError(f"function '{f.name}' declares no results", f.span)
+
+    def call_function(self, f: A.FuncDef, args: list[Value], span: Span) -> list[Value]:
+        """Inline f with tensor arguments; declared specs become shard() constraints."""
+        if f.name in self.stack:
+            chain = " -> ".join(self.stack + [f.name])
+            raise SpmdError(f"recursive call to '{f.name}' ({chain}); functions are inlined, "
+                            "so recursion is not supported", span)
+        if not hasattr(self, "_called"):
+            self._called = set()
+        self._called.add(f.name)
+        self._check_params(f)
+        env: dict[str, Any] = {}
+        for p, a in zip(f.params, args):
+            t = self.type_of(p.type)
+            if a.type != t:
+                raise SpmdError(f"argument '{p.name}' of '{f.name}' must be {t}, got {a.type}", span)
+            if p.spec is not None:
+                a = self.b.emit("shard", a, span=p.span, sharding=self.sharding_of(p.spec, t, allow_open=True))
+            env[p.name] = a
+        self.stack.append(f.name)
+        outs = self.body(f, env, None)
+        self.stack.pop()
+        for i, (r, v) in enumerate(zip(f.results, outs)):
+            if r.spec is not None:
+                outs[i] = self.b.emit("shard", v, span=r.span,
+                                      sharding=self.sharding_of(r.spec, v.type, allow_open=True))
+        return outs
+
+    def body(self, f: A.FuncDef, env: dict, named: dict | None) -> list[Value]:
+        """Run the statements; returns the result values, checked against the declared types."""
+        ret = self.statements(f.body, env, named)
+        if ret is None:
+            end = f.span
+            raise SpmdError(f"function '{f.name}' does not return a value", Span(end.source, end.end_line or end.line,
+                                                                                max((end.end_col or 2) - 1, 1)))
+        node, values = ret
+        if len(values) != len(f.results):
+            raise SpmdError(f"'{f.name}' returns {len(values)} value(s) but declares {len(f.results)}", node.span)
+        outs = []
+        for i, ((expr, v), r) in enumerate(zip(values, f.results)):
+            t = self.type_of(r.type)
+            if not isinstance(v, Value):
+                v = self.materialize(v, expr.span, dtype=t.dtype)
+            if v.type != t:
+                raise SpmdError(f"result {i} of '{f.name}' is {v.type}, but the function declares {t}", expr.span)
+            outs.append(v)
+        return outs
+
+    def statements(self, stmts, env, named):
+        """Lower statements; returns (return node, [(expr, value)]) at a return, else None."""
+        for k, s in enumerate(stmts):
+            if isinstance(s, A.Assign):
+                v = self.expr(s.value, env)
+                if isinstance(v, tuple) and len(v) > 0 and all(isinstance(x, Value) for x in v):
+                    raise SpmdError(f"the call returns {len(v)} values; unpack them as `a, b = ...`", s.value.span)
+                self.assign(s.target, v, env, named, s.span)
+            elif isinstance(s, A.MultiAssign):
+                v = self.expr(s.value, env)
+                if not isinstance(v, tuple) or not all(isinstance(x, Value) for x in v):
+                    raise SpmdError(f"cannot unpack {describe(v)} into {len(s.targets)} names", s.value.span)
+                if len(v) != len(s.targets):
+                    raise SpmdError(f"the call returns {len(v)} values but {len(s.targets)} names are assigned",
+                                    s.span)
+                for name, val, sp in zip(s.targets, v, s.target_spans):
+                    self.assign(name, val, env, named, sp)
+            elif isinstance(s, A.Return):
+                if k != len(stmts) - 1:
+                    raise SpmdError("statements after return are never run", stmts[k + 1].span)
+                return s, [(e, self.expr(e, env)) for e in s.values]
+            elif isinstance(s, A.For):
+                ret = self.for_loop(s, env, named)
+                if ret is not None:
+                    raise SpmdError("return inside a for loop is not supported", ret[0].span)
+            else:  # pragma: no cover - the grammar admits nothing else
+                raise SpmdError("unsupported statement", s.span)
+        return None
+
+    def assign(self, name, value, env, named, span):
+        if isinstance(value, tuple) and value and all(isinstance(x, Value) for x in value):
+            raise SpmdError("cannot assign several values to one name", span)
+        env[name] = value
+        if isinstance(value, Value):
+            if value not in self.names and value.name is None:
+                self.names[value] = name
+            if named is not None:
+                named[name] = (value, span)
+
+    def for_loop(self, s: A.For, env, named):
+        args = [_check_static_int(self.static(a, env), a.span, "range() argument") for a in s.range_args]
+        if len(args) > 3:
+            raise SpmdError("range() takes 1 to 3 arguments", s.span)
+        r = range(*args)
+        if len(args) == 3 and args[2] == 0:
+            raise SpmdError("range() step must not be zero", s.range_args[2].span)
+        for i in r:
+            env[s.var] = i
+            ret = self.statements(s.body, env, named)
+            if ret is not None:
+                return ret
+        return None
+
+    # ------------------------------------------------------------------ types and specs
+
+    def type_of(self, t: A.TypeExpr) -> TensorType:
+        if not T.is_dtype(t.dtype):
+            raise SpmdError(f"unknown dtype '{t.dtype}'; dtypes are {', '.join(T.DTYPES)}"
+                            + did_you_mean(t.dtype, T.DTYPES), t.dtype_span or t.span)
+        dims = []
+        for d in t.dims:
+            n = _check_static_int(self.static(d, {}), d.span, "a dimension")
+            if n < 0:
+                raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
+            dims.append(n)
+        return TensorType(t.dtype, tuple(dims))
+
+    def sharding_of(self, spec: A.SpecExpr, t: TensorType, allow_open: bool) -> Sharding:
+        if len(spec.entries) != t.rank:
+            raise SpmdError(f"spec {self._spec_text(spec)} has {len(spec.entries)} entr"
+                            f"{'y' if len(spec.entries) == 1 else 'ies'} but {t} has rank {t.rank}; "
+                            "a spec needs one entry per dimension", spec.span)
+        dims, open_dims, seen = [], set(), {}
+        names = self.mesh.names
+        for i, e in enumerate(spec.entries):
+            if e.axes is None:
+                if not allow_open:
+                    raise SpmdError("'?' (open dimension) is only allowed in shard()", e.span)
+                open_dims.add(i)
+                dims.append(())
+                continue
+            if e.axes == ("_",):
+                dims.append(())
+                continue
+            for a in e.axes:
+                if a == "_":
+                    raise SpmdError("'_' cannot appear inside an axis group", e.span)
+                if a not in names:
+                    raise SpmdError(f"unknown mesh axis '{a}'; the mesh has {', '.join(names)}"
+                                    + did_you_mean(a, names), e.span)
+                if a in seen:
+                    raise SpmdError(f"mesh axis '{a}' appears twice in one spec", e.span)
+                seen[a] = i
+            dims.append(tuple(e.axes))
+        return Sharding(tuple(dims), (), frozenset(open_dims))
+
+    def _spec_text(self, spec: A.SpecExpr) -> str:
+        parts = []
+        for e in spec.entries:
+            parts.append("?" if e.axes is None else e.axes[0] if len(e.axes) == 1 else f"({', '.join(e.axes)})")
+        return "{" + ", ".join(parts) + "}"
+
+    # ------------------------------------------------------------------ expressions
+
+    def static(self, node, env):
+        v = self.expr(node, env)
+        if isinstance(v, Value):
+            raise SpmdError(f"expected a static value, got a tensor {v.type}", node.span)
+        return v
+
+    def expr(self, node, env):
+        method = getattr(self, "expr_" + type(node).__name__)
+        return method(node, env)
+
+    def expr_IntLit(self, node, env):
+        return node.value
+
+    def expr_FloatLit(self, node, env):
+        return node.value
+
+    def expr_StrLit(self, node, env):
+        return node.value
+
+    def expr_BoolLit(self, node, env):
+        return node.value
+
+    def expr_ListLit(self, node, env):
+        return [self.expr(i, env) for i in node.items]
+
+    def expr_TupleLit(self, node, env):
+        return [self.expr(i, env) for i in node.items]
+
+    def expr_SpecExpr(self, node, env):
+        return node  # interpreted by shard(), which knows the operand's rank
+
+    def expr_Name(self, node, env):
+        n = node.id
+        if n in env:
+            return env[n]
+        if n in self.consts:
+            return self.consts[n]
+        if T.is_dtype(n):
+            return Dtype(n)
+        if n in self.funcs:
+            raise SpmdError(f"'{n}' is a function; call it as {n}(...)", node.span)
+        from .builtins import BUILTINS
+
+        if n in BUILTINS:
+            raise SpmdError(f"'{n}' is a builtin; call it as {n}(...)", node.span)
+        if self.mesh and n in self.mesh.names:
+            raise SpmdError(f"'{n}' is a mesh axis; axes may only appear in sharding specs", node.span)
+        options = list(env) + list(self.consts)
+        raise SpmdError(f"unknown name '{n}'" + did_you_mean(n, options), node.span)
+
+    def expr_Neg(self, node, env):
+        x = self.expr(node.operand, env)
+        if isinstance(x, Value):
+            if x.type.dtype == "bool":
+                raise SpmdError("cannot negate a bool tensor; use logical_not", node.span)
+            return self.b.emit("neg", x, span=node.span)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return -x
+        raise SpmdError(f"cannot negate {describe(x)}", node.span)
+
+    def expr_BinOp(self, node, env):
+        a, b = self.expr(node.left, env), self.expr(node.right, env)
+        if node.op == "@":
+            return self.matmul(a, b, node)
+        kind = {"+": "add", "-": "sub", "*": "mul", "/": "div"}[node.op]
+        return self.binary(kind, a, b, node.span, node.left.span, node.right.span)
+
+    def expr_Compare(self, node, env):
+        a, b = self.expr(node.left, env), self.expr(node.right, env)
+        kind = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}[node.op]
+        return self.binary(kind, a, b, node.span, node.left.span, node.right.span)
+
+    def expr_Pow(self, node, env):
+        a, b = self.expr(node.base, env), self.expr(node.exponent, env)
+        return self.binary("pow", a, b, node.span, node.base.span, node.exponent.span)
+
+    def expr_Call(self, node: A.Call, env):
+        from .builtins import BUILTINS, call_builtin
+
+        if node.func in self.funcs:
+            f = self.funcs[node.func]
+            args = self._bind_user_args(f, node, env)
+            outs = self.call_function(f, args, node.span)
+            return outs[0] if len(outs) == 1 and not f.parenthesised else tuple(outs)
+        if node.func in BUILTINS:
+            return call_builtin(self, BUILTINS[node.func], node, env)
+        if T.is_dtype(node.func):
+            raise SpmdError(f"'{node.func}' is a dtype; to convert, write cast(x, {node.func})", node.func_span)
+        raise SpmdError(f"unknown function '{node.func}'" + did_you_mean(node.func, list(self.funcs) + list(BUILTINS)),
+                        node.func_span or node.span)
+
+    def _bind_user_args(self, f: A.FuncDef, node: A.Call, env) -> list[Value]:
+        names = [p.name for p in f.params]
+        bound: dict[str, Any] = {}
+        if len(node.args) > len(names):
+            raise SpmdError(f"'{f.name}' takes {len(names)} argument(s), got {len(node.args)}", node.span)
+        for p, a in zip(f.params, node.args):
+            bound[p.name] = (a, self.expr(a, env))
+        for kw in node.kwargs:
+            if kw.name not in names:
+                raise SpmdError(f"'{f.name}' has no parameter '{kw.name}'" + did_you_mean(kw.name, names), kw.span)
+            if kw.name in bound:
+                raise SpmdError(f"argument '{kw.name}' given twice", kw.span)
+            bound[kw.name] = (kw.value, self.expr(kw.value, env))
+        args = []
+        for p in f.params:
+            if p.name not in bound:
+                raise SpmdError(f"missing argument '{p.name}' of '{f.name}'", node.span)
+            a, v = bound[p.name]
+            if not isinstance(v, Value):
+                t = self.type_of(p.type)
+                if t.rank != 0 or not isinstance(v, (int, float, bool)):
+                    raise SpmdError(f"argument '{p.name}' of '{f.name}' must be a tensor {t}, got {describe(v)}",
+                                    a.span)
+                v = self.materialize(v, a.span, dtype=t.dtype)
+            args.append(v)
+        return args
+
+    def expr_Subscript(self, node: A.Subscript, env):
+        base = self.expr(node.base, env)
+        if isinstance(base, Dtype):
+            dims = []
+            for d in node.indices:
+                if isinstance(d, A.SliceIndex):
+                    raise SpmdError("a type's dimensions must be integers", d.span)
+                n = _check_static_int(self.static(d, env), d.span, "a dimension")
+                if n < 0:
+                    raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
+                dims.append(n)
+            return StaticType(TensorType(base.name, tuple(dims)))
+        if not isinstance(base, Value):
+            raise SpmdError(f"cannot index {describe(base)}", node.span)
+        return self.index(base, node, env)
+
+    def index(self, x: Value, node: A.Subscript, env) -> Value:
+        if len(node.indices) > x.type.rank:
+            raise SpmdError(f"too many indices ({len(node.indices)}) for {x.type}", node.span)
+        starts, stops, steps, drop = [], [], [], []
+        for d, n in enumerate(x.type.shape):
+            if d >= len(node.indices):
+                starts.append(0), stops.append(n), steps.append(1)
+                continue
+            idx = node.indices[d]
+            if isinstance(idx, A.SliceIndex):
+                step = 1 if idx.step is None else _check_static_int(self.static(idx.step, env), idx.step.span, "slice step")
+                if step <= 0:
+                    raise SpmdError(f"slice step must be positive, got {step}", idx.step.span)
+                lo = None if idx.start is None else _check_static_int(self.static(idx.start, env), idx.start.span,
+                                                                       "slice start")
+                hi = None if idx.stop is None else _check_static_int(self.static(idx.stop, env), idx.stop.span,
+                                                                     "slice stop")
+                a, b, _ = slice(lo, hi, step).indices(n)
+                b = max(a, b)
+                starts.append(a), stops.append(b), steps.append(step)
+            else:
+                i = self.expr(idx, env)
+                if isinstance(i, Value):
+                    raise SpmdError("tensor indices are not supported; use take(x, ids, axis) to gather",
+                                    idx.span)
+                i = _check_static_int(i, idx.span, "an index")
+                if not -n <= i < n:
+                    raise SpmdError(f"index {i} is out of range for dimension {d} of size {n}", idx.span)
+                i %= n
+                starts.append(i), stops.append(i + 1), steps.append(1)
+                drop.append(d)
+        out = x
+        if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * x.type.rank, x.type.shape, (1,) * x.type.rank):
+            out = self.b.emit("slice", x, span=node.span, starts=tuple(starts), stops=tuple(stops),
+                              steps=tuple(steps))
+        if drop:
+            shape = tuple(n for d, n in enumerate(out.type.shape) if d not in drop)
+            out = self.b.emit("reshape", out, span=node.span, shape=shape)
+        return out
+
+    # ------------------------------------------------------------------ helpers used by builtins
+
+    def materialize(self, v, span: Span, dtype: str | None = None) -> Value:
+        """A static scalar as a rank-0 constant; a weak literal takes `dtype` when given."""
+        if isinstance(v, Value):
+            return v
+        if isinstance(v, bool):
+            dt = dtype or "bool"
+        elif isinstance(v, int):
+            dt = dtype or "i32"
+        elif isinstance(v, float):
+            dt = dtype or "f32"
+            if not T.is_float(dt):
+                raise SpmdError(f"the number {v} cannot be a {dt} value", span)
+        else:
+            raise SpmdError(f"expected a tensor, got {describe(v)}", span)
+        if dt == "bool" and not isinstance(v, bool):
+            raise SpmdError(f"{v} is not a bool; use true or false", span)
+        v = bool(v) if dt == "bool" else float(v) if T.is_float(dt) else int(v)
+        return self.b.emit("full", span=span, dtype=dt, shape=(), value=v)
+
+    def cast(self, v: Value, dtype: str, span) -> Value:
+        return v if v.type.dtype == dtype else self.b.emit("cast", v, span=span, dtype=dtype)
+
+    def broadcast_shapes(self, shapes, span) -> tuple[int, ...]:
+        rank = max((len(s) for s in shapes), default=0)
+        out = []
+        for i in range(rank):
+            sizes = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+            big = sizes - {1}
+            if len(big) > 1:
+                raise SpmdError("shapes " + " and ".join(str(list(s)) for s in shapes)
+                                + " do not broadcast", span)
+            out.append(big.pop() if big else 1)
+        return tuple(out)
+
+    def broadcast_to(self, v: Value, shape, span) -> Value:
+        """numpy broadcasting made explicit; rank-0 values stay scalars for elementwise ops."""
+        shape = tuple(shape)
+        if v.type.shape == shape:
+            return v
+        offset = len(shape) - v.type.rank
+        if offset < 0:
+            raise SpmdError(f"cannot broadcast {v.type} to {list(shape)}", span)
+        for i, n in enumerate(v.type.shape):
+            if n not in (1, shape[offset + i]):
+                raise SpmdError(f"cannot broadcast {v.type} to {list(shape)}", span)
+        return self.b.emit("broadcast_in_dim", v, span=span, shape=shape,
+                           dims=tuple(range(offset, len(shape))))
+
+    def unify(self, values, spans, span, float_only=False) -> tuple[list[Value], str, tuple[int, ...]]:
+        """Common dtype (weak literals adopt it) and broadcast shape of elementwise operands."""
+        tensors = [v for v in values if isinstance(v, Value)]
+        for v, sp in zip(values, spans):
+            if not isinstance(v, (Value, int, float, bool)):
+                raise SpmdError(f"expected a tensor or a number, got {describe(v)}", sp)
+        if tensors:
+            dt = tensors[0].type.dtype
+            for t in tensors[1:]:
+                dt = T.promote(dt, t.type.dtype)
+            if any(isinstance(v, float) and not isinstance(v, bool) for v in values) and not T.is_float(dt):
+                dt = "f32"  # a float literal meets an int tensor: promote, as jax's weak floats do
+        else:
+            dt = "f32" if any(isinstance(v, float) for v in values) else (
+                "bool" if all(isinstance(v, bool) for v in values) else "i32")
+        if float_only and not T.is_float(dt):
+            dt = "f32"
+        shape = self.broadcast_shapes([v.type.shape for v in tensors], span)
+        out = []
+        for v, sp in zip(values, spans):
+            if isinstance(v, Value):
+                v = self.cast(v, dt, span)
+            else:
+                if isinstance(v, bool) and dt != "bool":
+                    v = int(v)
+                v = self.materialize(v, sp, dtype=dt)
+            if v.type.rank:
+                v = self.broadcast_to(v, shape, span)
+            out.append(v)
+        return out, dt, shape
+
+    def binary(self, kind: str, a, b, span, aspan=None, bspan=None):
+        if not isinstance(a, Value) and not isinstance(b, Value):
+            return _fold(kind, a, b, span)
+        values, dt, shape = self.unify([a, b], [aspan or span, bspan or span], span)
+        if dt == "bool" and kind in ("add", "sub", "mul", "div", "pow"):
+            raise SpmdError(f"arithmetic on bool tensors is not defined; cast to i32 or f32 first", span)
+        if kind == "div" and T.is_int(dt):
+            values = [self.cast(v, "f32", span) for v in values]  # true division, as numpy
+        if kind in ("logical_and", "logical_or") and dt != "bool":
+            raise SpmdError(f"{kind} needs bool operands", span)
+        return self.b.emit(kind, *values, span=span)
+
+    def matmul(self, a, b, node) -> Value:
+        for v, sp in ((a, node.left.span), (b, node.right.span)):
+            if not isinstance(v, Value) or v.type.rank == 0:
+                raise SpmdError(f"@ needs tensors of rank >= 1, got {describe(v)}", sp)
+        dt = T.promote(a.type.dtype, b.type.dtype)
+        if dt == "bool":
+            raise SpmdError("@ needs numeric operands, got bool", node.span)
+        a, b = self.cast(a, dt, node.span), self.cast(b, dt, node.span)
+        sa, sb = a.type.shape, b.type.shape
+        if sa[-1] != (sb[-2] if len(sb) >= 2 else sb[0]):
+            raise SpmdError(f"matmul shapes do not match: {a.type} @ {b.type} (contracting "
+                            f"{sa[-1]} vs {sb[-2] if len(sb) >= 2 else sb[0]})", node.span)
+        if len(sa) == 1 and len(sb) == 1:
+            return self.b.emit("einsum", a, b, span=node.span, spec="k,k->")
+        if len(sb) == 1:
+            batch = "abcdefghij"[: len(sa) - 2]
+            return self.b.emit("einsum", a, b, span=node.span, spec=f"{batch}mk,k->{batch}m")
+        if len(sa) == 1:
+            batch = "abcdefghij"[: len(sb) - 2]
+            return self.b.emit("einsum", a, b, span=node.span, spec=f"k,{batch}kn->{batch}n")
+        ba, bb = sa[:-2], sb[:-2]
+        batch = self.broadcast_shapes([ba, bb], node.span)
+        letters = "abcdefghij"[: len(batch)]
+
+        def operand(v, bdims, tail):
+            keep, shape = [], []
+            off = len(batch) - len(bdims)
+            for i, n in enumerate(bdims):
+                if n == batch[off + i]:
+                    keep.append(letters[off + i])
+                    shape.append(n)
+            if len(keep) != len(bdims):  # size-1 dims that broadcast are dropped, not materialised
+                v = self.b.emit("reshape", v, span=node.span, shape=tuple(shape) + v.type.shape[-2:])
+            return v, "".join(keep) + tail
+
+        a, la = operand(a, ba, "mk")
+        b, lb = operand(b, bb, "kn")
+        return self.b.emit("einsum", a, b, span=node.span, spec=f"{la},{lb}->{letters}mn")
+
+
+def _fold(kind, a, b, span):
+    """Static arithmetic on literals and consts (Python semantics; int / int stays int if exact)."""
+    for v in (a, b):
+        if not isinstance(v, (int, float, bool)):
+            raise SpmdError(f"cannot apply '{kind}' to {describe(v)}", span)
+    if kind == "pow" and isinstance(b, int) and not isinstance(a, float) and abs(b) > 64:
+        raise SpmdError(f"constant power {a} ** {b} is too large", span)
+    try:
+        if kind == "div":
+            if isinstance(a, int) and isinstance(b, int) and b != 0 and a % b == 0:
+                return a // b
+            return a / b
+        return {
+            "add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "pow": lambda: a ** b,
+            "lt": lambda: a < b, "le": lambda: a <= b, "gt": lambda: a > b, "ge": lambda: a >= b,
+            "eq": lambda: a == b, "ne": lambda: a != b,
+            "maximum": lambda: max(a, b), "minimum": lambda: min(a, b),
+            "logical_and": lambda: bool(a) and bool(b), "logical_or": lambda: bool(a) or bool(b),
+        }[kind]()
+    except (ZeroDivisionError, OverflowError) as e:
+        raise SpmdError(f"constant arithmetic failed: {e}", span) from None
+
+
+def lower(module: A.Module, source: Source, mesh=None, consts=None, entry=None) -> Program:
+    """Lower a parsed module to the global IR program of its entry function."""
+    return Lowerer(module, source, mesh, consts).lower_program(entry)

@@ -1,0 +1,305 @@
+"""Text -> AST. Lark LALR parse, then a transformer building ast nodes with spans.
+
+Syntax errors become one SpmdError at the offending token, saying what was found and, in words,
+what could have come there instead.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from ..errors import Source, Span, SpmdError
+from . import ast as A
+
+_KEYWORDS = {"mesh", "devices", "const", "func", "return", "for", "in", "range", "true", "false"}
+
+# terminal name -> words for "expected ..." messages
+_TERMINALS = {
+    "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "STRING": "a string",
+    "LSQB": "'['", "RSQB": "']'", "LPAR": "'('", "RPAR": "')'", "LBRACE": "'{'", "RBRACE": "'}'",
+    "COMMA": "','", "COLON": "':'", "EQUAL": "'='", "SEMICOLON": "';'", "MINUS": "'-'",
+    "QMARK": "'?'", "__ANON_0": "'->'", "BODY_LBRACE": "'{'", "COMP_OP": "a comparison", "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*', '/' or '@'", "$END": "end of file", "MORETHAN": "'>'",
+}
+
+
+class _BodyBrace:
+    """Post-lexer: a `{` after `]` opens a spec when its matching `}` is followed by `{`, `,` or
+    `)` (more signature follows); otherwise it opens the function body. LALR(1) cannot see that."""
+
+    always_accept = ()
+
+    def process(self, stream):
+        buf = list(stream)
+        depth_match = {}
+        stack = []
+        for i, t in enumerate(buf):
+            if t.type == "LBRACE":
+                stack.append(i)
+            elif t.type == "RBRACE" and stack:
+                depth_match[stack.pop()] = i
+        for i, t in enumerate(buf):
+            if t.type == "LBRACE" and i > 0 and buf[i - 1].type == "RSQB":
+                j = depth_match.get(i, len(buf)) + 1
+                follows = buf[j].type if j < len(buf) else "$END"
+                if follows not in ("LBRACE", "COMMA", "RPAR"):
+                    t = Token.new_borrow_pos("BODY_LBRACE", t, t)
+            yield t
+
+
+@cache
+def _parser() -> Lark:
+    grammar = resources.files("spmdlang").joinpath("grammar.lark").read_text()
+    return Lark(grammar, parser="lalr", lexer="basic", postlex=_BodyBrace(), propagate_positions=True,
+                maybe_placeholders=True)
+
+
+def _describe_terminal(name: str) -> str:
+    if name in _TERMINALS:
+        return _TERMINALS[name]
+    try:
+        pattern = _parser().get_terminal(name).pattern.value
+    except KeyError:
+        return name.lower()
+    return f"'{pattern}'"
+
+
+def _describe_token(tok: Token) -> str:
+    if tok.type == "$END":
+        return "end of file"
+    if tok.type == "NAME":
+        return f"name '{tok}'"
+    if str(tok) in _KEYWORDS:
+        return f"keyword '{tok}'"
+    return f"'{tok}'"
+
+
+def _expected_words(expected) -> str:
+    words = sorted({_describe_terminal(t) for t in expected})
+    # keywords are long alternatives nobody wants to read; an expression is the usual need
+    if any(w in ("a name", "an integer") for w in words) and len(words) > 6:
+        words = [w for w in words if w not in ("an integer", "a number", "a string", "'-'", "'('", "'['",
+                                               "'{'", "'true'", "'false'")]
+        words = [w for w in words if w != "a name"] + ["an expression"]
+    if len(words) > 8:
+        words = words[:8] + ["..."]
+    return ", ".join(words)
+
+
+def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
+    line, col = max(e.line, 1), max(e.column, 1)
+    if isinstance(e, UnexpectedCharacters):
+        ch = source.text.splitlines()[line - 1][col - 1] if line <= len(source.text.splitlines()) else "?"
+        msg = f"unexpected character '{ch}'"
+        if ch == '"':
+            msg = "unterminated string"
+        return SpmdError(msg, Span(source, line, col, line, col + 1))
+    if isinstance(e, UnexpectedEOF):
+        lines = source.text.rstrip().splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        return SpmdError(f"unexpected end of file; expected {_expected_words(e.expected)}",
+                         Span(source, line, col))
+    assert isinstance(e, UnexpectedToken)
+    tok = e.token
+    if tok.type == "$END":
+        lines = source.text.rstrip().splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+    msg = f"unexpected {_describe_token(tok)}; expected {_expected_words(e.expected)}"
+    if str(tok) in _KEYWORDS and "NAME" in e.expected:
+        msg += f" ('{tok}' is a keyword and cannot be used as a name)"
+    end = col + max(len(str(tok)), 1) if tok.type != "$END" else col + 1
+    return SpmdError(msg, Span(source, line, col, line, end))
+
+
+def parse(text: str, filename: str = "<input>") -> tuple[A.Module, Source]:
+    """Parse source text into an AST Module. Raises SpmdError on syntax errors."""
+    source = Source(filename, text)
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as e:
+        raise _syntax_error(e, source) from None
+    try:
+        return _ToAst(source).transform(tree), source
+    except VisitError as e:
+        if isinstance(e.orig_exc, SpmdError):
+            raise e.orig_exc from None
+        raise
+
+
+def _span(source: Source, meta) -> Span:
+    if getattr(meta, "empty", False) or not hasattr(meta, "line"):
+        return Span(source, 1, 1)
+    return Span(source, meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _tok_span(source: Source, tok: Token) -> Span:
+    return Span(source, tok.line, tok.column, tok.end_line, tok.end_column)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    def __init__(self, source: Source):
+        super().__init__()
+        self.source = source
+
+    def sp(self, meta) -> Span:
+        return _span(self.source, meta)
+
+    # ---- top level
+    def start(self, meta, items):
+        items = [i for i in items if isinstance(i, A.Node)]
+        return A.Module(self.sp(meta), [i for i in items if isinstance(i, A.MeshDecl)],
+                        [i for i in items if isinstance(i, A.ConstDecl)],
+                        [i for i in items if isinstance(i, A.FuncDef)])
+
+    def mesh_decl(self, meta, children):
+        axes = [c for c in children if isinstance(c, A.MeshAxis)]
+        devices = next((c for c in children if isinstance(c, tuple)), None)
+        return A.MeshDecl(self.sp(meta), axes, devices[0] if devices else None, devices[1] if devices else None)
+
+    def mesh_axis(self, meta, children):
+        name, size = children
+        return A.MeshAxis(_tok_span(self.source, name), str(name), size)
+
+    def devices(self, meta, children):
+        return ([c for c in children if c is not None], self.sp(meta))
+
+    def const_decl(self, meta, children):
+        name, value = children
+        return A.ConstDecl(_tok_span(self.source, name), str(name), value)
+
+    def func_def(self, meta, children):
+        name, *rest = children
+        body = rest[-1]
+        results, parenthesised = rest[-2]
+        params = [p for p in rest[:-2] if p is not None]
+        return A.FuncDef(self.sp(meta), str(name), params, results, parenthesised, body)
+
+    def param(self, meta, children):
+        name, type_, spec = children
+        return A.Param(_tok_span(self.source, name), str(name), type_, spec)
+
+    def results(self, meta, children):
+        return (list(children), False)
+
+    def result_list(self, meta, children):
+        return ([c for c in children if c is not None], True)
+
+    def result_type(self, meta, children):
+        type_, spec = children
+        return A.ResultType(self.sp(meta), type_, spec)
+
+    def type(self, meta, children):
+        name, *dims = children
+        return A.TypeExpr(self.sp(meta), str(name), [d for d in dims if d is not None],
+                          _tok_span(self.source, name))
+
+    def spec(self, meta, children):
+        return A.SpecExpr(self.sp(meta), [c for c in children if c is not None])
+
+    def spec_axis(self, meta, children):
+        (name,) = children
+        return A.SpecEntry(_tok_span(self.source, name), (str(name),))
+
+    def spec_open(self, meta, children):
+        return A.SpecEntry(self.sp(meta), None)
+
+    def spec_group(self, meta, children):
+        return A.SpecEntry(self.sp(meta), tuple(str(c) for c in children))
+
+    # ---- statements
+    def block(self, meta, children):
+        return [c for c in children if isinstance(c, A.Node)]
+
+    def body(self, meta, children):
+        return [c for c in children if isinstance(c, A.Node)]
+
+    def assign(self, meta, children):
+        name, value = children
+        return A.Assign(_tok_span(self.source, name), str(name), value)
+
+    def multi_assign(self, meta, children):
+        *names, value = children
+        return A.MultiAssign(self.sp(meta), [str(n) for n in names], value,
+                             [_tok_span(self.source, n) for n in names])
+
+    def return_stmt(self, meta, children):
+        return A.Return(self.sp(meta), list(children))
+
+    def for_stmt(self, meta, children):
+        var, *args, body = children
+        return A.For(self.sp(meta), str(var), args, body)
+
+    # ---- expressions
+    def compare(self, meta, children):
+        left, op, right = children
+        return A.Compare(_tok_span(self.source, op), str(op), left, right)
+
+    def binop(self, meta, children):
+        left, op, right = children
+        return A.BinOp(_tok_span(self.source, op), str(op), left, right)
+
+    def negate(self, meta, children):
+        (x,) = children
+        return A.Neg(self.sp(meta), x)
+
+    def pow(self, meta, children):
+        base, exponent = children
+        return A.Pow(self.sp(meta), base, exponent)
+
+    def call(self, meta, children):
+        name, args = children
+        args = args or ([], [])
+        return A.Call(self.sp(meta), str(name), args[0], args[1], _tok_span(self.source, name))
+
+    def args(self, meta, children):
+        pos = [c for c in children if not isinstance(c, A.Keyword)]
+        kws = [c for c in children if isinstance(c, A.Keyword)]
+        for i, c in enumerate(children):
+            if not isinstance(c, A.Keyword) and any(isinstance(k, A.Keyword) for k in children[:i]):
+                raise SpmdError("positional argument after a keyword argument", c.span)
+        return (pos, kws)
+
+    def kwarg(self, meta, children):
+        name, value = children
+        return A.Keyword(_tok_span(self.source, name), str(name), value)
+
+    def subscript(self, meta, children):
+        base, *indices = children
+        return A.Subscript(self.sp(meta), base, [i for i in indices if i is not None])
+
+    def slice_index(self, meta, children):
+        start, stop, step = children
+        return A.SliceIndex(self.sp(meta), start, stop, step)
+
+    def name(self, meta, children):
+        (tok,) = children
+        return A.Name(_tok_span(self.source, tok), str(tok))
+
+    def int_lit(self, meta, children):
+        (tok,) = children
+        return A.IntLit(_tok_span(self.source, tok), int(tok))
+
+    def float_lit(self, meta, children):
+        (tok,) = children
+        return A.FloatLit(_tok_span(self.source, tok), float(tok))
+
+    def string_lit(self, meta, children):
+        (tok,) = children
+        return A.StrLit(_tok_span(self.source, tok), str(tok)[1:-1])
+
+    def true_lit(self, meta, children):
+        return A.BoolLit(self.sp(meta), True)
+
+    def false_lit(self, meta, children):
+        return A.BoolLit(self.sp(meta), False)
+
+    def tuple_lit(self, meta, children):
+        return A.TupleLit(self.sp(meta), [c for c in children if c is not None])
+
+    def list_lit(self, meta, children):
+        return A.ListLit(self.sp(meta), [c for c in children if c is not None])

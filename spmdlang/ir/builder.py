@@ -1,0 +1,30 @@
+"""Appends ops to a growing list, running each op's shape rule; used by lowering and partitioning."""
+
+from __future__ import annotations
+
+from ..errors import ShapeError, Span, SpmdError
+from ..ops import registry
+from .core import Op, Value, freeze
+
+
+class Builder:
+    def __init__(self):
+        self.ops: list[Op] = []
+
+    def emit_op(self, kind: str, operands, attrs=None, span: Span | None = None, names=None) -> tuple[Value, ...]:
+        opdef = registry.get(kind)
+        attrs = freeze(attrs)
+        try:
+            types = opdef.infer_types([v.type for v in operands], attrs)
+        except ShapeError as e:
+            raise SpmdError(str(e), span) from None
+        names = names or [None] * len(types)
+        results = tuple(Value(t, n) for t, n in zip(types, names))
+        self.ops.append(Op(kind, tuple(operands), results, attrs, span))
+        return results
+
+    def emit(self, kind: str, *operands: Value, span: Span | None = None, name: str | None = None,
+             **attrs) -> Value:
+        """Emit a single-result op; attrs as keywords."""
+        (v,) = self.emit_op(kind, operands, attrs, span, [name])
+        return v

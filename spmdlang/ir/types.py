@@ -1,0 +1,98 @@
+"""Dtypes and tensor types of the IR."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import ml_dtypes
+import numpy as np
+
+# name -> (numpy dtype, jax.numpy name, kind, bytes). Kind orders promotion: bool < int < float.
+_DTYPES = {
+    "bool": (np.dtype(np.bool_), "jnp.bool_", "bool", 1),
+    "i32": (np.dtype(np.int32), "jnp.int32", "int", 4),
+    "i64": (np.dtype(np.int64), "jnp.int64", "int", 8),
+    "bf16": (np.dtype(ml_dtypes.bfloat16), "jnp.bfloat16", "float", 2),
+    "f16": (np.dtype(np.float16), "jnp.float16", "float", 2),
+    "f32": (np.dtype(np.float32), "jnp.float32", "float", 4),
+    "f64": (np.dtype(np.float64), "jnp.float64", "float", 8),
+}
+DTYPES = tuple(_DTYPES)
+
+
+def is_dtype(name: str) -> bool:
+    return name in _DTYPES
+
+
+def np_dtype(dtype: str) -> np.dtype:
+    return _DTYPES[dtype][0]
+
+
+def jnp_dtype(dtype: str) -> str:
+    return _DTYPES[dtype][1]
+
+
+def kind(dtype: str) -> str:
+    return _DTYPES[dtype][2]
+
+
+def itemsize(dtype: str) -> int:
+    return _DTYPES[dtype][3]
+
+
+def is_float(dtype: str) -> bool:
+    return kind(dtype) == "float"
+
+
+def is_int(dtype: str) -> bool:
+    return kind(dtype) == "int"
+
+
+def from_np(dt: np.dtype) -> str | None:
+    for name, (d, *_rest) in _DTYPES.items():
+        if d == dt:
+            return name
+    return None
+
+
+def promote(a: str, b: str) -> str:
+    """jax-like promotion between two tensor dtypes: bool < int < float, wider wins; bf16+f16 -> f32."""
+    if a == b:
+        return a
+    ka, kb = kind(a), kind(b)
+    rank = {"bool": 0, "int": 1, "float": 2}
+    if rank[ka] != rank[kb]:
+        return a if rank[ka] > rank[kb] else b
+    if {a, b} == {"bf16", "f16"}:
+        return "f32"
+    return a if itemsize(a) >= itemsize(b) else b
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A dtype and a static shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * itemsize(self.dtype)
+
+    def with_shape(self, shape) -> TensorType:
+        return TensorType(self.dtype, tuple(shape))
+
+    def with_dtype(self, dtype: str) -> TensorType:
+        return TensorType(dtype, self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"

@@ -1,0 +1,130 @@
+"""Contractions: einsum (matmul lowers to it) and convolution."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import types as T
+from ..ir.types import TensorType
+from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder, einsum_rule
+from .registry import check, register
+
+# ---------------------------------------------------------------------------------- einsum
+
+
+def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
+    """Validate an explicit-output einsum spec against operand ranks; ShapeError if malformed."""
+    check("->" in spec, f'einsum spec "{spec}" needs an explicit output ("->")')
+    check("." not in spec, "einsum: ellipsis is not supported")
+    ins, out = spec.replace(" ", "").split("->", 1)
+    ins = ins.split(",")
+    check(len(ins) == len(ranks), f'einsum spec "{spec}" names {len(ins)} operand(s), got {len(ranks)}')
+    for letters, rank in zip(ins, ranks):
+        check(all(c.isalpha() for c in letters), f'einsum spec "{spec}": indices must be letters')
+        check(len(letters) == rank, f'einsum spec "{spec}": "{letters}" has {len(letters)} indices '
+              f"but the operand has rank {rank}")
+        check(len(set(letters)) == len(letters), f'einsum spec "{spec}": index repeated within "{letters}"')
+    check(all(c.isalpha() for c in out) and len(set(out)) == len(out),
+          f'einsum spec "{spec}": output indices must be distinct letters')
+    check(set(out) <= set("".join(ins)), f'einsum spec "{spec}": output index not in any operand')
+    return ins, out
+
+
+def _einsum_infer(operands, attrs):
+    ins, out = parse_einsum(attrs["spec"], [t.rank for t in operands])
+    dt = operands[0].dtype
+    check(all(t.dtype == dt for t in operands), "einsum: operand dtypes differ: "
+          + " vs ".join(str(t) for t in operands))
+    check(T.kind(dt) in ("float", "int"), f"einsum needs numeric operands, got {operands[0]}")
+    sizes: dict[str, int] = {}
+    for letters, t in zip(ins, operands):
+        for c, n in zip(letters, t.shape):
+            check(sizes.setdefault(c, n) == n,
+                  f'einsum "{attrs["spec"]}": index {c} is {sizes[c]} in one operand and {n} in another')
+    return TensorType(dt, tuple(sizes[c] for c in out))
+
+
+def _einsum_numpy(*xs, spec):
+    dt = xs[0].dtype
+    wide = [x.astype(np.float32) if dt.kind == "f" and dt.itemsize < 4 else x for x in xs]
+    return np.asarray(np.einsum(spec, *wide, optimize=len(xs) > 1)).astype(dt)
+
+
+def _einsum_jax(args, attrs, out):
+    acc = ", preferred_element_type=jnp.float32" if out[0].dtype in ("bf16", "f16") else ""
+    text = f'jnp.einsum("{attrs["spec"]}", {", ".join(args)}{acc})'
+    return f"{text}.astype({T.jnp_dtype(out[0].dtype)})" if acc else text
+
+
+register("einsum", infer=_einsum_infer, numpy=_einsum_numpy,
+         rule=lambda ops, res, attrs: einsum_rule(attrs["spec"].replace(" ", ""), [t.shape for t in ops],
+                                                  res[0].shape),
+         jax=_einsum_jax, partial="multilinear", reduce_fill=lambda dtype: 0, family="contract")
+
+# ---------------------------------------------------------------------------------- conv
+
+
+def conv_output_size(n: int, window: int, stride: int, lo: int, hi: int) -> int:
+    return (n + lo + hi - window) // stride + 1
+
+
+def _conv_infer(operands, attrs):
+    x, w = operands
+    strides, padding = attrs["strides"], attrs["padding"]
+    nsp = len(strides)
+    check(x.rank == nsp + 2, f"conv: input {x} must be [N, spatial..., C] with {nsp} spatial dim(s)")
+    check(w.rank == nsp + 2, f"conv: kernel {w} must be [window..., C, F] with {nsp} window dim(s)")
+    check(x.dtype == w.dtype, f"conv: dtypes differ: {x} vs {w}")
+    check(T.is_float(x.dtype), f"conv needs float operands, got {x}")
+    check(x.shape[-1] == w.shape[-2], f"conv: input has {x.shape[-1]} channels, kernel expects {w.shape[-2]}")
+    out = [x.shape[0]]
+    for i in range(nsp):
+        n = conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i])
+        check(n >= 1, f"conv: window {w.shape[i]} does not fit spatial dim {x.shape[1 + i]} with padding {list(padding[i])}")
+        out.append(n)
+    out.append(w.shape[-1])
+    return TensorType(x.dtype, tuple(out))
+
+
+def _conv_rule(operands, results, attrs):
+    x, w = operands
+    nsp = len(attrs["strides"])
+    b = RuleBuilder()
+    n = b.factor(x.shape[0])
+    spatial = [b.factor(results[0].shape[1 + i], PERMUTATION) for i in range(nsp)]
+    window = [b.factor(w.shape[i], REPLICATE) for i in range(nsp)]
+    c = b.factor(x.shape[-1], REDUCTION)
+    f = b.factor(w.shape[-1], PASS)
+    xd = [(n,)] + [(s,) for s in spatial] + [(c,)]
+    wd = [(k,) for k in window] + [(c,), (f,)]
+    od = [(n,)] + [(s,) for s in spatial] + [(f,)]
+    return b.build([xd, wd], [od])
+
+
+def conv_numpy(x, w, *, strides, padding):
+    """Direct convolution: a sum over window offsets of strided slices times kernel taps."""
+    dt = x.dtype
+    xw = x.astype(np.float32) if dt.itemsize < 4 else x
+    ww = w.astype(np.float32) if dt.itemsize < 4 else w
+    nsp = len(strides)
+    xp = np.pad(xw, [(0, 0)] + [tuple(p) for p in padding] + [(0, 0)])
+    out_sp = [conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i]) for i in range(nsp)]
+    out = np.zeros((x.shape[0], *out_sp, w.shape[-1]), dtype=xw.dtype)
+    for offset in np.ndindex(*w.shape[:nsp]):
+        idx = tuple(slice(o, o + (m - 1) * s + 1, s) for o, m, s in zip(offset, out_sp, strides))
+        patch = xp[(slice(None),) + idx + (slice(None),)]
+        out += np.tensordot(patch, ww[offset], axes=([patch.ndim - 1], [0]))
+    return out.astype(dt)
+
+
+def _conv_jax(args, attrs, out):
+    nsp = len(attrs["strides"])
+    spec = ("NWC", "WIO", "NWC") if nsp == 1 else ("NHWC", "HWIO", "NHWC")
+    pad = [tuple(p) for p in attrs["padding"]]
+    return (f"jax.lax.conv_general_dilated({args[0]}, {args[1]}, window_strides={tuple(attrs['strides'])}, "
+            f"padding={pad}, dimension_numbers={spec})")
+
+
+register("conv", infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax,
+         partial="multilinear", reduce_fill=lambda dtype: 0, family="contract")
+

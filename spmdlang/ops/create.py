@@ -1,0 +1,92 @@
+"""Values made from nothing (full, iota), gathers (take), and the sharding constraint."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import types as T
+from ..ir.types import TensorType
+from ..partition.factors import PASS, REDUCTION, RuleBuilder, elementwise_rule
+from .registry import check, register
+
+
+def _fresh_rule(operands, results, attrs):
+    return elementwise_rule([], results[0].shape)
+
+
+def _literal(value, dtype: str) -> str:
+    if dtype == "bool":
+        return "True" if value else "False"
+    if T.is_float(dtype):
+        v = float(value)
+        return repr(v) if np.isfinite(v) else ("-jnp.inf" if v < 0 else "jnp.inf" if v > 0 else "jnp.nan")
+    return str(int(value))
+
+
+register("full", infer=lambda ops, attrs: TensorType(attrs["dtype"], tuple(attrs["shape"])),
+         numpy=lambda *, dtype, shape, value: np.full(shape, value, dtype=T.np_dtype(dtype)),
+         rule=_fresh_rule, family="elementwise",
+         jax=lambda a, attrs, out: (f"jnp.full({tuple(out[0].shape)}, {_literal(attrs['value'], attrs['dtype'])}, "
+                                    f"{T.jnp_dtype(attrs['dtype'])})"))
+
+
+def _iota_infer(operands, attrs):
+    shape, axis = tuple(attrs["shape"]), attrs["axis"]
+    check(0 <= axis < len(shape), f"iota: bad axis {axis} for shape {list(shape)}")
+    check(T.kind(attrs["dtype"]) in ("int", "float"), f"iota needs a numeric dtype, got {attrs['dtype']}")
+    return TensorType(attrs["dtype"], shape)
+
+
+def _iota_numpy(*, dtype, shape, axis):
+    idx = np.arange(shape[axis]).reshape([-1 if i == axis else 1 for i in range(len(shape))])
+    return np.broadcast_to(idx, shape).astype(T.np_dtype(dtype))
+
+
+register("iota", infer=_iota_infer, numpy=_iota_numpy, rule=_fresh_rule, family="elementwise",
+         jax=lambda a, attrs, out: (f"jax.lax.broadcasted_iota({T.jnp_dtype(attrs['dtype'])}, "
+                                    f"{tuple(out[0].shape)}, {attrs['axis']})"))
+
+# ---------------------------------------------------------------------------------- take
+
+
+def _take_infer(operands, attrs):
+    table, ids = operands
+    axis = attrs["axis"]
+    check(0 <= axis < table.rank, f"take: bad axis {axis} for {table}")
+    check(T.is_int(ids.dtype), f"take: ids must be integers, got {ids}")
+    check(table.shape[axis] > 0, "take: cannot gather from an empty axis")
+    return TensorType(table.dtype, table.shape[:axis] + ids.shape + table.shape[axis + 1:])
+
+
+def _take_rule(operands, results, attrs):
+    """Table dims other than `axis` and all id dims pass through; the gathered axis is a reduction
+    factor: a shard gathers the rows it owns, zeros the rest, and the shards are summed."""
+    table, ids = operands
+    axis = attrs["axis"]
+    b = RuleBuilder()
+    td = [(b.factor(n, REDUCTION if i == axis else PASS),) for i, n in enumerate(table.shape)]
+    idd = [(b.factor(n),) for n in ids.shape]
+    return b.build([td, idd], [td[:axis] + idd + td[axis + 1:]])
+
+
+def _take_numpy(table, ids, *, axis):
+    return np.take(table, np.clip(ids, 0, table.shape[axis] - 1), axis=axis)
+
+
+register("take", infer=_take_infer, numpy=_take_numpy, rule=_take_rule,
+         partial="multilinear", partial_operands=(0,), family="gather",
+         jax=lambda a, attrs, out: f"jnp.take({a[0]}, {a[1]}, axis={attrs['axis']}, mode='clip')")
+
+# ---------------------------------------------------------------------------------- shard
+
+
+def _shard_infer(operands, attrs):
+    (x,) = operands
+    check(attrs["sharding"].rank == x.rank,
+          f"shard: spec {attrs['sharding']} has {attrs['sharding'].rank} entries for {x} of rank {x.rank}")
+    return x
+
+
+register("shard", infer=_shard_infer, numpy=lambda x, *, sharding: x,
+         rule=lambda ops, res, attrs: elementwise_rule([ops[0].shape], res[0].shape),
+         partial="additive", family="elementwise", jax=lambda a, attrs, out: a[0])

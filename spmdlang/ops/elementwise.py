@@ -1,0 +1,195 @@
+"""Elementwise primitives: unary math, binary arithmetic and comparisons, select, cast.
+
+Operands share one shape, except rank-0 operands (scalars), which broadcast; the frontend makes
+every other broadcast explicit with `broadcast_in_dim`, so the sharding rule is one pass factor per
+dim. Low-precision floats compute in f32 and round back, as XLA does on CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import types as T
+from ..ir.types import TensorType
+from ..partition.factors import elementwise_rule
+from .registry import check, register
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32) if x.dtype.itemsize < 4 and x.dtype.kind not in "biu" else x
+
+
+def _same_shape(types) -> tuple[int, ...]:
+    shapes = {t.shape for t in types if t.rank}
+    check(len(shapes) <= 1, "operand shapes differ: " + " vs ".join(str(t) for t in types))
+    return shapes.pop() if shapes else ()
+
+
+def _elementwise_rule(operands, results, attrs):
+    return elementwise_rule([t.shape for t in operands], results[0].shape, len(results))
+
+
+# ---------------------------------------------------------------------------------- unary
+
+_FLOAT_UNARY = {
+    "exp": (np.exp, "jnp.exp({0})"),
+    "log": (np.log, "jnp.log({0})"),
+    "sqrt": (np.sqrt, "jnp.sqrt({0})"),
+    "rsqrt": (lambda x: 1.0 / np.sqrt(x), "jax.lax.rsqrt({0})"),
+    "tanh": (np.tanh, "jnp.tanh({0})"),
+    "sigmoid": (lambda x: 0.5 * (np.tanh(0.5 * x) + 1.0), "jax.nn.sigmoid({0})"),
+    "gelu": (lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi).astype(x.dtype)
+                                               * (x + 0.044715 * x * x * x))),
+             "jax.nn.gelu({0}, approximate=True)"),
+    "sin": (np.sin, "jnp.sin({0})"),
+    "cos": (np.cos, "jnp.cos({0})"),
+    "floor": (np.floor, "jnp.floor({0})"),
+    "ceil": (np.ceil, "jnp.ceil({0})"),
+}
+_NUMERIC_UNARY = {
+    "neg": (np.negative, "-{0}"),
+    "abs": (np.abs, "jnp.abs({0})"),
+    "sign": (np.sign, "jnp.sign({0})"),
+    "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "jax.nn.relu({0})"),
+}
+
+
+def _unary_infer(name, allowed):
+    def infer(operands, attrs):
+        (x,) = operands
+        check(T.kind(x.dtype) in allowed,
+              f"{name} needs a {' or '.join(sorted(allowed))} operand, got {x}"
+              + ("; cast it first, e.g. cast(x, f32)" if "float" in allowed else ""))
+        return x
+
+    return infer
+
+
+def _unary_numpy(fn):
+    def run(x):
+        return np.asarray(fn(_wide(x))).astype(x.dtype)
+
+    return run
+
+
+def _template(text):
+    return lambda args, attrs, out: text.format(*args)
+
+
+for _name, (_fn, _jax) in _FLOAT_UNARY.items():
+    register(_name, infer=_unary_infer(_name, {"float"}), numpy=_unary_numpy(_fn),
+             rule=_elementwise_rule, jax=_template(_jax), family="elementwise")
+for _name, (_fn, _jax) in _NUMERIC_UNARY.items():
+    register(_name, infer=_unary_infer(_name, {"float", "int"}), numpy=_unary_numpy(_fn),
+             rule=_elementwise_rule, jax=_template(_jax), family="elementwise",
+             partial="additive" if _name == "neg" else None)
+register("logical_not", infer=_unary_infer("logical_not", {"bool"}), numpy=np.logical_not,
+         rule=_elementwise_rule, jax=_template("jnp.logical_not({0})"), family="elementwise")
+
+
+def _cast_infer(operands, attrs):
+    (x,) = operands
+    return x.with_dtype(attrs["dtype"])
+
+
+def _cast_numpy(x, *, dtype):
+    target = T.np_dtype(dtype)
+    if target.kind in "iu" and x.dtype.kind == "f":
+        # float -> int truncates toward zero; NaN/inf (e.g. poisoned padding) must not warn
+        with np.errstate(invalid="ignore"):
+            return np.trunc(np.nan_to_num(x.astype(np.float64), nan=0)).clip(
+                np.iinfo(target).min, np.iinfo(target).max).astype(target)
+    return x.astype(target)
+
+
+register("cast", infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
+         jax=lambda args, attrs, out: f"{args[0]}.astype({T.jnp_dtype(attrs['dtype'])})",
+         family="elementwise")
+
+
+# ---------------------------------------------------------------------------------- binary
+
+
+def _int_pow(a, b):
+    return np.where(b < 0, np.zeros_like(a), np.power(a, np.maximum(b, 0)))
+
+
+_ARITH = {
+    "add": (np.add, "({0} + {1})", "additive"),
+    "sub": (np.subtract, "({0} - {1})", "additive"),
+    "mul": (np.multiply, "({0} * {1})", "multilinear"),
+    "div": (np.divide, "({0} / {1})", "multilinear"),
+    "maximum": (np.maximum, "jnp.maximum({0}, {1})", None),
+    "minimum": (np.minimum, "jnp.minimum({0}, {1})", None),
+    "pow": (np.power, "jnp.power({0}, {1})", None),
+}
+_COMPARE = {
+    "lt": (np.less, "({0} < {1})"),
+    "le": (np.less_equal, "({0} <= {1})"),
+    "gt": (np.greater, "({0} > {1})"),
+    "ge": (np.greater_equal, "({0} >= {1})"),
+    "eq": (np.equal, "({0} == {1})"),
+    "ne": (np.not_equal, "({0} != {1})"),
+}
+_LOGICAL = {
+    "logical_and": (np.logical_and, "jnp.logical_and({0}, {1})"),
+    "logical_or": (np.logical_or, "jnp.logical_or({0}, {1})"),
+}
+
+
+def _binary_infer(name, allowed, result_dtype=None):
+    def infer(operands, attrs):
+        a, b = operands
+        check(a.dtype == b.dtype, f"{name}: operand dtypes differ: {a} vs {b}")
+        check(T.kind(a.dtype) in allowed,
+              f"{name} needs {' or '.join(sorted(allowed))} operands, got {a}")
+        return TensorType(result_dtype or a.dtype, _same_shape(operands))
+
+    return infer
+
+
+def _arith_numpy(name, fn):
+    def run(a, b):
+        if name == "div" and a.dtype.kind in "iu":
+            out = np.floor_divide(a, np.where(b == 0, 1, b))
+            return np.where(b == 0, 0, out).astype(a.dtype)
+        if name == "pow" and a.dtype.kind in "iu":
+            return _int_pow(a, b).astype(a.dtype)
+        return np.asarray(fn(_wide(a), _wide(b))).astype(a.dtype)
+
+    return run
+
+
+def _arith_jax(name, text):
+    def emit(args, attrs, out):
+        if T.is_int(out[0].dtype) and name == "div":
+            return f"jnp.where({args[1]} == 0, 0, {args[0]} // jnp.where({args[1]} == 0, 1, {args[1]}))"
+        if T.is_int(out[0].dtype) and name == "pow":
+            return (f"jnp.where({args[1]} < 0, 0, jnp.power({args[0]}, jnp.maximum({args[1]}, 0)))"
+                    f".astype({T.jnp_dtype(out[0].dtype)})")
+        return text.format(*args)
+
+    return emit
+
+
+for _name, (_fn, _jax, _partial) in _ARITH.items():
+    register(_name, infer=_binary_infer(_name, {"float", "int"}), numpy=_arith_numpy(_name, _fn),
+             rule=_elementwise_rule, jax=_arith_jax(_name, _jax), family="elementwise",
+             partial=_partial, partial_operands=(0,) if _name == "div" else None)
+for _name, (_fn, _jax) in _COMPARE.items():
+    register(_name, infer=_binary_infer(_name, {"float", "int", "bool"}, "bool"), numpy=_fn,
+             rule=_elementwise_rule, jax=_template(_jax), family="elementwise")
+for _name, (_fn, _jax) in _LOGICAL.items():
+    register(_name, infer=_binary_infer(_name, {"bool"}), numpy=_fn, rule=_elementwise_rule,
+             jax=_template(_jax), family="elementwise")
+
+
+def _select_infer(operands, attrs):
+    c, a, b = operands
+    check(c.dtype == "bool", f"where: the condition must be bool, got {c}")
+    check(a.dtype == b.dtype, f"where: branch dtypes differ: {a} vs {b}")
+    return TensorType(a.dtype, _same_shape(operands))
+
+
+register("select", infer=_select_infer, numpy=lambda c, a, b: np.where(c, a, b).astype(a.dtype),
+         rule=_elementwise_rule, jax=_template("jnp.where({0}, {1}, {2})"), family="elementwise")

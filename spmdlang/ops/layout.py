@@ -1,0 +1,199 @@
+"""Data movement: transpose, reshape, broadcast_in_dim, slice, pad, concat, roll.
+
+transpose/reshape/broadcast keep elements aligned with their factors, so the generic partitioner
+handles them. slice/pad/concat/roll move elements along a dim: that dim is a permutation factor,
+split freely by propagation, and partitioned by the op's custom step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import TensorType
+from ..partition.factors import PASS, PERMUTATION, RuleBuilder, reshape_rule
+from .registry import check, register
+
+# ---------------------------------------------------------------------------------- transpose
+
+
+def _transpose_infer(operands, attrs):
+    (x,) = operands
+    perm = attrs["perm"]
+    check(sorted(perm) == list(range(x.rank)), f"transpose: {list(perm)} is not a permutation of {x.rank} dims")
+    return x.with_shape(x.shape[p] for p in perm)
+
+
+def _transpose_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    fs = [b.factor(n) for n in x.shape]
+    return b.build([[(f,) for f in fs]], [[(fs[p],) for p in attrs["perm"]]])
+
+
+register("transpose", infer=_transpose_infer,
+         numpy=lambda x, *, perm: np.ascontiguousarray(np.transpose(x, perm)),
+         rule=_transpose_rule, partial="additive", family="elementwise",
+         jax=lambda a, attrs, out: f"jnp.transpose({a[0]}, {tuple(attrs['perm'])})")
+
+# ---------------------------------------------------------------------------------- reshape
+
+
+def _reshape_infer(operands, attrs):
+    (x,) = operands
+    shape = tuple(attrs["shape"])
+    out = TensorType(x.dtype, shape)
+    check(out.size == x.size, f"reshape: cannot reshape {x} ({x.size} elements) to {list(shape)} ({out.size})")
+    return out
+
+
+register("reshape", infer=_reshape_infer, numpy=lambda x, *, shape: np.reshape(x, shape),
+         rule=lambda ops, res, attrs: reshape_rule(ops[0].shape, res[0].shape),
+         partial="additive", family="elementwise",
+         jax=lambda a, attrs, out: f"jnp.reshape({a[0]}, {tuple(out[0].shape)})")
+
+# ---------------------------------------------------------------------------------- broadcast
+
+
+def _broadcast_infer(operands, attrs):
+    (x,) = operands
+    shape, dims = tuple(attrs["shape"]), tuple(attrs["dims"])
+    check(len(dims) == x.rank and all(0 <= d < len(shape) for d in dims)
+          and list(dims) == sorted(set(dims)), f"broadcast: bad dims {list(dims)} for {x}")
+    for i, d in enumerate(dims):
+        check(x.shape[i] in (1, shape[d]), f"cannot broadcast {x} to {list(shape)}")
+    return x.with_shape(shape)
+
+
+def _broadcast_rule(operands, results, attrs):
+    (x,) = operands
+    shape, dims = attrs["shape"], attrs["dims"]
+    b = RuleBuilder()
+    fs = [b.factor(n) for n in shape]
+    ins = [(fs[d],) if x.shape[i] == shape[d] and shape[d] != 1 else () for i, d in enumerate(dims)]
+    return b.build([ins], [[(f,) for f in fs]])
+
+
+def _broadcast_numpy(x, *, shape, dims):
+    expanded = np.reshape(x, [x.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))])
+    return np.ascontiguousarray(np.broadcast_to(expanded, shape))
+
+
+register("broadcast_in_dim", infer=_broadcast_infer, numpy=_broadcast_numpy, rule=_broadcast_rule,
+         partial="additive", family="elementwise",
+         jax=lambda a, attrs, out: f"jax.lax.broadcast_in_dim({a[0]}, {tuple(out[0].shape)}, {tuple(attrs['dims'])})")
+
+# ---------------------------------------------------------------------------------- slice
+
+
+def _slice_infer(operands, attrs):
+    (x,) = operands
+    starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
+    check(len(starts) == len(stops) == len(steps) == x.rank, f"slice: wrong number of indices for {x}")
+    shape = []
+    for n, a, b, s in zip(x.shape, starts, stops, steps):
+        check(s >= 1 and 0 <= a <= b <= n, f"slice: bad range {a}:{b}:{s} for a dim of {n}")
+        shape.append(-(-(b - a) // s))
+    return x.with_shape(shape)
+
+
+def _moves(n, attrs_for_dim) -> bool:
+    return attrs_for_dim != (0, n, 1)
+
+
+def _slice_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    fs = [b.factor(m, PERMUTATION if _moves(n, (a, e, s)) else PASS)
+          for n, m, a, e, s in zip(x.shape, results[0].shape, attrs["starts"], attrs["stops"], attrs["steps"])]
+    return b.build([[(f,) for f in fs]], [[(f,) for f in fs]])
+
+
+def _slice_numpy(x, *, starts, stops, steps):
+    return np.ascontiguousarray(x[tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))])
+
+
+def _slice_jax(a, attrs, out):
+    idx = ", ".join(f"{s}:{e}" + (f":{st}" if st != 1 else "")
+                    for s, e, st in zip(attrs["starts"], attrs["stops"], attrs["steps"]))
+    return f"{a[0]}[{idx}]"
+
+
+register("slice", infer=_slice_infer, numpy=_slice_numpy, rule=_slice_rule, partial="additive",
+         jax=_slice_jax, family="elementwise")
+
+# ---------------------------------------------------------------------------------- pad
+
+
+def _pad_infer(operands, attrs):
+    (x,) = operands
+    lo, hi = attrs["lo"], attrs["hi"]
+    check(len(lo) == len(hi) == x.rank, f"pad: needs one [lo, hi] pair per dim of {x}")
+    check(all(v >= 0 for v in lo + hi), "pad: padding must be non-negative")
+    return x.with_shape(n + a + b for n, a, b in zip(x.shape, lo, hi))
+
+
+def _pad_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    fs = [b.factor(m, PERMUTATION if (lo or hi) else PASS)
+          for m, lo, hi in zip(results[0].shape, attrs["lo"], attrs["hi"])]
+    return b.build([[(f,) for f in fs]], [[(f,) for f in fs]])
+
+
+def _pad_numpy(x, *, lo, hi, value):
+    return np.pad(x, list(zip(lo, hi)), constant_values=np.asarray(value).astype(x.dtype))
+
+
+register("pad", infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family="elementwise",
+         partial=lambda attrs: "additive" if attrs["value"] == 0 else None,
+         jax=lambda a, attrs, out: (f"jnp.pad({a[0]}, {list(zip(attrs['lo'], attrs['hi']))}, "
+                                    f"constant_values={attrs['value']!r})"))
+
+# ---------------------------------------------------------------------------------- concat
+
+
+def _concat_infer(operands, attrs):
+    axis = attrs["axis"]
+    first = operands[0]
+    check(0 <= axis < first.rank, f"concat: bad axis {axis} for {first}")
+    for t in operands[1:]:
+        check(t.dtype == first.dtype, f"concat: dtypes differ: {first} vs {t}")
+        check(t.rank == first.rank and all(a == b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis),
+              f"concat: shapes {first} and {t} differ outside axis {axis}")
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in operands)
+    return first.with_shape(shape)
+
+
+def _concat_rule(operands, results, attrs):
+    axis = attrs["axis"]
+    b = RuleBuilder()
+    fs = [b.factor(n, PERMUTATION if i == axis else PASS) for i, n in enumerate(results[0].shape)]
+    dims = [(f,) for f in fs]
+    return b.build([dims] * len(operands), [dims])
+
+
+register("concat", infer=_concat_infer, numpy=lambda *xs, axis: np.concatenate(xs, axis=axis),
+         rule=_concat_rule, partial="additive", family="elementwise",
+         jax=lambda a, attrs, out: f"jnp.concatenate([{', '.join(a)}], axis={attrs['axis']})")
+
+# ---------------------------------------------------------------------------------- roll
+
+
+def _roll_infer(operands, attrs):
+    (x,) = operands
+    check(0 <= attrs["axis"] < x.rank, f"roll: bad axis {attrs['axis']} for {x}")
+    return x
+
+
+def _roll_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    fs = [b.factor(n, PERMUTATION if i == attrs["axis"] else PASS) for i, n in enumerate(x.shape)]
+    return b.build([[(f,) for f in fs]], [[(f,) for f in fs]])
+
+
+register("roll", infer=_roll_infer, numpy=lambda x, *, shift, axis: np.roll(x, shift, axis=axis),
+         rule=_roll_rule, partial="additive", family="elementwise",
+         jax=lambda a, attrs, out: f"jnp.roll({a[0]}, {attrs['shift']}, axis={attrs['axis']})")
+

@@ -1,0 +1,110 @@
+"""Reductions over a set of axes, and arg-reductions over one axis.
+
+Reduced dims are reduction factors: split, each shard reduces locally (padding masked with the
+reduction's identity, `reduce_fill`) and one collective combines the shards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import types as T
+from ..ir.types import TensorType
+from ..partition.factors import PASS, REDUCTION, RuleBuilder
+from .registry import check, register
+
+
+def _reduce_infer(name):
+    def infer(operands, attrs):
+        (x,) = operands
+        axes = attrs["axes"]
+        check(T.kind(x.dtype) in ("float", "int"), f"{name} needs a numeric operand, got {x}; cast it first")
+        check(all(0 <= a < x.rank for a in axes) and len(set(axes)) == len(axes),
+              f"{name}: bad axes {list(axes)} for {x}")
+        if name in ("reduce_max", "reduce_min"):
+            check(all(x.shape[a] > 0 for a in axes), f"{name} over an empty axis has no identity")
+        return TensorType(x.dtype, tuple(n for i, n in enumerate(x.shape) if i not in axes))
+
+    return infer
+
+
+def _reduce_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    dims, out = [], []
+    for i, n in enumerate(x.shape):
+        f = b.factor(n, REDUCTION if i in attrs["axes"] else PASS)
+        dims.append((f,))
+        if i not in attrs["axes"]:
+            out.append((f,))
+    return b.build([dims], [out])
+
+
+def _fill(kind):
+    """The identity of a reduction for a dtype: what padding must look like to change nothing."""
+    def fill(dtype: str):
+        if kind == "sum":
+            return 0
+        if kind == "prod":
+            return 1
+        if T.is_float(dtype):
+            return -np.inf if kind == "max" else np.inf
+        info = np.iinfo(T.np_dtype(dtype))
+        return info.min if kind == "max" else info.max
+
+    return fill
+
+
+_REDUCE = {
+    "reduce_sum": (np.sum, "jnp.sum", "sum"),
+    "reduce_prod": (np.prod, "jnp.prod", "prod"),
+    "reduce_max": (np.max, "jnp.max", "max"),
+    "reduce_min": (np.min, "jnp.min", "min"),
+}
+
+
+def _reduce_numpy(fn):
+    def run(x, *, axes):
+        acc = np.float32 if x.dtype.kind == "f" and x.dtype.itemsize < 4 else None
+        if fn in (np.sum, np.prod) and x.dtype.kind in "iu":
+            acc = x.dtype  # numpy would widen ints to int64; keep wrap-around semantics of i32
+        out = fn(x, axis=tuple(axes), dtype=acc) if fn in (np.sum, np.prod) else fn(x, axis=tuple(axes))
+        return np.asarray(out).astype(x.dtype)
+
+    return run
+
+
+def _reduce_jax(fn):
+    return lambda args, attrs, out: f"{fn}({args[0]}, axis={tuple(attrs['axes'])})"
+
+
+for _name, (_fn, _jax, _kind) in _REDUCE.items():
+    register(_name, infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
+             jax=_reduce_jax(_jax), reduce_fill=_fill(_kind),
+             partial="additive" if _kind == "sum" else None, family="reduce")
+
+
+def _arg_infer(name):
+    def infer(operands, attrs):
+        (x,) = operands
+        check(T.kind(x.dtype) in ("float", "int"), f"{name} needs a numeric operand, got {x}")
+        axis = attrs["axis"]
+        check(0 <= axis < x.rank, f"{name}: bad axis {axis} for {x}")
+        check(x.shape[axis] > 0, f"{name} of an empty axis")
+        return TensorType("i32", tuple(n for i, n in enumerate(x.shape) if i != axis))
+
+    return infer
+
+
+def _arg_rule(operands, results, attrs):
+    return _reduce_rule(operands, results, {"axes": (attrs["axis"],)})
+
+
+register("argmax", infer=_arg_infer("argmax"),
+         numpy=lambda x, *, axis: np.argmax(x, axis=axis).astype(np.int32), rule=_arg_rule,
+         jax=lambda a, attrs, out: f"jnp.argmax({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
+         family="reduce")
+register("argmin", infer=_arg_infer("argmin"),
+         numpy=lambda x, *, axis: np.argmin(x, axis=axis).astype(np.int32), rule=_arg_rule,
+         jax=lambda a, attrs, out: f"jnp.argmin({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
+         family="reduce")

@@ -1,0 +1,69 @@
+"""The op table: every primitive declared once with everything the pipeline needs.
+
+An `OpDef` holds
+  infer     shape/dtype rule: (operand types, attrs) -> result types; raises ShapeError
+  numpy     numpy implementation: (*arrays, **attrs) -> array or tuple of arrays
+  rule      sharding rule: (operand types, result types, attrs) -> FactorRule (factors with kinds)
+  jax       jax emission: (operand expressions, attrs, result types) -> expression text
+  partition custom partitioning step for ops whose dims do not line up (None: generic, by factors)
+  partial   how pending sums pass through: "additive" (all operands partial alike), "multilinear"
+            (at most one of `partial_operands` partial), or None (operands must be summed first);
+            a callable of the attrs where it depends on them (pad is linear only with value 0)
+  reduce_fill  value that masks padding of a split reduction factor (the reduction's identity)
+  family    "elementwise" ops propagate shardings first (GSPMD/Shardy priorities)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ShapeError
+
+OPS: dict[str, OpDef] = {}
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    infer: Callable
+    numpy: Callable
+    rule: Callable | None = None
+    jax: Callable | None = None
+    partition: Callable | None = None
+    partial: str | None = None
+    partial_operands: tuple[int, ...] | None = None
+    reduce_fill: Any = None
+    family: str = "other"
+    doc: str = ""
+    local_only: bool = False  # collectives and partition indices: per-partition programs only
+
+    def infer_types(self, operand_types, attrs):
+        out = self.infer(tuple(operand_types), attrs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    def partial_mode(self, attrs) -> str | None:
+        return self.partial(attrs) if callable(self.partial) else self.partial
+
+    def evaluate(self, arrays, attrs):
+        out = self.numpy(*arrays, **attrs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def register(name: str, **fields) -> OpDef:
+    if name in OPS:
+        raise ValueError(f"op {name!r} registered twice")
+    op = OpDef(name=name, **fields)
+    OPS[name] = op
+    return op
+
+
+def get(name: str) -> OpDef:
+    return OPS[name]
+
+
+def check(cond: bool, message: str) -> None:
+    """Shape rules call this; the IR builder turns the ShapeError into a located SpmdError."""
+    if not cond:
+        raise ShapeError(message)

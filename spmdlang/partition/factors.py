@@ -1,0 +1,262 @@
+"""Sharding rules as data: factors shared between an op's operand and result dims (Shardy style).
+
+A `FactorRule` says, for every operand and result dim, which factors it is made of (major to
+minor; a reshape dim may hold several, a size-1 dim none). Factor kinds:
+  pass         the factor indexes operands and results alike (elementwise dims, einsum batch/free dims)
+  reduction    it appears only in operands and is summed/maxed away (einsum contracting, reduce axes)
+  replicate    it must not be split (the op reads across the whole dim)
+  permutation  split allowed, but elements move along it (slice, pad, concat, roll, conv windows):
+               propagation passes it through; partitioning needs the op's custom step
+Invariant: within one tensor a factor appears at most once.
+
+Projection turns a tensor's Sharding into axes per factor and back. A dim's axes go to its factors
+major first; an axis may enter a factor only while every more-major factor of the dim is fully
+split (one element per shard), and must divide the factor's size unless the factor is the dim's
+only non-trivial one (uneven shards are only contiguous then).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from .mesh import Mesh
+
+PASS, REDUCTION, REPLICATE, PERMUTATION = "pass", "reduction", "replicate", "permutation"
+
+DimFactors = tuple[int, ...]
+TensorFactors = tuple[DimFactors, ...]
+
+
+@dataclass(frozen=True)
+class FactorRule:
+    sizes: tuple[int, ...]
+    kinds: tuple[str, ...]
+    operands: tuple[TensorFactors, ...]
+    results: tuple[TensorFactors, ...]
+
+    @property
+    def tensors(self) -> tuple[TensorFactors, ...]:
+        return self.operands + self.results
+
+    def factor_dims(self, tensor: int, factor: int) -> int | None:
+        """Which dim of tensor `tensor` (operands first, then results) holds `factor`, if any."""
+        for d, fs in enumerate(self.tensors[tensor]):
+            if factor in fs:
+                return d
+        return None
+
+
+# ---------------------------------------------------------------------------------- builders
+
+
+class RuleBuilder:
+    """Accumulates factors; `dim(...)` lists are built by callers from factor ids."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.kinds: list[str] = []
+
+    def factor(self, size: int, kind: str = PASS) -> int:
+        self.sizes.append(size)
+        self.kinds.append(kind)
+        return len(self.sizes) - 1
+
+    def build(self, operands, results) -> FactorRule:
+        tup = lambda ts: tuple(tuple(tuple(d) for d in t) for t in ts)  # noqa: E731
+        return FactorRule(tuple(self.sizes), tuple(self.kinds), tup(operands), tup(results))
+
+
+def einsum_rule(spec: str, operand_shapes, result_shape) -> FactorRule:
+    """One factor per index letter; letters absent from the output are reductions."""
+    ins, out = spec.split("->")
+    ins = ins.split(",")
+    b = RuleBuilder()
+    ids: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for letters, shape in zip(ins, operand_shapes):
+        for c, n in zip(letters, shape):
+            sizes[c] = max(sizes.get(c, 1), n)
+    for c in out:
+        ids[c] = b.factor(sizes[c], PASS)
+    for letters in ins:
+        for c in letters:
+            if c not in ids:
+                ids[c] = b.factor(sizes[c], REDUCTION)
+
+    def dims(letters, shape):
+        return [() if n == 1 and sizes[c] == 1 else (ids[c],) for c, n in zip(letters, shape)]
+
+    return b.build([dims(s, sh) for s, sh in zip(ins, operand_shapes)], [dims(out, result_shape)])
+
+
+def elementwise_rule(operand_shapes, result_shape, n_results: int = 1) -> FactorRule:
+    """One pass factor per result dim; rank-0 operands (scalars) take part in none."""
+    b = RuleBuilder()
+    fs = [b.factor(n) for n in result_shape]
+    ops = [[(f,) for f in fs] if len(s) == len(result_shape) else [] for s in operand_shapes]
+    return b.build(ops, [[(f,) for f in fs]] * n_results)
+
+
+def reshape_factors(in_shape, out_shape) -> tuple[list[int], list[str], list[list[int]], list[list[int]]]:
+    """Common refinement of two shapes with equal size into factors; blocks that admit none
+    (e.g. [6, 4] <-> [4, 6]) get one replicate factor per dim."""
+    sizes: list[int] = []
+    kinds: list[str] = []
+    in_dims: list[list[int]] = [[] for _ in in_shape]
+    out_dims: list[list[int]] = [[] for _ in out_shape]
+    i = j = 0
+    in_shape, out_shape = list(in_shape), list(out_shape)
+    while i < len(in_shape) or j < len(out_shape):
+        if i < len(in_shape) and in_shape[i] == 1:
+            i += 1
+            continue
+        if j < len(out_shape) and out_shape[j] == 1:
+            j += 1
+            continue
+        # one block: the shortest runs of dims on both sides with equal products
+        bi, bj = [i], [j]
+        pi, pj = in_shape[i], out_shape[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                pi *= in_shape[i]
+                bi.append(i)
+                i += 1
+            else:
+                pj *= out_shape[j]
+                bj.append(j)
+                j += 1
+        block = _factor_block([in_shape[k] for k in bi], [out_shape[k] for k in bj])
+        if block is None:
+            for k in bi:
+                in_dims[k].append(len(sizes))
+                sizes.append(in_shape[k])
+                kinds.append(REPLICATE)
+            for k in bj:
+                out_dims[k].append(len(sizes))
+                sizes.append(out_shape[k])
+                kinds.append(REPLICATE)
+            continue
+        fsizes, fin, fout = block
+        base = len(sizes)
+        sizes.extend(fsizes)
+        kinds.extend([PASS] * len(fsizes))
+        for k, fl in zip(bi, fin):
+            in_dims[k] = [base + f for f in fl]
+        for k, fl in zip(bj, fout):
+            out_dims[k] = [base + f for f in fl]
+    return sizes, kinds, in_dims, out_dims
+
+
+def _factor_block(a: list[int], b: list[int]):
+    """Split two dim lists of equal product into shared factors, each dim a run of consecutive
+    factors; None when no such refinement exists."""
+    a, b = [x for x in a if x != 1], [x for x in b if x != 1]
+    fa: list[list[int]] = [[] for _ in a]
+    fb: list[list[int]] = [[] for _ in b]
+    sizes: list[int] = []
+    i = j = 0
+    ra, rb = (a[0] if a else 1), (b[0] if b else 1)
+    while i < len(a) and j < len(b):
+        if rb % ra and ra % rb:
+            return None  # after a gcd split both remainders would be coprime: no refinement
+        g = min(ra, rb)
+        fa[i].append(len(sizes))
+        fb[j].append(len(sizes))
+        sizes.append(g)
+        ra, rb = ra // g, rb // g
+        if ra == 1:
+            i += 1
+            ra = a[i] if i < len(a) else 1
+        if rb == 1:
+            j += 1
+            rb = b[j] if j < len(b) else 1
+    return sizes, fa, fb
+
+
+def reshape_rule(in_shape, out_shape) -> FactorRule:
+    sizes, kinds, in_dims, out_dims = reshape_factors(in_shape, out_shape)
+    return FactorRule(tuple(sizes), tuple(kinds), (tuple(map(tuple, in_dims)),),
+                      (tuple(map(tuple, out_dims)),))
+
+
+# ---------------------------------------------------------------------------------- projection
+
+FactorAxes = dict[int, tuple[str, ...]]
+
+
+def project_dim(factors: DimFactors, axes: tuple[str, ...], sizes, mesh: Mesh, dim_size: int):
+    """Assign a dim's axes to its factors (see module doc). Returns (assignment, axes used);
+    axes that cannot be placed are left out (the tensor would need resharding for them)."""
+    out: dict[int, tuple[str, ...]] = {}
+    if not factors or not axes:
+        return out, ()
+    nontrivial = [f for f in factors if sizes[f] > 1]
+    if len(factors) == 1 or len(nontrivial) <= 1:
+        f = nontrivial[0] if nontrivial else factors[-1]
+        out[f] = tuple(axes)
+        return out, tuple(axes)
+    used: list[str] = []
+    k = 0
+    remaining = sizes[factors[0]]
+    for a in axes:
+        s = mesh.axis_size(a)
+        while remaining == 1 and k + 1 < len(factors):
+            k += 1
+            remaining = sizes[factors[k]]
+        if remaining % s != 0:
+            break
+        out[factors[k]] = out.get(factors[k], ()) + (a,)
+        remaining //= s
+        used.append(a)
+    return out, tuple(used)
+
+
+def project(rule_dims: TensorFactors, dims_axes, sizes, mesh: Mesh, shape) -> FactorAxes:
+    """A tensor's per-dim axes -> axes per factor."""
+    out: FactorAxes = {}
+    for fs, axes, n in zip(rule_dims, dims_axes, shape):
+        assignment, _ = project_dim(fs, axes, sizes, mesh, n)
+        out.update(assignment)
+    return out
+
+
+def unproject_dim(factors: DimFactors, fa: FactorAxes, sizes, mesh: Mesh) -> tuple[str, ...]:
+    """Factor axes -> the dim's axes, keeping the longest prefix that stays contiguous."""
+    if not factors:
+        return ()
+    nontrivial = [f for f in factors if sizes[f] > 1]
+    if len(factors) == 1 or len(nontrivial) <= 1:
+        out: tuple[str, ...] = ()
+        for f in factors:
+            out += fa.get(f, ())
+        return out
+    out = ()
+    for f in factors:
+        axes = fa.get(f, ())
+        if not axes:
+            break
+        k = mesh.group_size(axes)
+        if sizes[f] % k != 0:
+            # keep the axes that divide, then stop
+            kept = []
+            rem = sizes[f]
+            for a in axes:
+                if rem % mesh.axis_size(a):
+                    break
+                rem //= mesh.axis_size(a)
+                kept.append(a)
+            return out + tuple(kept)
+        out += axes
+        if k != sizes[f]:
+            break
+    return out
+
+
+def unproject(rule_dims: TensorFactors, fa: FactorAxes, sizes, mesh: Mesh) -> tuple[tuple[str, ...], ...]:
+    return tuple(unproject_dim(fs, fa, sizes, mesh) for fs in rule_dims)
+
+
+def factor_shards(fa: FactorAxes, mesh: Mesh) -> dict[int, int]:
+    return {f: prod(mesh.axis_size(a) for a in axes) for f, axes in fa.items()}
