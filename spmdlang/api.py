@@ -7,7 +7,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import Source, Span, SpmdError
+from .errors import OverrideError, Source, Span, SpmdError
 from .frontend.lower import lower
 from .frontend.parse import parse
 from .inputs import check_inputs, random_inputs
@@ -92,12 +92,12 @@ def _check_overrides(module, source, mesh, consts):
     axes = {a.name for m in module.meshes for a in m.axes}
     for name, size in (mesh or {}).items():
         if name not in axes:
-            raise SpmdError(f"--mesh names axis '{name}', which the mesh does not have"
+            raise OverrideError(f"--mesh names axis '{name}', which the mesh does not have"
                             + (f" (axes: {', '.join(sorted(axes))})" if axes else ""), where)
         if not isinstance(size, int) or size < 1:
-            raise SpmdError(f"--mesh {name}={size}: sizes must be positive integers", where)
+            raise OverrideError(f"--mesh {name}={size}: sizes must be positive integers", where)
     names = {c.name for c in module.consts}
     for name in consts or {}:
         if name not in names:
-            raise SpmdError(f"--set names const '{name}', which the program does not declare"
+            raise OverrideError(f"--set names const '{name}', which the program does not declare"
                             + (f" (consts: {', '.join(sorted(names))})" if names else ""), where)

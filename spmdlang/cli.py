@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 
-from .errors import SpmdError
+from .errors import OverrideError, SpmdError
 
 TARGETS = ("ir", "spmd", "jax", "xla")
 BACKENDS = ("ref", "sim", "jax", "xla")
@@ -135,7 +135,7 @@ def _compile(args):
         raise UsageError(f"no such file: '{args.file}'")
     if os.path.isdir(args.file):
         raise UsageError(f"'{args.file}' is a directory, not a .spmd file")
-    return compile_program(args.file, mesh=args.mesh, consts=args.consts, entry=args.entry, filename=args.file)
+    return compile_program(args.file, mesh=args.mesh, consts=args.consts, entry=args.entry)
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
         return COMMANDS[args.command](args)
     except SpmdError as e:
         print(e.render(), file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, OverrideError) else 1
     except UsageError as e:
         parser.print_usage(sys.stderr)
         print(f"spmdlang: error: {e}", file=sys.stderr)

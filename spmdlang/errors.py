@@ -79,5 +79,10 @@ class SpmdError(Exception):
         return self.render()
 
 
+class OverrideError(SpmdError):
+    """--mesh / --set (or the API's mesh=/consts=) name something the program lacks: the command
+    line is wrong, so the CLI exits with status 2."""
+
+
 class ShapeError(Exception):
     """Raised by op-table rules (which know no spans); the IR builder re-raises it as SpmdError."""
