@@ -52,6 +52,27 @@ class Compiled:
         """The global program as IR text."""
         return print_program(self.program)
 
+    @cached_property
+    def propagation(self):
+        """Sharding propagation over the global program (partition.propagate)."""
+        from .partition.propagate import propagate
+
+        return propagate(self.program)
+
+    @property
+    def shardings(self) -> dict:
+        """Sharding of every named value: source names, and results as return0, return1, ..."""
+        sh = self.propagation.shardings
+        out = {name: sh[v] for name, v, _span in self.program.names}
+        out.update({f"return{i}": sh[r.value] for i, r in enumerate(self.program.results)})
+        return out
+
+    def check_report(self) -> dict:
+        """The `check --json` document (CLI.md)."""
+        from .explain import check_report
+
+        return check_report(self)
+
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         return random_inputs(self.program, seed)
 

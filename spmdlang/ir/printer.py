@@ -14,6 +14,14 @@ class Namer:
         self.taken: dict[str, int] = {}
         self.temps = 0
 
+    @staticmethod
+    def for_program(prog: Program) -> Namer:
+        """Names in program order, so they match the printed IR."""
+        n = Namer()
+        for v in prog.values():
+            n(v)
+        return n
+
     def __call__(self, v: Value) -> str:
         if v not in self.names:
             if v.name:
@@ -53,7 +61,7 @@ def format_attrs(attrs) -> str:
 def print_program(prog: Program, shardings: dict[Value, Sharding] | None = None,
                   notes: dict | None = None) -> str:
     """The program as text. `shardings` adds each value's sharding; `notes` a comment per op."""
-    name = Namer()
+    name = Namer.for_program(prog)
     shard = (lambda v: f" {shardings[v]}" if shardings and v in shardings else "")
     params = []
     for p in prog.params:

@@ -1,0 +1,285 @@
+"""Sharding propagation (GSPMD "sharding completion", done over factors as Shardy does).
+
+From the annotated parameters, results and shard() constraints, give every value a sharding:
+a fixpoint over the program in both directions where a value's sharding only ever grows (a dim's
+axes are extended on the minor side, never changed), so it terminates.
+
+Each round is Jacobi-style: every op due for a visit proposes shardings for its operands and
+results from the *same* snapshot, and the proposals for one value are merged by a rule that does
+not depend on which op proposed first. So the outcome does not depend on the order ops are
+visited. Ops are admitted in phases, as GSPMD/Shardy prioritise them:
+  0. elementwise-like ops (pass-through factors only: elementwise, reshape, transpose, ...)
+  1. every op's pass-through factors (einsum batch and free dims, kept dims of reductions, ...)
+  2. reduction factors too (einsum contracting dims: one operand's split is offered to the other)
+Within an op, a factor whose tensors disagree takes the axes of the largest tensor (moving the
+smaller one is cheaper); the loser keeps its own sharding and is resharded by the partitioner.
+Every extension remembers the op and the source value it came from, for `check` and `explain`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..ir.core import Op, Program, Value
+from ..ops import registry
+from .factors import REDUCTION, REPLICATE, FactorRule, project, unproject
+from .mesh import Mesh, Sharding
+
+PHASES = (0, 1, 2)
+
+
+@dataclass
+class Origin:
+    """Why a value's dim holds some axes: an annotation, or an op that passed them on from `source`."""
+
+    kind: str  # "parameter", "constraint", "result", "propagated"
+    dim: int
+    axes: tuple[str, ...]
+    op: Op | None = None
+    source: Value | None = None
+    source_dim: int | None = None
+
+
+@dataclass
+class Propagation:
+    """The outcome: a sharding for every value, where each came from, and the conflicts met."""
+
+    program: Program
+    shardings: dict[Value, Sharding]
+    origins: dict[Value, list[Origin]] = field(default_factory=dict)
+    conflicts: list[tuple[Op, str]] = field(default_factory=list)
+    rounds: int = 0
+
+    def reason(self, v: Value, names=None) -> str:
+        return describe_origins(self, v, names)
+
+
+def op_rule(op: Op) -> FactorRule:
+    opdef = registry.get(op.kind)
+    return opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
+
+
+class _State:
+    def __init__(self, prog: Program):
+        self.mesh: Mesh = prog.mesh
+        self.dims: dict[Value, list[tuple[str, ...]]] = {}
+        self.open: dict[Value, set[int]] = {}
+        self.origins: dict[Value, list[Origin]] = defaultdict(list)
+        for p in prog.params:
+            r = p.value.type.rank
+            if p.sharding is not None:
+                self.dims[p.value] = list(p.sharding.dims)
+                self.open[p.value] = set()
+                self.origins[p.value] += [Origin("parameter", d, a) for d, a in enumerate(p.sharding.dims) if a]
+                if not any(p.sharding.dims):
+                    self.origins[p.value].append(Origin("parameter", -1, ()))
+            else:
+                self.dims[p.value] = [()] * r
+                self.open[p.value] = set(range(r))
+        result_constraints = {r.value for r in prog.results if r.sharding is not None}
+        for op in prog.ops:
+            for v in op.results:
+                self.dims[v] = [()] * v.type.rank
+                self.open[v] = set(range(v.type.rank))
+            if op.kind == "shard":
+                s: Sharding = op.attrs["sharding"]
+                v = op.result
+                self.dims[v] = list(s.dims)
+                self.open[v] = set(s.open_dims)
+                kind = "result" if v in result_constraints else "constraint"
+                self.origins[v] += [Origin(kind, d, a, op) for d, a in enumerate(s.dims) if a]
+                if not any(s.dims):
+                    self.origins[v].append(Origin(kind, -1, (), op))
+
+
+def _admitted(op: Op, kind: str, phase: int) -> bool:
+    if kind == REPLICATE:
+        return False
+    if phase == 0:
+        return registry.get(op.kind).family == "elementwise"
+    if phase == 1:
+        return kind != REDUCTION
+    return True
+
+
+def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict):
+    """This op's proposals: [(value, dim, axes, strength, source value)]."""
+    tensors = op.operands + op.results
+    mesh = st.mesh
+    fas = [project(rule.tensors[i], st.dims[t], rule.sizes, mesh, t.type.shape) for i, t in enumerate(tensors)]
+    chosen: dict[int, tuple[str, ...]] = {}
+    strength: dict[int, tuple[int, int]] = {}
+    source: dict[int, Value] = {}
+    for f, kind in enumerate(rule.kinds):
+        if not _admitted(op, kind, phase):
+            continue
+        cands = [(fa[f], i) for i, fa in enumerate(fas) if fa.get(f)]
+        if not cands:
+            continue
+        # strongest first: the largest tensor, then the longest split, then a fixed order
+        cands.sort(key=lambda c: (-tensors[c[1]].type.nbytes, -len(c[0]), c[0], c[1]))
+        best, bi = cands[0]
+        for axes, i in cands[1:]:
+            if axes[: len(best)] == best and len(axes) > len(best):
+                best, bi = axes, i  # a compatible refinement
+            elif best[: len(axes)] != axes:
+                conflicts.setdefault((op, f), (best, bi, axes, i))
+        chosen[f], strength[f], source[f] = best, (tensors[bi].type.nbytes, len(best)), tensors[bi]
+    if not chosen:
+        return []
+    # one axis may split only one factor of the op: stronger factors keep theirs
+    used: set[str] = set()
+    for f in sorted(chosen, key=lambda f: (-strength[f][0], -strength[f][1], f)):
+        keep = []
+        for a in chosen[f]:
+            if a in used:
+                break
+            keep.append(a)
+        used.update(keep)
+        chosen[f] = tuple(keep)
+    chosen = {f: a for f, a in chosen.items() if a}
+    out = []
+    for i, t in enumerate(tensors):
+        new = unproject(rule.tensors[i], chosen, rule.sizes, mesh)
+        for d, axes in enumerate(new):
+            cur = st.dims[t][d]
+            if d in st.open[t] and len(axes) > len(cur) and axes[: len(cur)] == cur:
+                fs = [f for f in rule.tensors[i][d] if f in chosen]
+                f = max(fs, key=lambda f: strength[f])
+                src = source[f]
+                src_dim = rule.factor_dims(tensors.index(src), f)
+                out.append((t, d, axes, strength[f], (src, src_dim)))
+    return out
+
+
+def _merge(st: _State, v: Value, props, op_of) -> bool:
+    """Apply the proposals for one value; order-independent. Returns whether it changed."""
+    dims = st.dims[v]
+    used = {a for d in dims for a in d}
+    by_dim: dict[int, list] = defaultdict(list)
+    for d, axes, s, src, op in props:
+        by_dim[d].append((axes, s, src, op))
+    order = sorted(by_dim, key=lambda d: (max((-c[1][0], -c[1][1]) for c in by_dim[d]), d))
+    changed = False
+    for d in order:
+        cands = sorted(by_dim[d], key=lambda c: (-c[1][0], -c[1][1], c[0], op_of[c[3]], c[2][1]))
+        best, bsrc, bop = cands[0][0], cands[0][2], cands[0][3]
+        for axes, _s, src, op in cands[1:]:
+            if axes[: len(best)] == best and len(axes) > len(best):
+                best, bsrc, bop = axes, src, op
+        cur = dims[d]
+        ext = []
+        shards = st.mesh.group_size(cur)
+        for a in best[len(cur):]:
+            shards *= st.mesh.axis_size(a)
+            # never split a dim into more shards than it has elements (shards would be empty)
+            if a in used or shards > v.type.shape[d]:
+                break
+            ext.append(a)
+        if ext:
+            dims[d] = cur + tuple(ext)
+            used.update(ext)
+            st.origins[v].append(Origin("propagated", d, dims[d], bop, bsrc[0], bsrc[1]))
+            changed = True
+    return changed
+
+
+def propagate(prog: Program) -> Propagation:
+    """Give every value of the global program a sharding. Pure: the program is not changed."""
+    st = _State(prog)
+    rules = {op: op_rule(op) for op in prog.ops}
+    index = {op: i for i, op in enumerate(prog.ops)}
+    adjacent: dict[Value, list[Op]] = defaultdict(list)
+    for op in prog.ops:
+        for v in op.operands + op.results:
+            adjacent[v].append(op)
+    conflicts: dict = {}
+    rounds = 0
+    for phase in PHASES:
+        frontier = set(prog.ops)
+        while frontier:
+            rounds += 1
+            proposals: dict[Value, list] = defaultdict(list)
+            for op in frontier:
+                for t, d, axes, s, src in _propose(op, rules[op], st, phase, conflicts):
+                    proposals[t].append((d, axes, s, src, op))
+            changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
+            frontier = {op for v in changed for op in adjacent[v]}
+    shardings = {v: Sharding(tuple(d)) for v, d in st.dims.items()}
+    notes = []
+    for (op, _f), (best, bi, axes, i) in sorted(conflicts.items(), key=lambda kv: (index[kv[0][0]], kv[0][1])):
+        tensors = op.operands + op.results
+        notes.append((op, _conflict_text(op, tensors[bi], best, tensors[i], axes)))
+    return Propagation(prog, shardings, dict(st.origins), _dedupe(notes), rounds)
+
+
+def _dedupe(notes):
+    seen, out = set(), []
+    for op, text in notes:
+        if (op, text) not in seen:
+            seen.add((op, text))
+            out.append((op, text))
+    return out
+
+
+def _axes_text(axes) -> str:
+    return axes[0] if len(axes) == 1 else "(" + ", ".join(axes) + ")"
+
+
+def _conflict_text(op, winner, wa, loser, la) -> str:
+    line = f" at line {op.span.line}" if op.span else ""
+    return (f"{op.kind}{line}: {_name(winner)} wants {_axes_text(wa)}, {_name(loser)} wants {_axes_text(la)} "
+            f"on the same dimension; kept {_name(winner)}'s ({winner.type.nbytes} bytes vs {loser.type.nbytes}), "
+            f"{_name(loser)} will be resharded")
+
+
+def _name(v: Value, names=None) -> str:
+    if names and v in names:
+        return f"%{names[v]}"
+    return f"%{v.name}" if v.name else f"a {v.type} temporary"
+
+
+def _dim_origin(p: Propagation, v: Value, d: int) -> Origin | None:
+    found = None
+    for o in p.origins.get(v, []):
+        if o.dim == d or o.dim == -1:
+            found = o  # the last extension of the dim explains its final axes
+    return found
+
+
+def trace(p: Propagation, v: Value, d: int, names=None, limit: int = 12) -> str:
+    """How dim d of v got its axes: the annotation it started from and the ops it came through."""
+    steps = []
+    seen = set()
+    o = _dim_origin(p, v, d)
+    while o is not None and o.kind == "propagated" and (v, d) not in seen and len(steps) < limit:
+        seen.add((v, d))
+        steps.append(f"{o.op.kind}" + (f":{o.op.span.line}" if o.op.span else ""))
+        v, d = o.source, o.source_dim
+        o = _dim_origin(p, v, d) if d is not None else None
+    if o is None:
+        start = _name(v, names)
+    elif o.kind == "parameter":
+        start = f"{_name(v, names)} (parameter)"
+    else:
+        what = "shard()" if o.kind == "constraint" else "result annotation"
+        start = f"{what}" + (f":{o.op.span.line}" if o.op is not None and o.op.span else "")
+    if len(steps) >= limit:
+        steps.append("...")
+    return " -> ".join([start] + list(reversed(steps)))
+
+
+def describe_origins(p: Propagation, v: Value, names=None) -> str:
+    """Per split dim: where its axes came from, as a chain from the annotation to this value."""
+    sharding = p.shardings[v]
+    if not any(sharding.dims):
+        origins = p.origins.get(v, [])
+        if origins and origins[-1].dim == -1:
+            return "replicated, as annotated"
+        return "replicated: no annotation reaches it"
+    parts = []
+    for d, axes in enumerate(sharding.dims):
+        if axes:
+            parts.append(f"dim {d} {_axes_text(axes)}: {trace(p, v, d, names)}")
+    return "; ".join(parts)
