@@ -59,6 +59,18 @@ class Compiled:
 
         return propagate(self.program)
 
+    @cached_property
+    def spmd(self):
+        """The per-partition program with its in/out shardings and communication ledger."""
+        from .partition.spmd import partition
+
+        return partition(self.program, self.propagation)
+
+    @cached_property
+    def spmd_ir(self) -> str:
+        """The per-partition program as IR text, each collective commented with its cause."""
+        return print_program(self.spmd.program, notes=self.spmd.notes)
+
     @property
     def shardings(self) -> dict:
         """Sharding of every named value: source names, and results as return0, return1, ..."""
@@ -89,6 +101,10 @@ class Compiled:
             from .backend_ref import run_global
 
             return run_global(self.program, inputs)
+        if backend == "sim":
+            from .backend_ref import run_sim
+
+            return run_sim(self.spmd, inputs)
         raise NotImplementedError(f"backend {backend!r} is not available yet")
 
 

@@ -59,7 +59,8 @@ def _einsum_jax(args, attrs, out):
 register("einsum", infer=_einsum_infer, numpy=_einsum_numpy,
          rule=lambda ops, res, attrs: einsum_rule(attrs["spec"].replace(" ", ""), [t.shape for t in ops],
                                                   res[0].shape),
-         jax=_einsum_jax, partial="multilinear", reduce_fill=lambda dtype: 0, family="contract")
+         jax=_einsum_jax, partial="multilinear", reduce_fill=lambda dtype: 0, reduce_kind="sum",
+         family="contract")
 
 # ---------------------------------------------------------------------------------- conv
 
@@ -126,5 +127,5 @@ def _conv_jax(args, attrs, out):
 
 
 register("conv", infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax,
-         partial="multilinear", reduce_fill=lambda dtype: 0, family="contract")
+         partial="multilinear", reduce_fill=lambda dtype: 0, reduce_kind="sum", family="contract")
 

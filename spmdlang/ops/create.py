@@ -25,7 +25,7 @@ def _literal(value, dtype: str) -> str:
 
 register("full", infer=lambda ops, attrs: TensorType(attrs["dtype"], tuple(attrs["shape"])),
          numpy=lambda *, dtype, shape, value: np.full(shape, value, dtype=T.np_dtype(dtype)),
-         rule=_fresh_rule, family="elementwise",
+         rule=_fresh_rule, family="elementwise", localize=lambda attrs, ops, shapes: {**attrs, "shape": tuple(shapes[0])},
          jax=lambda a, attrs, out: (f"jnp.full({tuple(out[0].shape)}, {_literal(attrs['value'], attrs['dtype'])}, "
                                     f"{T.jnp_dtype(attrs['dtype'])})"))
 
@@ -42,7 +42,21 @@ def _iota_numpy(*, dtype, shape, axis):
     return np.broadcast_to(idx, shape).astype(T.np_dtype(dtype))
 
 
+def _iota_partition(ctx):
+    """A split counting dim counts from this partition's offset: local iota + offset, no communication."""
+    out = ctx.target()
+    axis, dtype = ctx.attrs["axis"], ctx.attrs["dtype"]
+    shape = ctx.local_shape(ctx.op.result, out)
+    x = ctx.emit("iota", dtype=dtype, shape=tuple(shape), axis=axis)
+    axes = out.dims[axis]
+    if axes:
+        off = ctx.offset(axes, shape[axis])
+        x = ctx.emit("add", x, off if dtype == "i32" else ctx.emit("cast", off, dtype=dtype))
+    ctx.set_result(x, out)
+
+
 register("iota", infer=_iota_infer, numpy=_iota_numpy, rule=_fresh_rule, family="elementwise",
+         partition=_iota_partition,
          jax=lambda a, attrs, out: (f"jax.lax.broadcasted_iota({T.jnp_dtype(attrs['dtype'])}, "
                                     f"{tuple(out[0].shape)}, {attrs['axis']})"))
 
@@ -73,7 +87,42 @@ def _take_numpy(table, ids, *, axis):
     return np.take(table, np.clip(ids, 0, table.shape[axis] - 1), axis=axis)
 
 
-register("take", infer=_take_infer, numpy=_take_numpy, rule=_take_rule,
+def _take_partition(ctx):
+    """Table split on the gathered axis (vocab split): every shard gathers the rows it owns, zeros
+    the others, and the result is a pending sum over the vocab axes (one all_reduce, or a
+    reduce_scatter if the consumer wants it split). Other splits are local (generic)."""
+    from ..partition.mesh import Sharding
+
+    table, ids = ctx.op.operands
+    axis = ctx.attrs["axis"]
+    ts, ids_s = ctx.layout(0), ctx.layout(1)
+    vocab = ts.dims[axis]
+    if not vocab or table.type.dtype == "bool" or ts.partial:
+        return ctx.generic()
+    t_dims = list(ts.dims)
+    taken = {a for i, d in enumerate(t_dims) if i != axis for a in d} | set(vocab)
+    id_dims = [tuple(a for a in d if a not in taken) for d in ids_s.dims]
+    t_local = ctx.reshard(0, Sharding(tuple(t_dims)))
+    i_local = ctx.reshard(1, Sharding(tuple(id_dims)))
+    c = t_local.type.shape[axis]
+    dt = ids.type.dtype
+    clamped = ctx.emit("minimum", ctx.emit("maximum", i_local, ctx.constant(0, dt)),
+                       ctx.constant(table.type.shape[axis] - 1, dt))
+    off = ctx.offset(vocab, c)
+    local_ids = ctx.emit("sub", clamped, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
+    valid = ctx.emit("logical_and", ctx.emit("ge", local_ids, ctx.constant(0, dt)),
+                     ctx.emit("lt", local_ids, ctx.constant(c, dt)))
+    safe = ctx.emit("select", valid, local_ids, ctx.constant(0, dt))
+    rows = ctx.emit("take", t_local, safe, axis=axis)
+    rank = ids.type.rank
+    keep = ctx.emit("broadcast_in_dim", valid, shape=rows.type.shape, dims=tuple(range(axis, axis + rank)))
+    zero = ctx.constant(0.0 if table.type.dtype[0] in "fb" else 0, table.type.dtype)
+    out = ctx.emit("select", keep, rows, ctx.emit("broadcast_in_dim", zero, shape=rows.type.shape, dims=()))
+    dims = tuple(t_dims[:axis]) + tuple(id_dims) + tuple(t_dims[axis + 1:])
+    ctx.set_result(out, Sharding(dims, ctx.mesh.order(vocab), frozenset(), "sum"))
+
+
+register("take", infer=_take_infer, numpy=_take_numpy, rule=_take_rule, partition=_take_partition,
          partial="multilinear", partial_operands=(0,), family="gather",
          jax=lambda a, attrs, out: f"jnp.take({a[0]}, {a[1]}, axis={attrs['axis']}, mode='clip')")
 

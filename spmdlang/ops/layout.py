@@ -46,7 +46,11 @@ def _reshape_infer(operands, attrs):
     return out
 
 
-register("reshape", infer=_reshape_infer, numpy=lambda x, *, shape: np.reshape(x, shape),
+def _local_shape(attrs, operands, shapes):
+    return {**attrs, "shape": tuple(shapes[0])}
+
+
+register("reshape", infer=_reshape_infer, numpy=lambda x, *, shape: np.reshape(x, shape), localize=_local_shape,
          rule=lambda ops, res, attrs: reshape_rule(ops[0].shape, res[0].shape),
          partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jnp.reshape({a[0]}, {tuple(out[0].shape)})")
@@ -79,6 +83,7 @@ def _broadcast_numpy(x, *, shape, dims):
 
 
 register("broadcast_in_dim", infer=_broadcast_infer, numpy=_broadcast_numpy, rule=_broadcast_rule,
+         localize=_local_shape,
          partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jax.lax.broadcast_in_dim({a[0]}, {tuple(out[0].shape)}, {tuple(attrs['dims'])})")
 
@@ -118,7 +123,16 @@ def _slice_jax(a, attrs, out):
     return f"{a[0]}[{idx}]"
 
 
+def _slice_localize(attrs, operands, shapes):
+    """Dims the slice leaves whole may be split: they span the local operand."""
+    (x,) = operands
+    stops = tuple(x.shape[d] if (a, s) == (0, 1) and shapes[0][d] == x.shape[d] else e
+                  for d, (a, e, s) in enumerate(zip(attrs["starts"], attrs["stops"], attrs["steps"])))
+    return {**attrs, "stops": stops}
+
+
 register("slice", infer=_slice_infer, numpy=_slice_numpy, rule=_slice_rule, partial="additive",
+         localize=_slice_localize,
          jax=_slice_jax, family="elementwise")
 
 # ---------------------------------------------------------------------------------- pad

@@ -80,7 +80,7 @@ def _reduce_jax(fn):
 
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
     register(_name, infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
-             jax=_reduce_jax(_jax), reduce_fill=_fill(_kind),
+             jax=_reduce_jax(_jax), reduce_fill=_fill(_kind), reduce_kind=_kind,
              partial="additive" if _kind == "sum" else None, family="reduce")
 
 
@@ -100,11 +100,42 @@ def _arg_rule(operands, results, attrs):
     return _reduce_rule(operands, results, {"axes": (attrs["axis"],)})
 
 
-register("argmax", infer=_arg_infer("argmax"),
+def _arg_partition(kind):
+    """Split along the arg axis: each shard finds its local extreme and its global index, then an
+    all_reduce of the values picks the extreme and an all_reduce(min) of the indices that attain
+    it picks the first, as numpy does. Otherwise local (generic)."""
+    def partition(ctx):
+        from ..partition.mesh import Sharding
+
+        (x,) = ctx.op.operands
+        axis = ctx.attrs["axis"]
+        s = ctx.layout(0)
+        axes = s.dims[axis]
+        if not axes:
+            return ctx.generic()
+        local = ctx.reshard(0, Sharding(s.dims))
+        fill = _fill("max" if kind == "argmax" else "min")(x.type.dtype)
+        local = ctx.mask(local, axis, axes, x.type.shape[axis], fill)
+        reducer = "reduce_max" if kind == "argmax" else "reduce_min"
+        best = ctx.emit(reducer, local, axes=(axis,))
+        idx = ctx.emit(kind, local, axis=axis)
+        idx = ctx.emit("add", idx, ctx.offset(axes, local.type.shape[axis]))
+        top = ctx.collective("all_reduce", best, "the shards' extremes", axes=axes,
+                             reduce="max" if kind == "argmax" else "min")
+        big = ctx.constant(int(np.iinfo(np.int32).max), "i32")
+        cand = ctx.emit("select", ctx.emit("eq", best, top), idx,
+                        ctx.emit("broadcast_in_dim", big, shape=idx.type.shape, dims=()) if idx.type.rank else big)
+        first = ctx.collective("all_reduce", cand, "the first index attaining it", axes=axes, reduce="min")
+        ctx.set_result(first, Sharding(tuple(d for i, d in enumerate(s.dims) if i != axis)))
+
+    return partition
+
+
+register("argmax", infer=_arg_infer("argmax"), partition=_arg_partition("argmax"),
          numpy=lambda x, *, axis: np.argmax(x, axis=axis).astype(np.int32), rule=_arg_rule,
          jax=lambda a, attrs, out: f"jnp.argmax({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
          family="reduce")
-register("argmin", infer=_arg_infer("argmin"),
+register("argmin", infer=_arg_infer("argmin"), partition=_arg_partition("argmin"),
          numpy=lambda x, *, axis: np.argmin(x, axis=axis).astype(np.int32), rule=_arg_rule,
          jax=lambda a, attrs, out: f"jnp.argmin({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
          family="reduce")

@@ -9,7 +9,12 @@ An `OpDef` holds
   partial   how pending sums pass through: "additive" (all operands partial alike), "multilinear"
             (at most one of `partial_operands` partial), or None (operands must be summed first);
             a callable of the attrs where it depends on them (pad is linear only with value 0)
-  reduce_fill  value that masks padding of a split reduction factor (the reduction's identity)
+  reduce_fill  dtype -> the value that masks padding of a split reduction factor (its identity)
+  reduce_kind  how split reduction factors combine across shards: "sum", "max", "min", "prod";
+            None: the generic partitioner never splits this op's reduction factors
+  localize  (attrs, local operand types, local result shapes) -> attrs of the per-partition op,
+            for ops whose attrs hold global sizes (reshape's shape, ...); None: attrs unchanged
+  simulate  collectives only: (per-device arrays per operand, attrs, mesh) -> per-device results
   family    "elementwise" ops propagate shardings first (GSPMD/Shardy priorities)
 """
 
@@ -35,6 +40,9 @@ class OpDef:
     partial: str | None = None
     partial_operands: tuple[int, ...] | None = None
     reduce_fill: Any = None
+    reduce_kind: str | None = None
+    localize: Callable | None = None
+    simulate: Callable | None = None
     family: str = "other"
     doc: str = ""
     local_only: bool = False  # collectives and partition indices: per-partition programs only

@@ -66,6 +66,7 @@ class Sharding:
     dims: tuple[tuple[str, ...], ...]
     partial: tuple[str, ...] = ()
     open_dims: frozenset[int] = field(default_factory=frozenset)
+    partial_op: str = "sum"  # what the pending reduction over `partial` is: sum, max, min or prod
 
     @staticmethod
     def replicated(rank: int) -> Sharding:
@@ -88,11 +89,14 @@ class Sharding:
     def is_replicated(self) -> bool:
         return not any(self.dims) and not self.partial
 
-    def with_partial(self, partial) -> Sharding:
-        return Sharding(self.dims, tuple(partial), self.open_dims)
+    def with_partial(self, partial, op: str = "sum") -> Sharding:
+        return Sharding(self.dims, tuple(partial), self.open_dims, op if partial else "sum")
+
+    def with_dims(self, dims) -> Sharding:
+        return Sharding(tuple(tuple(d) for d in dims), self.partial, self.open_dims, self.partial_op)
 
     def closed(self) -> Sharding:
-        return Sharding(self.dims, self.partial)
+        return Sharding(self.dims, self.partial, frozenset(), self.partial_op)
 
     def __str__(self) -> str:
         parts = []
@@ -107,5 +111,6 @@ class Sharding:
                 parts.append("(" + ", ".join(d) + ")")
         text = "{" + ", ".join(parts) + "}"
         if self.partial:
-            text += " partial(" + ", ".join(self.partial) + ")"
+            op = "" if self.partial_op == "sum" else "_" + self.partial_op
+            text += f" partial{op}(" + ", ".join(self.partial) + ")"
         return text

@@ -1,0 +1,260 @@
+"""Per-partition ops: collectives, the partition index, and slicing/masking at partition offsets.
+
+They appear only in per-partition programs. Collectives act on a group: the devices that share
+every mesh coordinate except those of `axes`; a device's index in its group is its linear
+coordinate over `axes` (first axis major), as `jax.lax.axis_index(axes)` counts.
+
+`simulate` runs a collective over all devices at once: it gets one array per mesh position and
+the mesh, and returns one array per position (the numpy simulator's semantics of the collective).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.types import TensorType
+from ..partition.permute import permute_pairs
+from .registry import check, register
+
+
+def groups(mesh, axes) -> list[list[int]]:
+    """Mesh positions grouped by their coordinates off `axes`; members in axis_index order."""
+    axes = tuple(axes)
+    out: dict[tuple, list[tuple[int, int]]] = {}
+    for pos in range(mesh.size):
+        c = mesh.coords(pos)
+        key = tuple((a, c[a]) for a in mesh.names if a not in axes)
+        idx = 0
+        for a in axes:
+            idx = idx * mesh.axis_size(a) + c[a]
+        out.setdefault(key, []).append((idx, pos))
+    return [[p for _, p in sorted(members)] for members in out.values()]
+
+
+def _with_dim(t: TensorType, dim: int, n: int) -> TensorType:
+    shape = list(t.shape)
+    shape[dim] = n
+    return t.with_shape(shape)
+
+
+def _group(attrs, mesh_sizes=None):
+    return attrs["group"]
+
+
+# ---------------------------------------------------------------------------------- axis_index
+
+
+def _sim_axis_index(arrays, attrs, mesh):
+    out = []
+    for pos in range(mesh.size):
+        c = mesh.coords(pos)
+        idx = 0
+        for a in attrs["axes"]:
+            idx = idx * mesh.axis_size(a) + c[a]
+        out.append(np.asarray(idx, dtype=np.int32))
+    return [out]
+
+
+register("axis_index", infer=lambda ops, attrs: TensorType("i32", ()), numpy=None, local_only=True,
+         simulate=_sim_axis_index,
+         jax=lambda a, attrs, out: f"jax.lax.axis_index({tuple(attrs['axes'])!r})")
+
+# ---------------------------------------------------------------------------------- all_gather
+
+
+def _all_gather_infer(ops, attrs):
+    (x,) = ops
+    return _with_dim(x, attrs["dim"], x.shape[attrs["dim"]] * attrs["group"])
+
+
+def _sim_all_gather(arrays, attrs, mesh):
+    (xs,) = arrays
+    out = [None] * mesh.size
+    for g in groups(mesh, attrs["axes"]):
+        full = np.concatenate([xs[p] for p in g], axis=attrs["dim"])
+        for p in g:
+            out[p] = full
+    return [out]
+
+
+register("all_gather", infer=_all_gather_infer, numpy=None, local_only=True, simulate=_sim_all_gather,
+         jax=lambda a, attrs, out: (f"jax.lax.all_gather({a[0]}, {tuple(attrs['axes'])!r}, "
+                                    f"axis={attrs['dim']}, tiled=True)"))
+
+# ---------------------------------------------------------------------------------- all_reduce
+
+_REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
+
+
+def _sim_all_reduce(arrays, attrs, mesh):
+    (xs,) = arrays
+    out = [None] * mesh.size
+    fn = _REDUCERS[attrs["reduce"]]
+    for g in groups(mesh, attrs["axes"]):
+        stacked = np.stack([xs[p] for p in g])
+        acc = stacked.astype(np.float32) if stacked.dtype.kind == "f" and stacked.dtype.itemsize < 4 else stacked
+        r = np.asarray(fn(acc, axis=0)).astype(xs[g[0]].dtype)
+        for p in g:
+            out[p] = r
+    return [out]
+
+
+def _all_reduce_jax(a, attrs, out):
+    axes = tuple(attrs["axes"])
+    kind = attrs["reduce"]
+    if kind == "prod":
+        return f"jnp.prod(jax.lax.all_gather({a[0]}, {axes!r}, axis=0), axis=0)"
+    fn = {"sum": "psum", "max": "pmax", "min": "pmin"}[kind]
+    return f"jax.lax.{fn}({a[0]}, {axes!r})"
+
+
+register("all_reduce", infer=lambda ops, attrs: ops[0], numpy=None, local_only=True, simulate=_sim_all_reduce,
+         jax=_all_reduce_jax)
+
+# ---------------------------------------------------------------------------------- reduce_scatter
+
+
+def _reduce_scatter_infer(ops, attrs):
+    (x,) = ops
+    n, k = x.shape[attrs["dim"]], attrs["group"]
+    check(n % k == 0, f"reduce_scatter: dim of {n} does not divide by {k}")
+    return _with_dim(x, attrs["dim"], n // k)
+
+
+def _sim_reduce_scatter(arrays, attrs, mesh):
+    (xs,) = arrays
+    out = [None] * mesh.size
+    dim = attrs["dim"]
+    for g in groups(mesh, attrs["axes"]):
+        stacked = np.stack([xs[p] for p in g])
+        total = np.sum(stacked.astype(np.float32) if stacked.dtype.kind == "f" and stacked.dtype.itemsize < 4
+                       else stacked, axis=0).astype(xs[g[0]].dtype)
+        parts = np.split(total, len(g), axis=dim)
+        for i, p in enumerate(g):
+            out[p] = parts[i]
+    return [out]
+
+
+register("reduce_scatter", infer=_reduce_scatter_infer, numpy=None, local_only=True,
+         simulate=_sim_reduce_scatter,
+         jax=lambda a, attrs, out: (f"jax.lax.psum_scatter({a[0]}, {tuple(attrs['axes'])!r}, "
+                                    f"scatter_dimension={attrs['dim']}, tiled=True)"))
+
+# ---------------------------------------------------------------------------------- all_to_all
+
+
+def _all_to_all_infer(ops, attrs):
+    (x,) = ops
+    k, s, c = attrs["group"], attrs["split_dim"], attrs["concat_dim"]
+    check(x.shape[s] % k == 0, f"all_to_all: split dim of {x.shape[s]} does not divide by {k}")
+    return _with_dim(_with_dim(x, s, x.shape[s] // k), c, x.shape[c] * k)
+
+
+def _sim_all_to_all(arrays, attrs, mesh):
+    (xs,) = arrays
+    out = [None] * mesh.size
+    s, c = attrs["split_dim"], attrs["concat_dim"]
+    for g in groups(mesh, attrs["axes"]):
+        pieces = [np.split(xs[p], len(g), axis=s) for p in g]
+        for i, p in enumerate(g):
+            out[p] = np.concatenate([pieces[m][i] for m in range(len(g))], axis=c)
+    return [out]
+
+
+register("all_to_all", infer=_all_to_all_infer, numpy=None, local_only=True, simulate=_sim_all_to_all,
+         jax=lambda a, attrs, out: (f"jax.lax.all_to_all({a[0]}, {tuple(attrs['axes'])!r}, "
+                                    f"{attrs['split_dim']}, {attrs['concat_dim']}, tiled=True)"))
+
+# ---------------------------------------------------------------------------------- collective_permute
+
+
+def _sim_permute(arrays, attrs, mesh):
+    (xs,) = arrays
+    out = [np.zeros_like(x) for x in xs]
+    axes = tuple(attrs["axes"])
+    sizes = tuple(mesh.axis_size(a) for a in axes)
+    for g in groups(mesh, axes):
+        for src, dst in permute_pairs(attrs["rule"], sizes):
+            out[g[dst]] = xs[g[src]]
+    return [out]
+
+
+def _permute_jax(a, attrs, out):
+    return (f"jax.lax.ppermute({a[0]}, {tuple(attrs['axes'])!r}, "
+            f"perm=permute_pairs({attrs['rule']!r}, {tuple(attrs['sizes'])!r}))")
+
+
+register("collective_permute", infer=lambda ops, attrs: ops[0], numpy=None, local_only=True,
+         simulate=_sim_permute, jax=_permute_jax)
+
+# ---------------------------------------------------------------------------------- local slicing
+
+
+def _shard_slice_infer(ops, attrs):
+    x, idx = ops
+    check(idx.rank == 0 and idx.dtype == "i32", "shard_slice: the index must be an i32 scalar")
+    return _with_dim(x, attrs["dim"], attrs["size"])
+
+
+def _pad_dim_to(x, dim, n, value):
+    if x.shape[dim] >= n:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (0, n - x.shape[dim])
+    return np.pad(x, widths, constant_values=np.asarray(value).astype(x.dtype))
+
+
+def _shard_slice_numpy(x, idx, *, dim, size, group):
+    x = _pad_dim_to(x, dim, size * group, 0)
+    start = int(idx) * size
+    return np.take(x, np.arange(start, start + size), axis=dim)
+
+
+def _shard_slice_jax(a, attrs, out):
+    dim, size, group = attrs["dim"], attrs["size"], attrs["group"]
+    return f"shard_slice({a[0]}, {a[1]}, dim={dim}, size={size}, group={group})"
+
+
+register("shard_slice", infer=_shard_slice_infer, numpy=_shard_slice_numpy, local_only=True,
+         jax=_shard_slice_jax, partial="additive", partial_operands=(0,),
+         doc="this partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first")
+
+
+def _pad_mask_infer(ops, attrs):
+    x, idx = ops
+    check(idx.rank == 0, "pad_mask: the index must be a scalar")
+    return x
+
+
+def _pad_mask_numpy(x, idx, *, dim, chunk, n, value):
+    pos = int(idx) * chunk + np.arange(x.shape[dim])
+    keep = (pos < n).reshape([-1 if i == dim else 1 for i in range(x.ndim)])
+    return np.where(keep, x, np.asarray(value).astype(x.dtype))
+
+
+def _pad_mask_jax(a, attrs, out):
+    return (f"pad_mask({a[0]}, {a[1]}, dim={attrs['dim']}, chunk={attrs['chunk']}, n={attrs['n']}, "
+            f"value={attrs['value']!r})")
+
+
+register("pad_mask", infer=_pad_mask_infer, numpy=_pad_mask_numpy, local_only=True, jax=_pad_mask_jax,
+         doc="replace the padding of a split dim (global index >= n) by `value`")
+
+# ---------------------------------------------------------------------------------- dynamic_slice
+
+
+def _dynamic_slice_infer(ops, attrs):
+    x, start = ops
+    check(start.rank == 0 and start.dtype == "i32", "dynamic_slice: the start must be an i32 scalar")
+    check(attrs["size"] <= x.shape[attrs["dim"]], "dynamic_slice: size larger than the dim")
+    return _with_dim(x, attrs["dim"], attrs["size"])
+
+
+def _dynamic_slice_numpy(x, start, *, dim, size):
+    s = int(np.clip(int(start), 0, x.shape[dim] - size))  # clamps like jax.lax.dynamic_slice
+    return np.take(x, np.arange(s, s + size), axis=dim)
+
+
+register("dynamic_slice", infer=_dynamic_slice_infer, numpy=_dynamic_slice_numpy, local_only=True,
+         jax=lambda a, attrs, out: f"jax.lax.dynamic_slice_in_dim({a[0]}, {a[1]}, {attrs['size']}, {attrs['dim']})",
+         partial="additive", partial_operands=(0,))

@@ -1,0 +1,50 @@
+"""Source -> destination pairs of a collective_permute, from a symbolic rule.
+
+The compiler never lists per-device pairs: a collective_permute carries a rule, and this function
+expands it at run time (the simulator) or trace time (the emitted jax module embeds this file's
+function verbatim), so compile time does not grow with the number of devices.
+
+Rules, over the linear index of a group (its axes' sizes `sizes`, first axis major):
+  ("shift", offset, wrap)   i -> i + offset; with wrap modulo the group size, else dropped off the
+                            ends (receivers without a sender get zeros, as jax.lax.ppermute does)
+  ("relayout", axes, src, dst)   src/dst: per tensor dim, the axes splitting it. The device that
+                            holds a block under `dst` receives it from one that holds it under
+                            `src`; devices holding the same block (replicas) are matched in order,
+                            so the map is a bijection whenever both layouts have equal shard counts.
+"""
+
+from __future__ import annotations
+
+
+def permute_pairs(rule, sizes):
+    """[(source index, destination index)] within a group; pure Python, no imports needed."""
+    k = 1
+    for s in sizes:
+        k *= s
+    if rule[0] == "shift":
+        _, offset, wrap = rule
+        if wrap:
+            return [(i, (i + offset) % k) for i in range(k)]
+        return [(i, i + offset) for i in range(k) if 0 <= i + offset < k]
+    _, axes, src, dst = rule
+    size = dict(zip(axes, sizes))
+
+    def coords(i):
+        out = {}
+        for a in reversed(axes):
+            out[a] = i % size[a]
+            i //= size[a]
+        return out
+
+    def linear(c, names):
+        n = 0
+        for a in names:
+            n = n * size[a] + c[a]
+        return n
+
+    def key(c, layout):
+        used = {a for d in layout for a in d}
+        return tuple(linear(c, d) for d in layout) + (linear(c, [a for a in axes if a not in used]),)
+
+    holder = {key(coords(i), src): i for i in range(k)}
+    return [(holder[key(coords(j), dst)], j) for j in range(k)]

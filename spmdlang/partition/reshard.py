@@ -1,0 +1,254 @@
+"""Resharding: from any Sharding of a tensor to any other on the same mesh, as cheap collectives.
+
+Invariant: every step maps a valid layout of the same global array to another valid layout.
+A layout splits dim d of size n over k = |axes| shards of ceil(n/k) elements, shard i holding
+global elements [i*c, (i+1)*c); padding only ever sits past n, at the end of the dim.
+
+The table, per axis (DTensor's `_redistribute` in mesh-axis form):
+  current             wanted                  step                       bytes sent per device
+  partial(a)          a splits dim d next     reduce_scatter(a, d)       (k-1)/k * S
+  partial(a)          a not in the layout     all_reduce(a)              2 (k-1)/k * S
+  a splits dim d      a not in the layout     all_gather(a, d)           (k-1) * s
+  a splits dim d      a splits dim e next     all_to_all(a, e -> d)      (k-1)/k * S
+  a absent            a splits dim d next     shard_slice(a, d)          0  (a local slice)
+  same shard counts   other axes/order        collective_permute         S
+Axes leaving a dim go minor first; axes joining a dim are appended on its minor side; runs of
+axes doing the same thing share one collective (one all_reduce over both contracting axes).
+Reduce-scatters and slices come first (they shrink the data), then all_reduces of what cannot be
+scattered, then moves and gathers. Uneven splits nest only when m * ceil(n/(k*m)) == ceil(n/k)
+(or the coarse layout is whole); where they do not, the dim is gathered whole and sliced afresh.
+Where both layouts have the same shard count on every dim, one collective_permute is an option;
+the cheaper plan (bytes, then steps) wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from .mesh import Mesh, Sharding
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # all_gather all_reduce reduce_scatter all_to_all collective_permute shard_slice
+    axes: tuple[str, ...]
+    before: Sharding
+    after: Sharding
+    bytes: float = 0.0
+    dim: int | None = None
+    dim2: int | None = None  # all_to_all: the dim the axes leave (concat side)
+    reduce: str = "sum"
+
+    @property
+    def is_collective(self) -> bool:
+        return self.kind != "shard_slice"
+
+
+def chunk(n: int, k: int) -> int:
+    return -(-n // k)
+
+
+def nests(n: int, k_coarse: int, m: int) -> bool:
+    """Does the k_coarse*m-way layout of a dim of n sit inside the k_coarse-way one, shard by shard?"""
+    return k_coarse == 1 or m * chunk(n, k_coarse * m) == chunk(n, k_coarse)
+
+
+def local_bytes(shape, itemsize: int, mesh: Mesh, s: Sharding) -> int:
+    return prod(s.local_shape(shape, mesh)) * itemsize
+
+
+def step_bytes(kind: str, k: int, size: float) -> float:
+    """CLI.md's bytes sent per device, for a group of k and `size` local bytes before the step."""
+    if kind == "all_gather":
+        return (k - 1) * size
+    if kind == "all_reduce":
+        return 2 * (k - 1) / k * size
+    if kind in ("reduce_scatter", "all_to_all"):
+        return (k - 1) / k * size
+    if kind == "collective_permute":
+        return size
+    return 0.0
+
+
+class _Planner:
+    def __init__(self, shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding):
+        self.shape, self.itemsize, self.mesh = tuple(shape), itemsize, mesh
+        self.dst = dst
+        self.cur = [list(d) for d in src.dims]
+        self.partial = list(src.partial)
+        self.op = src.partial_op
+        self.resolve = [a for a in src.partial if a not in dst.partial]
+        self.steps: list[Step] = []
+
+    def layout(self) -> Sharding:
+        return Sharding(tuple(map(tuple, self.cur)), tuple(self.partial), frozenset(),
+                        self.op if self.partial else "sum")
+
+    def add(self, kind, axes, dim=None, dim2=None):
+        before = self.layout()
+        k = self.mesh.group_size(axes)
+        size = local_bytes(self.shape, self.itemsize, self.mesh, before)
+        return before, k, size
+
+    def record(self, kind, axes, before, k, size, dim=None, dim2=None):
+        self.steps.append(Step(kind, tuple(axes), before, self.layout(), step_bytes(kind, k, size), dim, dim2,
+                               self.op if kind in ("all_reduce", "reduce_scatter") else "sum"))
+
+    def shards(self, axes) -> int:
+        return self.mesh.group_size(axes)
+
+    def used_elsewhere(self, a, d) -> bool:
+        return any(a in self.cur[e] for e in range(len(self.cur)) if e != d)
+
+    # ---- steps
+    def gather_whole(self, d):
+        axes = tuple(self.cur[d])
+        before, k, size = self.add("all_gather", axes, d)
+        self.cur[d] = []
+        self.record("all_gather", axes, before, k, size, d)
+
+    def append(self) -> bool:
+        """Slices and reduce-scatters on dims whose current axes prefix the wanted ones."""
+        for d, want in enumerate(self.dst.dims):
+            cur = self.cur[d]
+            if tuple(cur) != tuple(want[: len(cur)]):
+                continue
+            run, kind = [], None
+            for a in want[len(cur):]:
+                if self.used_elsewhere(a, d):
+                    break
+                if a in self.partial:
+                    if a not in self.resolve or self.op != "sum":
+                        break
+                    k = "reduce_scatter"
+                else:
+                    k = "shard_slice"
+                if kind not in (None, k):
+                    break
+                kind = k
+                run.append(a)
+            if not run:
+                continue
+            if not nests(self.shape[d], self.shards(cur), self.shards(run)):
+                if not cur:
+                    raise AssertionError("a whole dim always nests")
+                self.gather_whole(d)
+                return True
+            before, k, size = self.add(kind, run, d)
+            self.cur[d] = cur + run
+            if kind == "reduce_scatter":
+                self.partial = [a for a in self.partial if a not in run]
+                self.resolve = [a for a in self.resolve if a not in run]
+            self.record(kind, run, before, k, size, d)
+            return True
+        return False
+
+    def all_reduce(self, axes) -> bool:
+        if not axes:
+            return False
+        axes = tuple(a for a in self.mesh.names if a in axes)
+        before, k, size = self.add("all_reduce", axes)
+        self.partial = [a for a in self.partial if a not in axes]
+        self.resolve = [a for a in self.resolve if a not in axes]
+        self.record("all_reduce", axes, before, k, size)
+        return True
+
+    def remove(self) -> bool:
+        """Moves (all_to_all) and drops (all_gather) of axes beyond each dim's common prefix."""
+        for d, want in enumerate(self.dst.dims):
+            cur = self.cur[d]
+            common = 0
+            while common < min(len(cur), len(want)) and cur[common] == want[common]:
+                common += 1
+            extras = cur[common:]
+            if not extras:
+                continue
+            target = self._move_target(extras[-1], d)
+            if target is not None:
+                j = target
+                nxt = list(self.dst.dims[j][len(self.cur[j]):])
+                run = [extras[-1]]
+                while len(run) < len(extras) and len(run) < len(nxt) and nxt[: len(run) + 1] == extras[-len(run) - 1:]:
+                    run = extras[-len(run) - 1:]
+                keep = cur[: len(cur) - len(run)]
+                m = self.shards(run)
+                if nests(self.shape[d], self.shards(keep), m) and nests(self.shape[j], self.shards(self.cur[j]), m):
+                    before, k, size = self.add("all_to_all", run, j, d)
+                    self.cur[d] = keep
+                    self.cur[j] = self.cur[j] + run
+                    self.record("all_to_all", run, before, k, size, j, d)
+                    return True
+            # drop the minor-most run of axes that have nowhere to go right now
+            run = []
+            for a in reversed(extras):
+                if self._move_target(a, d) is not None and run:
+                    break
+                run.insert(0, a)
+            keep = cur[: len(cur) - len(run)]
+            if not nests(self.shape[d], self.shards(keep), self.shards(run)):
+                self.gather_whole(d)
+                return True
+            before, k, size = self.add("all_gather", run, d)
+            self.cur[d] = keep
+            self.record("all_gather", run, before, k, size, d)
+            return True
+        return False
+
+    def _move_target(self, a, d):
+        for j, want in enumerate(self.dst.dims):
+            cur = self.cur[j]
+            if j != d and tuple(cur) == tuple(want[: len(cur)]) and len(want) > len(cur) and want[len(cur)] == a:
+                return j
+        return None
+
+    def run(self) -> list[Step]:
+        for _ in range(4 * (len(self.cur) + 1) * (len(self.mesh.names) + 1)):
+            if self.append():
+                continue
+            # pending sums over axes the wanted layout does not split: settle them on the small data
+            if self.all_reduce([a for a in self.resolve if not any(a in w for w in self.dst.dims)]):
+                continue
+            if self.remove():
+                continue
+            if self.all_reduce(list(self.resolve)):
+                continue
+            if tuple(map(tuple, self.cur)) == self.dst.dims:
+                return self.steps
+            # stuck (an axis wanted where it cannot be appended yet): gather the offending dims whole
+            for d, want in enumerate(self.dst.dims):
+                if tuple(self.cur[d]) != tuple(want[: len(self.cur[d])]) and self.cur[d]:
+                    self.gather_whole(d)
+                    break
+            else:
+                raise AssertionError(f"reshard stuck at {self.layout()} -> {self.dst}")
+        raise AssertionError(f"reshard did not converge: {self.layout()} -> {self.dst}")
+
+
+def _permute_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step] | None:
+    if set(src.partial) != set(dst.partial) or src.dims == dst.dims:
+        return None
+    if any(src.shards(mesh, d) != dst.shards(mesh, d) for d in range(src.rank)):
+        return None
+    axes = mesh.order({a for s in (src, dst) for dim in s.dims for a in dim})
+    size = local_bytes(shape, itemsize, mesh, src)
+    return [Step("collective_permute", axes, src, dst.with_partial(src.partial, src.partial_op),
+                 step_bytes("collective_permute", mesh.group_size(axes), size))]
+
+
+def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step]:
+    """The cheapest plan from `src` to `dst` (dst.partial must be a subset of src.partial)."""
+    src, dst = src.closed(), dst.closed()
+    if not set(dst.partial) <= set(src.partial):
+        raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
+    if src.dims == dst.dims and set(src.partial) == set(dst.partial):
+        return []
+    plans = [_Planner(shape, itemsize, mesh, src, dst).run()]
+    p = _permute_plan(shape, itemsize, mesh, src, dst)
+    if p is not None:
+        plans.append(p)
+    return min(plans, key=lambda steps: (sum(s.bytes for s in steps), sum(s.is_collective for s in steps)))
+
+
+def plan_cost(steps) -> float:
+    return sum(s.bytes for s in steps)

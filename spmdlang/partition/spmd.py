@@ -1,0 +1,442 @@
+"""The SPMD partitioner: global program + shardings -> ONE per-partition program with collectives.
+
+Every op is partitioned by its factor rule (generic) or by its op-table `partition` step (ops
+whose dims do not line up). Generic partitioning of an op:
+  1. choose how each factor is split while the op runs: candidates come from the operands'
+     current layouts and the result's propagated target; the choice minimises bytes resharded
+     (operands in, result out), then local work;
+  2. reshard each operand to the layout that choice implies (partition.reshard), masking the
+     padding of unevenly split reduction factors with the reduction's identity;
+  3. run the op on local shapes; reduction factors split over axes leave the result `partial`
+     over them (a pending sum/max/...), which the consumer settles: with a reduce_scatter where it
+     wants the axis on a dim, else an all_reduce, or not at all when it is linear in that operand.
+Nothing here loops over devices: the program is one for all, parameterised by axis_index.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..errors import Span
+from ..ir.builder import Builder
+from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.types import TensorType, itemsize
+from ..ops import registry
+from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
+from .mesh import Mesh, Sharding
+from .propagate import Propagation, op_rule
+from .reshard import Step, plan_cost, plan_reshard, step_bytes
+
+_MAX_CANDIDATES = 512
+
+
+@dataclass
+class Collective:
+    """One entry of the communication ledger."""
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes_per_device: float
+    line: int | None
+    op: str  # the global op whose partitioning needed it
+    reason: str
+    local_op: Op | None = None
+    reduce: str = "sum"
+
+
+@dataclass
+class SpmdProgram:
+    program: Program  # the per-partition program
+    in_shardings: tuple[Sharding, ...]
+    out_shardings: tuple[Sharding, ...]
+    ledger: list[Collective] = field(default_factory=list)
+    notes: dict[Op, str] = field(default_factory=dict)
+    global_program: Program | None = None
+
+
+def _dim_text(dims) -> str:
+    return str(Sharding(tuple(dims)))
+
+
+class Partitioner:
+    def __init__(self, prog: Program, prop: Propagation):
+        self.prog = prog
+        self.prop = prop
+        self.mesh: Mesh = prog.mesh
+        self.b = Builder()
+        self.state: dict[Value, tuple[Value, Sharding]] = {}
+        self.cache: dict[tuple[Value, Sharding], Value] = {}
+        self.indices: dict[tuple[str, ...], Value] = {}
+        self.ledger: list[Collective] = []
+        self.notes: dict[Op, str] = {}
+        self.users: dict[Value, int] = {}
+        for op in prog.ops:
+            for v in op.operands:
+                self.users[v] = self.users.get(v, 0) + 1
+        for r in prog.results:
+            self.users[r.value] = self.users.get(r.value, 0) + 1
+        self.span: Span | None = None
+        self.current: Op | None = None
+
+    # ------------------------------------------------------------------ emission helpers
+
+    def emit(self, kind: str, *operands: Value, name: str | None = None, **attrs) -> Value:
+        return self.b.emit(kind, *operands, span=self.span, name=name, **attrs)
+
+    def axis_index(self, axes) -> Value:
+        axes = tuple(axes)
+        if axes not in self.indices:
+            self.indices[axes] = self.b.emit("axis_index", span=None, axes=axes)
+        return self.indices[axes]
+
+    def target(self, v: Value) -> Sharding:
+        return self.prop.shardings[v]
+
+    def local_type(self, t: TensorType, s: Sharding) -> TensorType:
+        return t.with_shape(s.local_shape(t.shape, self.mesh))
+
+    # ------------------------------------------------------------------ resharding
+
+    def reshard(self, v: Value, want: Sharding, why: str = "") -> Value:
+        """The local value of global `v` laid out as `want`; collectives are logged in the ledger."""
+        local, cur = self.state[v]
+        want = want.closed()
+        if cur.dims == want.dims and set(cur.partial) == set(want.partial):
+            return local
+        key = (v, want)
+        if key in self.cache:
+            return self.cache[key]
+        steps = plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, cur, want)
+        out = self.apply_steps(local, v, steps, why)
+        self.cache[key] = out
+        return out
+
+    def apply_steps(self, x: Value, v: Value, steps: list[Step], why: str) -> Value:
+        shape = v.type.shape
+        for st in steps:
+            before = st.before.local_shape(shape, self.mesh)
+            after = st.after.local_shape(shape, self.mesh)
+            k = self.mesh.group_size(st.axes)
+            if st.kind == "shard_slice":
+                x = self.emit("shard_slice", x, self.axis_index(st.axes), dim=st.dim, size=after[st.dim], group=k)
+                continue
+            if st.kind == "all_gather":
+                x = self.emit("all_gather", x, axes=st.axes, dim=st.dim, group=k)
+                x = self.trim(x, st.dim, after[st.dim])
+            elif st.kind == "all_reduce":
+                x = self.emit("all_reduce", x, axes=st.axes, reduce=st.reduce)
+            elif st.kind == "reduce_scatter":
+                x = self.pad_to(x, st.dim, k * after[st.dim])
+                x = self.emit("reduce_scatter", x, axes=st.axes, dim=st.dim, group=k)
+            elif st.kind == "all_to_all":
+                x = self.pad_to(x, st.dim, k * after[st.dim])
+                x = self.emit("all_to_all", x, axes=st.axes, split_dim=st.dim, concat_dim=st.dim2, group=k)
+                x = self.trim(x, st.dim2, after[st.dim2])
+            elif st.kind == "collective_permute":
+                rule = ("relayout", st.axes, st.before.dims, st.after.dims)
+                x = self.emit("collective_permute", x, axes=st.axes,
+                              sizes=tuple(self.mesh.axis_size(a) for a in st.axes), rule=rule)
+            else:  # pragma: no cover
+                raise AssertionError(st.kind)
+            assert x.type.shape == after, (st, x.type, after)
+            self.log(st.kind, st.axes, st.bytes, st.reduce,
+                     f"{_value_text(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), self.b.ops[-1])
+        return x
+
+    def log(self, kind, axes, nbytes, reduce, reason, local_op):
+        op = self.current
+        line = op.span.line if op is not None and op.span else None
+        self.ledger.append(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
+                                      reason, local_op, reduce))
+        self.notes[local_op] = reason
+
+    def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
+        """Emit one collective for a custom partitioning step and log it in the ledger."""
+        axes = tuple(attrs["axes"])
+        k = self.mesh.group_size(axes)
+        size = x.type.nbytes
+        if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+            attrs.setdefault("group", k)
+        if kind == "all_reduce" and attrs.get("reduce") == "prod":
+            nbytes = step_bytes("all_gather", k, size)
+        else:
+            nbytes = step_bytes(kind, k, size)
+        out = self.emit(kind, x, **attrs)
+        self.log(kind, axes, nbytes, attrs.get("reduce", "sum"), reason, self.b.ops[-1])
+        return out
+
+    def pad_to(self, x: Value, dim: int, n: int) -> Value:
+        if x.type.shape[dim] >= n:
+            return x
+        lo = [0] * x.type.rank
+        hi = [0] * x.type.rank
+        hi[dim] = n - x.type.shape[dim]
+        return self.emit("pad", x, lo=tuple(lo), hi=tuple(hi), value=_zero(x.type.dtype))
+
+    def trim(self, x: Value, dim: int, n: int) -> Value:
+        if x.type.shape[dim] == n:
+            return x
+        starts = [0] * x.type.rank
+        stops = list(x.type.shape)
+        stops[dim] = n
+        return self.emit("slice", x, starts=tuple(starts), stops=tuple(stops), steps=(1,) * x.type.rank)
+
+    def mask(self, x: Value, dim: int, axes, n: int, value) -> Value:
+        """Fill the padding of dim `dim` (split over `axes`, global size n) with `value`."""
+        c = x.type.shape[dim]
+        if not axes or c * self.mesh.group_size(axes) == n:
+            return x
+        return self.emit("pad_mask", x, self.axis_index(axes), dim=dim, chunk=c, n=n, value=value)
+
+    def offset(self, axes, c: int) -> Value:
+        """The global index of this partition's first element along a dim split over `axes`."""
+        idx = self.axis_index(axes)
+        if c == 1:
+            return idx
+        return self.emit("mul", idx, self.emit("full", dtype="i32", shape=(), value=c))
+
+    # ------------------------------------------------------------------ the pass
+
+    def run(self) -> SpmdProgram:
+        params = []
+        for p in self.prog.params:
+            s = self.target(p.value)
+            local = Value(self.local_type(p.value.type, s), p.name)
+            params.append(Param(local, p.name, s, p.span))
+            self.state[p.value] = (local, s)
+        for op in self.prog.ops:
+            self.current, self.span = op, op.span
+            self.partition_op(op)
+        results, outs = [], []
+        for r in self.prog.results:
+            self.current, self.span = None, r.span
+            s = self.target(r.value).closed().with_partial(())
+            local = self.reshard(r.value, s, "for the result")
+            results.append(Result(local, s, r.span))
+            outs.append(s)
+        local_prog = Program(self.prog.name, self.mesh, tuple(params), tuple(self.b.ops), tuple(results),
+                             (), self.prog.source, local=True)
+        return SpmdProgram(local_prog, tuple(p.sharding for p in params), tuple(outs), self.ledger, self.notes,
+                           self.prog)
+
+    def partition_op(self, op: Op) -> None:
+        opdef = registry.get(op.kind)
+        if op.kind == "shard":
+            out = self.target(op.result).closed().with_partial(())
+            local = self.reshard(op.operands[0], out, "for shard()")
+            self.state[op.result] = (local, out)
+        elif opdef.partition is not None:
+            opdef.partition(OpContext(self, op))
+        else:
+            self.generic(op)
+        # a pending sum with several consumers is settled once, to the planned layout
+        for r in op.results:
+            local, s = self.state[r]
+            if s.partial and self.users.get(r, 0) > 1:
+                want = self.target(r).closed().with_partial(())
+                self.state[r] = (self.reshard(r, want, "once for its several uses"), want)
+
+    # ------------------------------------------------------------------ generic factor partitioning
+
+    def generic(self, op: Op, forbid: frozenset[int] = frozenset()) -> None:
+        rule = op_rule(op)
+        choice = self.choose(op, rule, forbid)
+        self.execute(op, rule, *choice)
+
+    def _factor_candidates(self, op, rule: FactorRule, forbid) -> list[list[tuple[str, ...]]]:
+        opdef = registry.get(op.kind)
+        tensors = list(op.operands) + list(op.results)
+        layouts = [self.state[v][1].dims for v in op.operands] + [self.target(r).dims for r in op.results]
+        fas = [project(rule.tensors[i], layouts[i], rule.sizes, self.mesh, t.type.shape)
+               for i, t in enumerate(tensors)]
+        out = []
+        for f, kind in enumerate(rule.kinds):
+            cands = [()]
+            splittable = (kind not in (REPLICATE, PERMUTATION) and f not in forbid
+                          and (kind != REDUCTION or opdef.reduce_kind is not None))
+            if splittable:
+                for fa in fas:
+                    if fa.get(f) and fa[f] not in cands:
+                        cands.append(fa[f])
+            out.append(cands)
+        return out
+
+    def choose(self, op: Op, rule: FactorRule, forbid):
+        cands = self._factor_candidates(op, rule, forbid)
+        total = 1
+        for c in cands:
+            total *= len(c)
+        if total > _MAX_CANDIDATES:  # keep the two most promising per factor (longest splits)
+            cands = [sorted(c, key=len, reverse=True)[:2] + ([()] if () not in c[:2] else []) for c in cands]
+        opdef = registry.get(op.kind)
+        mode = opdef.partial_mode(op.attrs)
+        partials = [self.state[v][1] for v in op.operands]
+        keep_options = [False]
+        if mode is not None and any(s.partial for s in partials):
+            keep_options.append(True)
+        best = None
+        for combo in itertools.product(*cands):
+            used = [a for axes in combo for a in axes]
+            if len(used) != len(set(used)):
+                continue
+            fa = {f: axes for f, axes in enumerate(combo) if axes}
+            if not _valid(rule, fa, self.mesh):
+                continue
+            for keep in keep_options:
+                plan = self._plan(op, rule, fa, keep, mode, partials)
+                if plan is None:
+                    continue
+                if best is None or plan[0] < best[0]:
+                    best = plan
+        assert best is not None, f"no way to partition {op.kind}"
+        return best[1:]
+
+    def _plan(self, op, rule, fa, keep, mode, partials):
+        """Cost and layouts of running `op` with factor split `fa`; None if not allowed."""
+        opdef = registry.get(op.kind)
+        kept: tuple[str, ...] = ()
+        if keep:
+            holders = [i for i, s in enumerate(partials) if s.partial]
+            allowed = opdef.partial_operands
+            first = partials[holders[0]]
+            if first.partial_op != "sum":
+                return None
+            if mode == "additive":
+                if len(holders) != len(partials) or any(set(partials[i].partial) != set(first.partial)
+                                                        for i in holders):
+                    return None
+            elif mode == "multilinear":
+                if len(holders) != 1 or (allowed is not None and holders[0] not in allowed):
+                    return None
+            kept = first.partial
+            if any(a in kept for axes in fa.values() for a in axes):
+                return None
+        reduced = tuple(a for f, axes in sorted(fa.items()) if rule.kinds[f] == REDUCTION for a in axes)
+        red_op = opdef.reduce_kind or "sum"
+        if kept and reduced and red_op != "sum":
+            return None
+        reqs = []
+        cost = 0.0
+        for i, v in enumerate(op.operands):
+            dims = unproject(rule.operands[i], fa, rule.sizes, self.mesh)
+            req = Sharding(dims, kept if (keep and partials[i].partial) else (), frozenset(), "sum")
+            reqs.append(req)
+            cost += plan_cost(plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh,
+                                           self.state[v][1], req))
+        outs = []
+        work = 0
+        for j, r in enumerate(op.results):
+            dims = unproject(rule.results[j], fa, rule.sizes, self.mesh)
+            partial = self.mesh.order(set(kept) | set(reduced))
+            out = Sharding(dims, partial, frozenset(), red_op if reduced else "sum")
+            outs.append(out)
+            want = self.target(r).closed().with_partial(())
+            cost += plan_cost(plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want))
+            local = out.local_shape(r.type.shape, self.mesh)
+            n = 1
+            for x in local:
+                n *= x
+            work += n
+        return (cost, work), fa, reqs, outs
+
+    def execute(self, op: Op, rule: FactorRule, fa, reqs, outs) -> None:
+        opdef = registry.get(op.kind)
+        locals_ = []
+        for i, (v, req) in enumerate(zip(op.operands, reqs)):
+            x = self.reshard(v, req, f"for {op.kind}")
+            for f, axes in fa.items():
+                d = rule.factor_dims(i, f)
+                if rule.kinds[f] != REDUCTION or d is None:
+                    continue
+                dim_axes = req.dims[d]
+                x = self.mask(x, d, dim_axes, v.type.shape[d], opdef.reduce_fill(v.type.dtype))
+            locals_.append(x)
+        shapes = [o.local_shape(r.type.shape, self.mesh) for o, r in zip(outs, op.results)]
+        attrs = dict(op.attrs)
+        if opdef.localize is not None:
+            attrs = opdef.localize(attrs, [x.type for x in locals_], shapes)
+        results = self.b.emit_op(op.kind, locals_, attrs, op.span, [r.name for r in op.results])
+        for r, lr, o, shape in zip(op.results, results, outs, shapes):
+            assert lr.type.shape == tuple(shape), (op.kind, lr.type, shape)
+            self.state[r] = (lr, o)
+
+
+def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
+    """Every tensor can express the factor split (no axes lost to non-contiguous dims)."""
+    for t in rule.tensors:
+        dims = unproject(t, fa, rule.sizes, mesh)
+        got = [a for d in dims for a in d]
+        want = [a for fs in t for f in fs for a in fa.get(f, ())]
+        if sorted(got) != sorted(want):
+            return False
+    return True
+
+
+def _zero(dtype: str):
+    return False if dtype == "bool" else 0.0 if dtype in ("f32", "bf16", "f16", "f64") else 0
+
+
+def _value_text(v: Value) -> str:
+    return f"%{v.name}" if v.name else f"{v.type}"
+
+
+class OpContext:
+    """What an op's custom `partition` step sees: its operands' local values and layouts, the
+    planned layouts of its results, and emission helpers. It must call set_result for every
+    result (or fall back to `generic`)."""
+
+    def __init__(self, p: Partitioner, op: Op):
+        self.p, self.op = p, op
+        self.mesh = p.mesh
+
+    @property
+    def attrs(self):
+        return self.op.attrs
+
+    def rule(self) -> FactorRule:
+        return op_rule(self.op)
+
+    def layout(self, i: int) -> Sharding:
+        return self.p.state[self.op.operands[i]][1]
+
+    def target(self, j: int = 0) -> Sharding:
+        return self.p.target(self.op.results[j]).closed().with_partial(())
+
+    def reshard(self, i: int, want: Sharding) -> Value:
+        return self.p.reshard(self.op.operands[i], want, f"for {self.op.kind}")
+
+    def emit(self, kind, *operands, **attrs) -> Value:
+        return self.p.emit(kind, *operands, **attrs)
+
+    def axis_index(self, axes) -> Value:
+        return self.p.axis_index(axes)
+
+    def offset(self, axes, c: int) -> Value:
+        return self.p.offset(axes, c)
+
+    def mask(self, x, dim, axes, n, value) -> Value:
+        return self.p.mask(x, dim, axes, n, value)
+
+    def constant(self, value, dtype: str) -> Value:
+        return self.p.emit("full", dtype=dtype, shape=(), value=value)
+
+    def local_shape(self, v: Value, s: Sharding):
+        return s.local_shape(v.type.shape, self.mesh)
+
+    def set_result(self, local: Value, s: Sharding, j: int = 0) -> None:
+        r = self.op.results[j]
+        assert local.type.shape == s.local_shape(r.type.shape, self.mesh), (self.op.kind, local.type, s)
+        self.p.state[r] = (local, s)
+
+    def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
+        return self.p.collective(kind, x, f"{reason} for {self.op.kind}", **attrs)
+
+    def generic(self, forbid=frozenset()) -> None:
+        self.p.generic(self.op, frozenset(forbid))
+
+
+def partition(prog: Program, prop: Propagation) -> SpmdProgram:
+    """Partition the global program under its propagated shardings. Pure."""
+    return Partitioner(prog, prop).run()
+
