@@ -85,6 +85,36 @@ class Compiled:
 
         return check_report(self)
 
+    def explain_report(self, bandwidth=None, latency=None, preset: str = "tpu-v4") -> dict:
+        """The `explain --json` document (CLI.md)."""
+        from .explain import explain_report
+
+        return explain_report(self, bandwidth, latency, preset)
+
+    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0) -> dict:
+        """Run the same inputs through each backend and compare every result with ref.
+
+        A result matches when |got - ref| <= atol * scale + rtol * |ref| elementwise, with
+        scale = max(1, max |ref|) (reductions may sum in another order); NaNs must coincide;
+        integer and bool results must be equal. Defaults depend on the dtype (f32: 1e-4, 1e-4).
+        """
+        inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
+        ref = self.run(inputs, backend="ref")
+        results, ok = [], True
+        tol_r = tol_a = None
+        for b in backends:
+            if b == "ref":
+                continue
+            got = self.run(inputs, backend=b)
+            for i, (r, g) in enumerate(zip(ref, got)):
+                rt, at = _tolerance(r.dtype, rtol, atol)
+                tol_r, tol_a = rt, at
+                err, good = _compare(r, g, rt, at)
+                ok &= good
+                results.append({"backend": b, "output": i, "max_abs_err": err, "ok": good})
+        return {"ok": bool(ok), "backends": list(backends), "results": results,
+                "rtol": tol_r if rtol is None else rtol, "atol": tol_a if atol is None else atol}
+
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         return random_inputs(self.program, seed)
 
@@ -106,6 +136,33 @@ class Compiled:
 
             return run_sim(self.spmd, inputs)
         raise NotImplementedError(f"backend {backend!r} is not available yet")
+
+
+def _tolerance(dtype, rtol, atol):
+    name = np.dtype(dtype).name
+    default = {"bfloat16": 2e-2, "float16": 1e-2, "float64": 1e-9}.get(name, 1e-4)
+    if np.dtype(dtype).kind in "biu":
+        default = 0.0
+    return (default if rtol is None else rtol), (default if atol is None else atol)
+
+
+def _compare(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tuple[float, bool]:
+    if ref.shape != got.shape:
+        return float("inf"), False
+    if ref.size == 0:
+        return 0.0, True
+    r, g = ref.astype(np.float64), got.astype(np.float64)
+    nan_r, nan_g = np.isnan(r), np.isnan(g)
+    if not np.array_equal(nan_r, nan_g):
+        return float("nan"), False
+    fin = ~nan_r
+    with np.errstate(invalid="ignore"):
+        diff = np.where(fin & (r != g), np.abs(r - g), 0.0)  # equal infinities are equal
+    err = float(np.max(diff)) if diff.size else 0.0
+    finite = np.abs(r[fin & np.isfinite(r)])
+    scale = max(1.0, float(finite.max())) if finite.size else 1.0
+    good = bool(np.all(diff <= atol * scale + rtol * np.where(np.isfinite(r), np.abs(r), 0.0)))
+    return err, good
 
 
 def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, int] | None = None,

@@ -53,6 +53,7 @@ class SpmdProgram:
     ledger: list[Collective] = field(default_factory=list)
     notes: dict[Op, str] = field(default_factory=dict)
     global_program: Program | None = None
+    produced: dict[Value, Sharding] = field(default_factory=dict)  # each global value as computed
 
 
 def _dim_text(dims) -> str:
@@ -78,6 +79,7 @@ class Partitioner:
             self.users[r.value] = self.users.get(r.value, 0) + 1
         self.span: Span | None = None
         self.current: Op | None = None
+        self.produced: dict[Value, Sharding] = {}
 
     # ------------------------------------------------------------------ emission helpers
 
@@ -217,8 +219,10 @@ class Partitioner:
             outs.append(s)
         local_prog = Program(self.prog.name, self.mesh, tuple(params), tuple(self.b.ops), tuple(results),
                              (), self.prog.source, local=True)
+        for p in self.prog.params:
+            self.produced[p.value] = self.target(p.value)
         return SpmdProgram(local_prog, tuple(p.sharding for p in params), tuple(outs), self.ledger, self.notes,
-                           self.prog)
+                           self.prog, self.produced)
 
     def partition_op(self, op: Op) -> None:
         opdef = registry.get(op.kind)
@@ -233,6 +237,7 @@ class Partitioner:
         # a pending sum with several consumers is settled once, to the planned layout
         for r in op.results:
             local, s = self.state[r]
+            self.produced[r] = s
             if s.partial and self.users.get(r, 0) > 1:
                 want = self.target(r).closed().with_partial(())
                 self.state[r] = (self.reshard(r, want, "once for its several uses"), want)
