@@ -53,18 +53,25 @@ class Compiled:
         return print_program(self.program)
 
     @cached_property
+    def canonical(self) -> Program:
+        """The global program after canonicalisation (ir.simplify), which partitioning starts from."""
+        from .ir.simplify import simplify
+
+        return simplify(self.program)
+
+    @cached_property
     def propagation(self):
-        """Sharding propagation over the global program (partition.propagate)."""
+        """Sharding propagation over the canonical global program (partition.propagate)."""
         from .partition.propagate import propagate
 
-        return propagate(self.program)
+        return propagate(self.canonical)
 
     @cached_property
     def spmd(self):
         """The per-partition program with its in/out shardings and communication ledger."""
         from .partition.spmd import partition
 
-        return partition(self.program, self.propagation)
+        return partition(self.canonical, self.propagation)
 
     @cached_property
     def spmd_ir(self) -> str:

@@ -220,25 +220,26 @@ register("shard_slice", infer=_shard_slice_infer, numpy=_shard_slice_numpy, loca
          doc="this partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first")
 
 
-def _pad_mask_infer(ops, attrs):
+def _range_mask_infer(ops, attrs):
     x, idx = ops
-    check(idx.rank == 0, "pad_mask: the index must be a scalar")
+    check(idx.rank == 0, "range_mask: the index must be a scalar")
     return x
 
 
-def _pad_mask_numpy(x, idx, *, dim, chunk, n, value):
-    pos = int(idx) * chunk + np.arange(x.shape[dim])
-    keep = (pos < n).reshape([-1 if i == dim else 1 for i in range(x.ndim)])
+def _range_mask_numpy(x, idx, *, dim, chunk, offset, lo, hi, value):
+    pos = int(idx) * chunk + offset + np.arange(x.shape[dim])
+    keep = ((pos >= lo) & (pos < hi)).reshape([-1 if i == dim else 1 for i in range(x.ndim)])
     return np.where(keep, x, np.asarray(value).astype(x.dtype))
 
 
-def _pad_mask_jax(a, attrs, out):
-    return (f"pad_mask({a[0]}, {a[1]}, dim={attrs['dim']}, chunk={attrs['chunk']}, n={attrs['n']}, "
-            f"value={attrs['value']!r})")
+def _range_mask_jax(a, attrs, out):
+    return (f"range_mask({a[0]}, {a[1]}, dim={attrs['dim']}, chunk={attrs['chunk']}, offset={attrs['offset']}, "
+            f"lo={attrs['lo']}, hi={attrs['hi']}, value={attrs['value']!r})")
 
 
-register("pad_mask", infer=_pad_mask_infer, numpy=_pad_mask_numpy, local_only=True, jax=_pad_mask_jax,
-         doc="replace the padding of a split dim (global index >= n) by `value`")
+register("range_mask", infer=_range_mask_infer, numpy=_range_mask_numpy, local_only=True, jax=_range_mask_jax,
+         doc="keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value "
+             "(masks the padding of uneven shards and the outside of halo windows)")
 
 # ---------------------------------------------------------------------------------- dynamic_slice
 

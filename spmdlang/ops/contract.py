@@ -7,6 +7,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder, einsum_rule
+from .moving import partition_conv
 from .registry import check, register
 
 # ---------------------------------------------------------------------------------- einsum
@@ -126,6 +127,6 @@ def _conv_jax(args, attrs, out):
             f"padding={pad}, dimension_numbers={spec})")
 
 
-register("conv", infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax,
+register("conv", infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, partition=partition_conv,
          partial="multilinear", reduce_fill=lambda dtype: 0, reduce_kind="sum", family="contract")
 

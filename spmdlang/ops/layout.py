@@ -11,6 +11,7 @@ import numpy as np
 
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder, reshape_rule
+from .moving import partition_concat, partition_pad, partition_roll, partition_slice
 from .registry import check, register
 
 # ---------------------------------------------------------------------------------- transpose
@@ -132,7 +133,7 @@ def _slice_localize(attrs, operands, shapes):
 
 
 register("slice", infer=_slice_infer, numpy=_slice_numpy, rule=_slice_rule, partial="additive",
-         localize=_slice_localize,
+         localize=_slice_localize, partition=partition_slice,
          jax=_slice_jax, family="elementwise")
 
 # ---------------------------------------------------------------------------------- pad
@@ -158,7 +159,7 @@ def _pad_numpy(x, *, lo, hi, value):
     return np.pad(x, list(zip(lo, hi)), constant_values=np.asarray(value).astype(x.dtype))
 
 
-register("pad", infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family="elementwise",
+register("pad", infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family="elementwise", partition=partition_pad,
          partial=lambda attrs: "additive" if attrs["value"] == 0 else None,
          jax=lambda a, attrs, out: (f"jnp.pad({a[0]}, {list(zip(attrs['lo'], attrs['hi']))}, "
                                     f"constant_values={attrs['value']!r})"))
@@ -188,6 +189,7 @@ def _concat_rule(operands, results, attrs):
 
 
 register("concat", infer=_concat_infer, numpy=lambda *xs, axis: np.concatenate(xs, axis=axis),
+         partition=partition_concat,
          rule=_concat_rule, partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jnp.concatenate([{', '.join(a)}], axis={attrs['axis']})")
 
@@ -208,6 +210,7 @@ def _roll_rule(operands, results, attrs):
 
 
 register("roll", infer=_roll_infer, numpy=lambda x, *, shift, axis: np.roll(x, shift, axis=axis),
+         partition=partition_roll,
          rule=_roll_rule, partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jnp.roll({a[0]}, {attrs['shift']}, axis={attrs['axis']})")
 

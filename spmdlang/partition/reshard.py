@@ -236,9 +236,16 @@ def _permute_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> 
                  step_bytes("collective_permute", mesh.group_size(axes), size))]
 
 
+def _drop_trivial(s: Sharding, mesh: Mesh) -> Sharding:
+    """Axes of size 1 split nothing and sum nothing: layouts that differ only in them are one."""
+    keep = lambda axes: tuple(a for a in axes if mesh.axis_size(a) > 1)  # noqa: E731
+    partial = keep(s.partial)
+    return Sharding(tuple(keep(d) for d in s.dims), partial, frozenset(), s.partial_op if partial else "sum")
+
+
 def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step]:
     """The cheapest plan from `src` to `dst` (dst.partial must be a subset of src.partial)."""
-    src, dst = src.closed(), dst.closed()
+    src, dst = _drop_trivial(src, mesh), _drop_trivial(dst, mesh)
     if not set(dst.partial) <= set(src.partial):
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
     if src.dims == dst.dims and set(src.partial) == set(dst.partial):

@@ -189,7 +189,7 @@ class Partitioner:
         c = x.type.shape[dim]
         if not axes or c * self.mesh.group_size(axes) == n:
             return x
-        return self.emit("pad_mask", x, self.axis_index(axes), dim=dim, chunk=c, n=n, value=value)
+        return self.emit("range_mask", x, self.axis_index(axes), dim=dim, chunk=c, offset=0, lo=0, hi=n, value=value)
 
     def offset(self, axes, c: int) -> Value:
         """The global index of this partition's first element along a dim split over `axes`."""
@@ -439,6 +439,12 @@ class OpContext:
 
     def generic(self, forbid=frozenset()) -> None:
         self.p.generic(self.op, frozenset(forbid))
+
+    def window(self, x: Value, dim: int, in_axes, out_axes, n: int, w) -> Value:
+        """See partition.halo: the input elements this device's output shard needs on `dim`."""
+        from .halo import window
+
+        return window(self, x, dim, in_axes, out_axes, n, w, f"halo of %{self.op.operands[0].name or 'operand'}")
 
 
 def partition(prog: Program, prop: Propagation) -> SpmdProgram:

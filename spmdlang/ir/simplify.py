@@ -1,0 +1,53 @@
+"""Canonicalisation of the global program before propagation: IR -> IR, results keep identity.
+
+- A rotation written as slices and a concat, concat([x[n-s:], x[:n-s]], axis), becomes
+  roll(x, s, axis): partitioned, a rotation is one collective_permute where the slices and the
+  concat would each exchange data.
+- Ops whose results nobody uses and no source name refers to are dropped.
+"""
+
+from __future__ import annotations
+
+from .core import Op, Program
+
+
+def _full_except(op: Op, axis: int) -> bool:
+    x = op.operands[0]
+    return all((a, b, s) == (0, n, 1) for d, (n, a, b, s) in
+               enumerate(zip(x.type.shape, op.attrs["starts"], op.attrs["stops"], op.attrs["steps"]))
+               if d != axis) and op.attrs["steps"][axis] == 1
+
+
+def _rotation(op: Op, producers) -> Op | None:
+    if op.kind != "concat" or len(op.operands) != 2:
+        return None
+    axis = op.attrs["axis"]
+    first, second = (producers.get(v) for v in op.operands)
+    if not first or not second or first.kind != "slice" or second.kind != "slice":
+        return None
+    x = first.operands[0]
+    if second.operands[0] is not x or not _full_except(first, axis) or not _full_except(second, axis):
+        return None
+    n = x.type.shape[axis]
+    cut = first.attrs["starts"][axis]
+    if (first.attrs["stops"][axis], second.attrs["starts"][axis], second.attrs["stops"][axis]) != (n, 0, cut):
+        return None
+    return Op("roll", (x,), op.results, {"shift": n - cut, "axis": axis}, op.span)
+
+
+def simplify(prog: Program) -> Program:
+    producers = {r: op for op in prog.ops for r in op.results}
+    ops = []
+    for op in prog.ops:
+        ops.append(_rotation(op, producers) or op)
+    named = {v for _, v, _ in prog.names}
+    live = {r.value for r in prog.results} | named
+    kept = []
+    for op in reversed(ops):
+        if any(r in live for r in op.results):
+            kept.append(op)
+            live.update(op.operands)
+    kept.reverse()
+    if len(kept) == len(prog.ops) and all(a is b for a, b in zip(kept, prog.ops)):
+        return prog
+    return prog.replace(ops=tuple(kept))

@@ -1,0 +1,121 @@
+"""Windows along a split dim: halo exchange, shifts and rotations with collective_permute.
+
+One primitive serves conv, pad, slice, roll and concat. Shard i of the output needs the input
+elements at global positions  g(t) = i*a + s + t,  t in [0, L),  on dim d, where the input is
+split over axes A (k shards of c elements). Relative to shard i's own first element that window
+starts at i*(a - c) + s; over all shards it stays within [lo, hi + L). So:
+  1. every shard cuts from its own chunk the slice its neighbour q shards back needs (the same
+     static slice on every device) and one collective_permute shifts it by q; the local part
+     needs nothing. Only those slices travel, never whole shards unless the window needs them;
+  2. the parts concatenate into the window [lo, hi + L) of every shard;
+  3. positions outside [0, n) (global edges, and the padding of uneven shards) become `fill`;
+  4. where a != c the window slides per shard: a dynamic_slice at (i*(a - c) + s - lo).
+With `wrap` (a rotation of an evenly split dim) shifts wrap around and nothing is masked.
+An input that is not split on d is windowed locally (pad, then dynamic_slice): no communication.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.core import Value
+
+
+@dataclass(frozen=True)
+class Window:
+    a: int  # output shard i starts at input position i*a + s
+    s: int
+    length: int  # L: input elements each output shard needs
+    fill: object = 0  # value of positions outside [0, n)
+    wrap: bool = False
+
+
+def _floor_div(x: int, y: int) -> int:
+    return x // y
+
+
+def parts(w: Window, c: int, k: int) -> tuple[int, int, list[tuple[int, int, int]]]:
+    """(lo, hi, [(q, start, stop)]): the window span relative to a shard's start, and the slice
+    [start, stop) of shard i+q's chunk each shard receives."""
+    delta = w.a - c
+    lo = w.s + min(0, (k - 1) * delta)
+    hi = w.s + max(0, (k - 1) * delta)
+    out = []
+    for q in range(_floor_div(lo, c), _floor_div(hi + w.length - 1, c) + 1):
+        start, stop = max(0, lo - q * c), min(c, hi + w.length - q * c)
+        if stop > start:
+            out.append((q, start, stop))
+    return lo, hi, out
+
+
+def _sent(q: int, k: int, wrap: bool) -> bool:
+    """Does the part from shard i+q travel? (No-wrap shifts of a whole group or more reach nobody.)"""
+    return q % k != 0 if wrap else 0 < abs(q) < k
+
+
+def window_bytes(w: Window, c: int, k: int, row_bytes: int) -> int:
+    """Bytes one device sends for the window (every shifted part is one collective_permute)."""
+    if k == 1:
+        return 0
+    _, _, ps = parts(w, c, k)
+    return sum((stop - start) * row_bytes for q, start, stop in ps if _sent(q, k, w.wrap))
+
+
+def window(p, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: str) -> Value:
+    """The window of local `x` on `dim` (global size n) for the output shard this device holds.
+    The input is split over `in_axes`, which are either the output's `out_axes` or none."""
+    in_axes, out_axes = tuple(in_axes), tuple(out_axes)
+    if not in_axes:
+        return _local_window(p, x, dim, out_axes, n, w)
+    assert in_axes == out_axes, (in_axes, out_axes)
+    axes = in_axes
+    k = p.mesh.group_size(axes)
+    c = x.type.shape[dim]
+    lo, hi, ps = parts(w, c, k)
+    pieces = []
+    for q, start, stop in ps:
+        piece = _slice(p, x, dim, start, stop)
+        if _sent(q, k, w.wrap):
+            piece = p.collective("collective_permute", piece, reason, axes=axes,
+                                 sizes=tuple(p.mesh.axis_size(a) for a in axes), rule=("shift", -q % k if w.wrap
+                                                                                       else -q, w.wrap))
+        elif q != 0 and not w.wrap:  # beyond the last shard: all outside [0, n), masked below
+            piece = p.emit("full", dtype=piece.type.dtype, shape=piece.type.shape, value=w.fill)
+        pieces.append(piece)
+    win = pieces[0] if len(pieces) == 1 else p.emit("concat", *pieces, axis=dim)
+    idx = p.axis_index(axes)
+    if not w.wrap and (lo < 0 or k * c > n or hi + w.length > c):
+        win = p.emit("range_mask", win, idx, dim=dim, chunk=c, offset=lo, lo=0, hi=n, value=w.fill)
+    if w.a != c:
+        start = p.emit("add", p.emit("mul", idx, p.emit("full", dtype="i32", shape=(), value=w.a - c)),
+                       p.emit("full", dtype="i32", shape=(), value=w.s - lo))
+        win = p.emit("dynamic_slice", win, start, dim=dim, size=w.length)
+    elif win.type.shape[dim] != w.length:
+        win = _slice(p, win, dim, w.s - lo, w.s - lo + w.length)
+    return win
+
+
+def _local_window(p, x: Value, dim: int, out_axes, n: int, w: Window) -> Value:
+    """Unsplit input: pad by the window on both sides (with the fill), then slice this shard's part."""
+    k = p.mesh.group_size(out_axes) if out_axes else 1
+    lead = max(0, -w.s)
+    trail = max(0, (k - 1) * w.a + w.s + w.length - n)
+    lo_pad = [0] * x.type.rank
+    hi_pad = [0] * x.type.rank
+    lo_pad[dim], hi_pad[dim] = lead, trail
+    xp = p.emit("pad", x, lo=tuple(lo_pad), hi=tuple(hi_pad), value=w.fill) if lead or trail else x
+    if k == 1:
+        return _slice(p, xp, dim, w.s + lead, w.s + lead + w.length)
+    idx = p.axis_index(out_axes)
+    start = p.emit("add", p.emit("mul", idx, p.emit("full", dtype="i32", shape=(), value=w.a)),
+                   p.emit("full", dtype="i32", shape=(), value=w.s + lead))
+    return p.emit("dynamic_slice", xp, start, dim=dim, size=w.length)
+
+
+def _slice(p, x: Value, dim: int, start: int, stop: int) -> Value:
+    if start == 0 and stop == x.type.shape[dim]:
+        return x
+    starts = [0] * x.type.rank
+    stops = list(x.type.shape)
+    starts[dim], stops[dim] = start, stop
+    return p.emit("slice", x, starts=tuple(starts), stops=tuple(stops), steps=(1,) * x.type.rank)
