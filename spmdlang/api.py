@@ -42,6 +42,7 @@ class Compiled:
 
     def __init__(self, program: Program):
         self.program = program
+        self._runners: dict = {}
 
     @property
     def mesh(self):
@@ -77,6 +78,30 @@ class Compiled:
     def spmd_ir(self) -> str:
         """The per-partition program as IR text, each collective commented with its cause."""
         return print_program(self.spmd.program, notes=self.spmd.notes)
+
+    @cached_property
+    def jax_source(self) -> str:
+        """Our per-partition program as a standalone Python module (shard_map + jax.lax)."""
+        from .backend_jax.emit import emit_shard_map
+
+        return emit_shard_map(self.spmd)
+
+    @cached_property
+    def xla_source(self) -> str:
+        """The global program as a jax.numpy module for XLA's own GSPMD (the baseline). Boundary
+        layouts are the same as ours: annotations, else what propagation chose."""
+        from .backend_jax.emit import emit_xla
+
+        return emit_xla(self.canonical, self.spmd.in_shardings, self.spmd.out_shardings)
+
+    def runner(self, backend: str):
+        """The loaded, jitted module of backend "jax" or "xla" (cached)."""
+        if backend not in self._runners:
+            from .backend_jax.runner import ModuleRunner
+
+            source = self.jax_source if backend == "jax" else self.xla_source
+            self._runners[backend] = ModuleRunner(source, f"spmdlang_{backend}", self.mesh.size)
+        return self._runners[backend]
 
     @property
     def shardings(self) -> dict:
@@ -142,7 +167,7 @@ class Compiled:
             from .backend_ref import run_sim
 
             return run_sim(self.spmd, inputs)
-        raise NotImplementedError(f"backend {backend!r} is not available yet")
+        return self.runner(backend)([inputs[p.name] for p in self.program.params])
 
 
 def _tolerance(dtype, rtol, atol):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir.types import TensorType
 from ..partition.permute import permute_pairs
-from .registry import check, register
+from .registry import check, py_literal, register
 
 
 def groups(mesh, axes) -> list[list[int]]:
@@ -234,7 +234,7 @@ def _range_mask_numpy(x, idx, *, dim, chunk, offset, lo, hi, value):
 
 def _range_mask_jax(a, attrs, out):
     return (f"range_mask({a[0]}, {a[1]}, dim={attrs['dim']}, chunk={attrs['chunk']}, offset={attrs['offset']}, "
-            f"lo={attrs['lo']}, hi={attrs['hi']}, value={attrs['value']!r})")
+            f"lo={attrs['lo']}, hi={attrs['hi']}, value={py_literal(attrs['value'])})")
 
 
 register("range_mask", infer=_range_mask_infer, numpy=_range_mask_numpy, local_only=True, jax=_range_mask_jax,

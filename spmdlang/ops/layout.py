@@ -12,7 +12,7 @@ import numpy as np
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder, reshape_rule
 from .moving import partition_concat, partition_pad, partition_roll, partition_slice
-from .registry import check, register
+from .registry import check, py_literal, register
 
 # ---------------------------------------------------------------------------------- transpose
 
@@ -162,7 +162,7 @@ def _pad_numpy(x, *, lo, hi, value):
 register("pad", infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family="elementwise", partition=partition_pad,
          partial=lambda attrs: "additive" if attrs["value"] == 0 else None,
          jax=lambda a, attrs, out: (f"jnp.pad({a[0]}, {list(zip(attrs['lo'], attrs['hi']))}, "
-                                    f"constant_values={attrs['value']!r})"))
+                                    f"constant_values={py_literal(attrs['value'])})"))
 
 # ---------------------------------------------------------------------------------- concat
 

@@ -71,6 +71,13 @@ def get(name: str) -> OpDef:
     return OPS[name]
 
 
+def py_literal(value) -> str:
+    """A Python expression for a constant in emitted code (inf and nan have no literal)."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return f'float("{value}")'
+    return repr(value)
+
+
 def check(cond: bool, message: str) -> None:
     """Shape rules call this; the IR builder turns the ShapeError into a located SpmdError."""
     if not cond:
