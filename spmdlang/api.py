@@ -56,9 +56,9 @@ class Compiled:
     @cached_property
     def canonical(self) -> Program:
         """The global program after canonicalisation (ir.simplify), which partitioning starts from."""
-        from .ir.simplify import simplify
+        from .ir.simplify import cse, simplify
 
-        return simplify(self.program)
+        return simplify(cse(self.program)[0])
 
     @cached_property
     def propagation(self):
@@ -70,9 +70,10 @@ class Compiled:
     @cached_property
     def spmd(self):
         """The per-partition program with its in/out shardings and communication ledger."""
+        from .partition.combine import finish
         from .partition.spmd import partition
 
-        return partition(self.canonical, self.propagation)
+        return finish(partition(self.canonical, self.propagation))
 
     @cached_property
     def spmd_ir(self) -> str:

@@ -4,6 +4,7 @@
   roll(x, s, axis): partitioned, a rotation is one collective_permute where the slices and the
   concat would each exchange data.
 - Ops whose results nobody uses and no source name refers to are dropped.
+`cse` (common subexpressions) serves both the global and the per-partition program.
 """
 
 from __future__ import annotations
@@ -33,6 +34,42 @@ def _rotation(op: Op, producers) -> Op | None:
     if (first.attrs["stops"][axis], second.attrs["starts"][axis], second.attrs["stops"][axis]) != (n, 0, cut):
         return None
     return Op("roll", (x,), op.results, {"shift": n - cut, "axis": axis}, op.span)
+
+
+def _key(op: Op):
+    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(op.attrs.items())))
+
+
+def cse(prog: Program, keep=frozenset()) -> tuple[Program, dict]:
+    """Replace an op by an earlier identical one (same kind, operands and attrs; every op is pure).
+    Returns the program and a map from each dropped or rewritten op/value to what replaces it."""
+    seen: dict = {}
+    repl: dict = {}
+    ops = []
+    for op in prog.ops:
+        if repl and any(v in repl for v in op.operands):
+            new = op.replace(operands=tuple(repl.get(v, v) for v in op.operands))
+            repl[op] = new
+            op = new
+        try:
+            key = _key(op)
+            hash(key)
+        except TypeError:
+            ops.append(op)
+            continue
+        prev = seen.get(key)
+        if prev is not None and not any(r in keep for r in op.results):
+            repl.update(zip(op.results, prev.results))
+            repl[op] = prev
+            continue
+        seen[key] = op
+        ops.append(op)
+    if not repl:
+        return prog, {}
+    params = prog.params
+    results = tuple(r.__class__(repl.get(r.value, r.value), r.sharding, r.span) for r in prog.results)
+    names = tuple((n, repl.get(v, v), s) for n, v, s in prog.names)
+    return prog.replace(ops=tuple(ops), params=params, results=results, names=names), repl
 
 
 def simplify(prog: Program) -> Program:

@@ -87,29 +87,34 @@ _REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
 
 
 def _sim_all_reduce(arrays, attrs, mesh):
-    (xs,) = arrays
-    out = [None] * mesh.size
+    """Variadic: one all_reduce may carry several operands (a combined collective)."""
     fn = _REDUCERS[attrs["reduce"]]
-    for g in groups(mesh, attrs["axes"]):
-        stacked = np.stack([xs[p] for p in g])
-        acc = stacked.astype(np.float32) if stacked.dtype.kind == "f" and stacked.dtype.itemsize < 4 else stacked
-        r = np.asarray(fn(acc, axis=0)).astype(xs[g[0]].dtype)
-        for p in g:
-            out[p] = r
-    return [out]
+    results = []
+    for xs in arrays:
+        out = [None] * mesh.size
+        for g in groups(mesh, attrs["axes"]):
+            stacked = np.stack([xs[p] for p in g])
+            wide = stacked.dtype.kind == "f" and stacked.dtype.itemsize < 4
+            r = np.asarray(fn(stacked.astype(np.float32) if wide else stacked, axis=0)).astype(xs[g[0]].dtype)
+            for p in g:
+                out[p] = r
+        results.append(out)
+    return results
 
 
 def _all_reduce_jax(a, attrs, out):
     axes = tuple(attrs["axes"])
     kind = attrs["reduce"]
+    arg = a[0] if len(a) == 1 else "(" + ", ".join(a) + ")"
     if kind == "prod":
-        return f"jnp.prod(jax.lax.all_gather({a[0]}, {axes!r}, axis=0), axis=0)"
+        parts = [f"jnp.prod(jax.lax.all_gather({x}, {axes!r}, axis=0), axis=0)" for x in a]
+        return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
     fn = {"sum": "psum", "max": "pmax", "min": "pmin"}[kind]
-    return f"jax.lax.{fn}({a[0]}, {axes!r})"
+    return f"jax.lax.{fn}({arg}, {axes!r})"
 
 
-register("all_reduce", infer=lambda ops, attrs: ops[0], numpy=None, local_only=True, simulate=_sim_all_reduce,
-         jax=_all_reduce_jax)
+register("all_reduce", infer=lambda ops, attrs: ops, numpy=None, local_only=True, simulate=_sim_all_reduce,
+         jax=_all_reduce_jax, doc="variadic: several operands reduce in one collective")
 
 # ---------------------------------------------------------------------------------- reduce_scatter
 

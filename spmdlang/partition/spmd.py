@@ -110,7 +110,13 @@ class Partitioner:
         if key in self.cache:
             return self.cache[key]
         steps = plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, cur, want)
-        out = self.apply_steps(local, v, steps, why)
+        # reuse the longest prefix of the plan already done for another use of v
+        start = 0
+        for i, st in enumerate(steps):
+            hit = self.cache.get((v, st.after.closed()))
+            if hit is not None and hit.type.shape == st.after.local_shape(v.type.shape, self.mesh):
+                local, start = hit, i + 1
+        out = self.apply_steps(local, v, steps[start:], why)
         self.cache[key] = out
         return out
 
@@ -122,6 +128,7 @@ class Partitioner:
             k = self.mesh.group_size(st.axes)
             if st.kind == "shard_slice":
                 x = self.emit("shard_slice", x, self.axis_index(st.axes), dim=st.dim, size=after[st.dim], group=k)
+                self.cache[(v, st.after.closed())] = x
                 continue
             if st.kind == "all_gather":
                 x = self.emit("all_gather", x, axes=st.axes, dim=st.dim, group=k)
@@ -142,6 +149,7 @@ class Partitioner:
             else:  # pragma: no cover
                 raise AssertionError(st.kind)
             assert x.type.shape == after, (st, x.type, after)
+            self.cache[(v, st.after.closed())] = x
             self.log(st.kind, st.axes, st.bytes, st.reduce,
                      f"{_value_text(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), self.b.ops[-1])
         return x

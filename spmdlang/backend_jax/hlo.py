@@ -1,0 +1,76 @@
+"""The collectives XLA actually runs: parsed from a compiled module's HLO text.
+
+Each collective instruction (the -start half of async pairs) with its group size and the bytes one
+device sends, by the same formulas as the ledger (CLI.md), so our plan and XLA's can be compared
+like for like.
+"""
+
+from __future__ import annotations
+
+import re
+from math import prod
+
+_KINDS = {"all-gather": "all_gather", "all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter",
+          "all-to-all": "all_to_all", "collective-permute": "collective_permute"}
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+          "s64": 8, "u64": 8, "f64": 8}
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>.+?)\s+"
+                    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
+_ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+
+
+def _shape_bytes(text: str) -> int:
+    total = 0
+    for dtype, dims in _ARRAY.findall(text):
+        if dtype in _BYTES:
+            total += _BYTES[dtype] * prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def _group_size(line: str) -> int:
+    # mesh form: replica_groups=mesh['a'=2,'b'=4][, device_ids=...] {'b'}: the braced axes form a group
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line)
+    if m:
+        sizes = dict((k.strip("'"), int(v)) for k, v in (p.split("=") for p in m.group(1).split(",")))
+        return prod(sizes[a.strip().strip("'")] for a in m.group(2).split(",") if a.strip())
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+    if m:
+        return len([x for x in m.group(1).split(",") if x])
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=", line)
+    if m:
+        return int(m.group(1).split(",")[-1])
+    return 1
+
+
+def collectives(hlo_text: str) -> list[dict]:
+    """[{kind, group, bytes_per_device}] for every collective in the HLO module."""
+    out = []
+    for line in hlo_text.splitlines():
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        kind = _KINDS[m.group("op")]
+        shape = m.group("shape")
+        if m.group("start") and shape.startswith("("):
+            # async start ops return (operands, results, ...): the last element is the result
+            parts = _ARRAY.findall(shape)
+            shape = "%s[%s]" % parts[-1] if parts else shape
+        size = _shape_bytes(shape)
+        k = _group_size(line)
+        if kind == "collective_permute":
+            sent = size
+        elif kind == "all_gather":
+            sent = (k - 1) * size / k if k else 0
+        elif kind == "all_reduce":
+            sent = 2 * (k - 1) / k * size if k else 0
+        elif kind == "reduce_scatter":
+            sent = (k - 1) * size
+        else:
+            sent = (k - 1) / k * size if k else 0
+        out.append({"kind": kind, "group": k, "bytes_per_device": sent})
+    return out
+
+
+def compiled_text(fn, *args) -> str:
+    """HLO text of a jitted function after XLA's passes (partitioning included)."""
+    return fn.lower(*args).compile().as_text()

@@ -1,0 +1,137 @@
+"""Per-partition IR passes after partitioning: CSE, all_reduce combining, dead code.
+
+XLA combines independent all-reduces over the same group into one (tuple) all-reduce and
+removes duplicates and dead collectives; doing it here keeps the ledger (what `explain` shows)
+equal to what XLA actually runs, and the simulator and the emitted module see the same plan.
+
+Combining is a list schedule: ops run as soon as their operands are ready (in program order
+among the ready ones), while ready all_reduces wait; only when nothing else can run is the
+waiting group (same axes and reduction) that the earliest work needs emitted, as one variadic
+all_reduce; the other groups keep collecting. Only ready ops are
+ever emitted, so the order stays valid, and independent all_reduces end up in one collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir.core import Op, Program
+from ..ir.simplify import cse
+
+
+def _dead_code(prog: Program) -> Program:
+    live = {r.value for r in prog.results}
+    kept = []
+    for op in reversed(prog.ops):
+        if any(r in live for r in op.results):
+            kept.append(op)
+            live.update(op.operands)
+    kept.reverse()
+    return prog.replace(ops=tuple(kept))
+
+
+def _combine(prog: Program, ledger):
+    import heapq
+
+    index = {op: i for i, op in enumerate(prog.ops)}
+    producer = {r: op for op in prog.ops for r in op.results}
+    users: dict[Op, list[Op]] = {op: [] for op in prog.ops}
+    missing: dict[Op, int] = {}
+    for op in prog.ops:
+        deps = {producer[v] for v in op.operands if v in producer}
+        missing[op] = len(deps)
+        for d in deps:
+            users[d].append(op)
+    ready: list[tuple[int, int]] = []
+    pending: dict[tuple, list[Op]] = {}
+    ops: list[Op] = []
+    merged: dict[Op, list[Op]] = {}
+
+    def arrive(op):
+        if op.kind == "all_reduce":
+            pending.setdefault((tuple(op.attrs["axes"]), op.attrs["reduce"]), []).append(op)
+        else:
+            heapq.heappush(ready, (index[op], id(op)))
+
+    def done(op):
+        for u in users[op]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                arrive(u)
+
+    # ancestors of every op as a bitset over op indices, to tell which all_reduces are independent
+    anc: dict[Op, int] = {}
+    for op in prog.ops:
+        bits = 0
+        for v in op.operands:
+            if v in producer:
+                p = producer[v]
+                bits |= anc[p] | (1 << index[p])
+        anc[op] = bits
+    emitted: set[Op] = set()
+    by_key: dict[tuple, list[Op]] = {}
+    for op in prog.ops:
+        if op.kind == "all_reduce":
+            by_key.setdefault((tuple(op.attrs["axes"]), op.attrs["reduce"]), []).append(op)
+
+    def _could_grow(key, group) -> bool:
+        mask = 0
+        for g in group:
+            mask |= 1 << index[g]
+        return any(o not in emitted and o not in group and not (anc[o] & mask) for o in by_key[key])
+
+    by_id = {id(op): op for op in prog.ops}
+    for op in prog.ops:
+        if missing[op] == 0:
+            arrive(op)
+    while ready or pending:
+        if ready:
+            op = by_id[heapq.heappop(ready)[1]]
+            ops.append(op)
+            done(op)
+            continue
+        # stalled: release a group no later all_reduce could still join (one that does not depend
+        # on it); if every group could still grow, the one the earliest waiting work needs
+        key = min(pending, key=lambda k: (_could_grow(k, pending[k]), min(index[o] for o in pending[k])))
+        for group in [pending.pop(key)]:
+            group.sort(key=lambda o: index[o])
+            if len(group) == 1:
+                op = group[0]
+            else:
+                op = Op("all_reduce", tuple(v for g in group for v in g.operands),
+                        tuple(r for g in group for r in g.results), group[0].attrs, group[0].span)
+                merged[op] = group
+            ops.append(op)
+            emitted.update(group)
+            for g in group:
+                done(g)
+    assert len(ops) + sum(len(g) - 1 for g in merged.values()) == len(prog.ops), "scheduling lost ops"
+    by_op = {c.local_op: c for c in ledger}
+    members = {g: op for op, group in merged.items() for g in group}
+    new_ledger = [c for c in ledger if c.local_op not in members]
+    for op, group in merged.items():
+        entries = [by_op[g] for g in group if g in by_op]
+        if entries:
+            new_ledger.append(replace(entries[0], bytes_per_device=sum(e.bytes_per_device for e in entries),
+                                      reason=" + ".join(e.reason for e in entries), local_op=op,
+                                      line=min((e.line for e in entries if e.line is not None), default=None)))
+    order = {op: i for i, op in enumerate(ops)}
+    new_ledger.sort(key=lambda c: order.get(c.local_op, -1))
+    return prog.replace(ops=tuple(ops)), new_ledger
+
+
+def finish(spmd):
+    """CSE, dead code, then all_reduce combining, on a partition.spmd.SpmdProgram."""
+    prog, repl = cse(spmd.program)
+    prog = _dead_code(prog)
+    live = {op for op in prog.ops}
+    ledger = []
+    for c in spmd.ledger:
+        op = repl.get(c.local_op, c.local_op)
+        while op in repl:
+            op = repl[op]
+        if op in live and all(e.local_op is not op for e in ledger):
+            ledger.append(replace(c, local_op=op))
+    prog, ledger = _combine(prog, ledger)
+    notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}
+    return replace(spmd, program=prog, ledger=ledger, notes=notes)
