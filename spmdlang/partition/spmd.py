@@ -29,6 +29,11 @@ from .propagate import Propagation, op_rule
 from .reshard import Step, plan_cost, plan_reshard, step_bytes
 
 _MAX_CANDIDATES = 512
+# The cost of one op's plan, in bytes: what it moves, a fixed charge per collective (latency:
+# about alpha * beta at 2 us and 32 GB/s), and its local work at FLOPS_PER_BYTE, so that
+# replicating a contraction on every device to save a little communication does not pay.
+LATENCY_BYTES = 64 * 1024
+FLOPS_PER_BYTE = 64
 
 
 @dataclass
@@ -335,23 +340,18 @@ class Partitioner:
             dims = unproject(rule.operands[i], fa, rule.sizes, self.mesh)
             req = Sharding(dims, kept if (keep and partials[i].partial) else (), frozenset(), "sum")
             reqs.append(req)
-            cost += plan_cost(plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh,
-                                           self.state[v][1], req))
+            cost += _comm_cost(plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh,
+                                            self.state[v][1], req))
         outs = []
-        work = 0
         for j, r in enumerate(op.results):
             dims = unproject(rule.results[j], fa, rule.sizes, self.mesh)
             partial = self.mesh.order(set(kept) | set(reduced))
             out = Sharding(dims, partial, frozenset(), red_op if reduced else "sum")
             outs.append(out)
             want = self.target(r).closed().with_partial(())
-            cost += plan_cost(plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want))
-            local = out.local_shape(r.type.shape, self.mesh)
-            n = 1
-            for x in local:
-                n *= x
-            work += n
-        return (cost, work), fa, reqs, outs
+            cost += _comm_cost(plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want))
+        work = _local_work(opdef, rule, fa, outs, op, self.mesh)
+        return (cost + work / FLOPS_PER_BYTE, work), fa, reqs, outs
 
     def execute(self, op: Op, rule: FactorRule, fa, reqs, outs) -> None:
         opdef = registry.get(op.kind)
@@ -373,6 +373,27 @@ class Partitioner:
         for r, lr, o, shape in zip(op.results, results, outs, shapes):
             assert lr.type.shape == tuple(shape), (op.kind, lr.type, shape)
             self.state[r] = (lr, o)
+
+
+def _comm_cost(steps) -> float:
+    return plan_cost(steps) + LATENCY_BYTES * sum(s.is_collective for s in steps)
+
+
+def _local_work(opdef, rule: FactorRule, fa, outs, op, mesh: Mesh) -> int:
+    """FLOPs of the local op: contractions 2 x the product of their local factor sizes,
+    everything else one per local result element."""
+    if opdef.family == "contract":
+        n = 2
+        for f, size in enumerate(rule.sizes):
+            n *= -(-size // mesh.group_size(fa.get(f, ())))
+        return n
+    total = 0
+    for o, r in zip(outs, op.results):
+        n = 1
+        for x in o.local_shape(r.type.shape, mesh):
+            n *= x
+        total += n
+    return total
 
 
 def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
