@@ -22,7 +22,7 @@ _TERMINALS = {
     "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "STRING": "a string",
     "LSQB": "'['", "RSQB": "']'", "LPAR": "'('", "RPAR": "')'", "LBRACE": "'{'", "RBRACE": "'}'",
     "COMMA": "','", "COLON": "':'", "EQUAL": "'='", "SEMICOLON": "';'", "MINUS": "'-'",
-    "QMARK": "'?'", "__ANON_0": "'->'", "BODY_LBRACE": "'{'", "COMP_OP": "a comparison", "ADD_OP": "'+' or '-'",
+    "QMARK": "'?'", "__ANON_0": "'->'", "BODY_LBRACE": "'{'", "COMP_OP": "a comparison", "PLUS": "'+'",
     "MUL_OP": "'*', '/' or '@'", "$END": "end of file", "MORETHAN": "'>'",
 }
 
@@ -94,7 +94,7 @@ def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
     line, col = max(e.line, 1), max(e.column, 1)
     if isinstance(e, UnexpectedCharacters):
         ch = source.text.splitlines()[line - 1][col - 1] if line <= len(source.text.splitlines()) else "?"
-        msg = f"unexpected character '{ch}'"
+        msg = f"unexpected character '{ch}'" if ch.isprintable() else f"unexpected character U+{ord(ch):04X}"
         if ch == '"':
             msg = "unterminated string"
         return SpmdError(msg, Span(source, line, col, line, col + 1))
@@ -244,7 +244,7 @@ class _ToAst(Transformer):
         return A.BinOp(_tok_span(self.source, op), str(op), left, right)
 
     def negate(self, meta, children):
-        (x,) = children
+        _minus, x = children
         return A.Neg(self.sp(meta), x)
 
     def pow(self, meta, children):
