@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import zipfile
 
 import numpy as np
@@ -49,6 +50,12 @@ def check_inputs(prog: Program, inputs: dict, origin: str = "inputs") -> dict[st
 def load_npz(path: str) -> dict[str, np.ndarray]:
     """Read an .npz; unreadable files are user errors located at the file."""
     try:
+        if not os.path.exists(path):
+            raise FileNotFoundError(path)
+        if os.path.isdir(path):
+            raise ValueError(f"'{path}' is a directory")
+        if not zipfile.is_zipfile(path):  # np.load would guess a format and blame pickles
+            raise ValueError("not an .npz archive (write one with numpy.savez)")
         with np.load(path, allow_pickle=False) as data:
             if not hasattr(data, "files"):
                 raise ValueError("not an .npz archive")

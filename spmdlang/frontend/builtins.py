@@ -16,7 +16,7 @@ from ..ir.core import Value
 from ..ir.types import TensorType
 from ..ops.contract import conv_output_size
 from . import ast as A
-from .lower import Dtype, Lowerer, StaticType, describe, did_you_mean
+from .lower import Dtype, Lowerer, StaticType, describe, did_you_mean, scalar_value
 
 _REQUIRED = object()
 
@@ -36,9 +36,9 @@ def builtin(name: str, *params: str, doc: str = ""):
     """Declare a builtin. Params are "name:kind" or "name:kind=default" (default as text)."""
     parsed = []
     for p in params:
-        head, _, default = p.partition("=")
+        head, has_default, default = p.partition("=")
         pname, _, kind = head.partition(":")
-        parsed.append((pname, kind, _parse_default(default) if _ else _REQUIRED))
+        parsed.append((pname, kind, _parse_default(default) if has_default else _REQUIRED))
 
     def register(fn):
         BUILTINS[name] = Builtin(name, tuple(parsed), fn, doc)
@@ -523,15 +523,7 @@ def _pad(ctx, span, args):
         raise SpmdError(f"pad: {len(w)} [lo, hi] pair(s) for {x.type} of rank {x.type.rank}", args.span("widths"))
     if any(q < 0 for p in w for q in p):
         raise SpmdError("pad: padding must be non-negative", args.span("widths"))
-    value = args["value"]
-    if isinstance(value, float) and not T.is_float(x.type.dtype):
-        if value != int(value):
-            raise SpmdError(f"pad: value {value} does not fit {x.type.dtype}", args.span("value"))
-        value = int(value)
-    if x.type.dtype == "bool":
-        value = bool(value)
-    elif T.is_float(x.type.dtype):
-        value = float(value)
+    value = scalar_value(args["value"], x.type.dtype, args.span("value"), "pad: value ")
     if all(p == [0, 0] for p in w):
         return x
     return ctx.b.emit("pad", x, span=span, lo=tuple(p[0] for p in w), hi=tuple(p[1] for p in w), value=value)
@@ -607,14 +599,7 @@ def _filled(value):
     def lower(ctx, span, args):
         t: TensorType = args["type"]
         v = args.values.get("value", value)
-        if t.dtype == "bool":
-            v = bool(v)
-        elif T.is_float(t.dtype):
-            v = float(v)
-        else:
-            if isinstance(v, float) and v != int(v):
-                raise SpmdError(f"full: {v} does not fit {t.dtype}", args.span("value"))
-            v = int(v)
+        v = scalar_value(v, t.dtype, args.span("value"), "full: ")
         return ctx.b.emit("full", span=span, dtype=t.dtype, shape=t.shape, value=v)
 
     return lower

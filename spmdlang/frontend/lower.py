@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import Source, Span, SpmdError
 from ..ir import types as T
 from ..ir.builder import Builder
@@ -18,6 +20,11 @@ from ..ir.core import Op, Param, Program, Result, Value
 from ..ir.types import TensorType
 from ..partition.mesh import Mesh, Sharding
 from . import ast as A
+
+# Unrolling and inlining happen at compile time; past these a program is a mistake, not a workload.
+MAX_UNROLLED = 100_000
+MAX_OPS = 200_000
+MAX_DEVICES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,30 @@ def _check_static_int(value, span, what="value") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpmdError(f"{what} must be a static integer, got {describe(value)}", span)
     return value
+
+
+def scalar_value(v, dtype: str, span, what="") -> bool | int | float:
+    """A static number as a Python value of `dtype`; integers must fit it (numpy would overflow at
+    run time), floats must be integral for an int dtype."""
+    if dtype == "bool":
+        return bool(v)
+    if T.is_float(dtype):
+        try:
+            return float(v)
+        except OverflowError:
+            raise SpmdError(f"{what}the integer {_short(v)} is too large for {dtype}", span) from None
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")) or v != int(v):
+            raise SpmdError(f"{what}{v} is not an integer and cannot be a {dtype} value", span)
+    info = np.iinfo(T.np_dtype(dtype))
+    if not info.min <= int(v) <= info.max:
+        raise SpmdError(f"{what}{_short(int(v))} does not fit {dtype} (range {info.min}..{info.max})", span)
+    return int(v)
+
+
+def _short(n: int) -> str:
+    text = str(n)
+    return text if len(text) <= 24 else f"{text[:3]}...({len(text)} digits)"
 
 
 def describe(value) -> str:
@@ -83,6 +114,7 @@ class Lowerer:
         self.b = Builder()
         self.names: dict[Value, str] = {}
         self.stack: list[str] = []
+        self.unrolled = 0  # loop iterations unrolled so far, against MAX_UNROLLED
 
     # ------------------------------------------------------------------ module level
 
@@ -150,6 +182,8 @@ class Lowerer:
         n = 1
         for s in axes.values():
             n *= s
+        if n > MAX_DEVICES:
+            raise SpmdError(f"the mesh has {n} devices; at most {MAX_DEVICES} are supported", decl.span)
         devices = None
         if decl.devices is not None:
             devices = [_check_static_int(self.static(d, {}), d.span, "device id") for d in decl.devices]
@@ -276,6 +310,8 @@ class Lowerer:
     def statements(self, stmts, env, named):
         """Lower statements; returns (return node, [(expr, value)]) at a return, else None."""
         for k, s in enumerate(stmts):
+            if len(self.b.ops) > MAX_OPS:
+                raise SpmdError(f"the program unrolls and inlines to more than {MAX_OPS} operations", s.span)
             if isinstance(s, A.Assign):
                 v = self.expr(s.value, env)
                 if isinstance(v, tuple) and len(v) > 0 and all(isinstance(x, Value) for x in v):
@@ -316,9 +352,13 @@ class Lowerer:
         args = [_check_static_int(self.static(a, env), a.span, "range() argument") for a in s.range_args]
         if len(args) > 3:
             raise SpmdError("range() takes 1 to 3 arguments", s.span)
-        r = range(*args)
         if len(args) == 3 and args[2] == 0:
             raise SpmdError("range() step must not be zero", s.range_args[2].span)
+        r = range(*args)
+        self.unrolled += len(r)
+        if self.unrolled > MAX_UNROLLED:
+            raise SpmdError(f"for loops unroll to more than {MAX_UNROLLED} iterations in all "
+                            f"(this one has {len(r)}); loops are unrolled at compile time", s.span)
         for i in r:
             env[s.var] = i
             ret = self.statements(s.body, env, named)
@@ -569,8 +609,7 @@ class Lowerer:
             raise SpmdError(f"expected a tensor, got {describe(v)}", span)
         if dt == "bool" and not isinstance(v, bool):
             raise SpmdError(f"{v} is not a bool; use true or false", span)
-        v = bool(v) if dt == "bool" else float(v) if T.is_float(dt) else int(v)
-        return self.b.emit("full", span=span, dtype=dt, shape=(), value=v)
+        return self.b.emit("full", span=span, dtype=dt, shape=(), value=scalar_value(v, dt, span))
 
     def cast(self, v: Value, dtype: str, span) -> Value:
         return v if v.type.dtype == dtype else self.b.emit("cast", v, span=span, dtype=dtype)

@@ -13,6 +13,9 @@ from .registry import check, register
 # ---------------------------------------------------------------------------------- einsum
 
 
+_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")  # what numpy and jax accept
+
+
 def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
     """Validate an explicit-output einsum spec against operand ranks; ShapeError if malformed."""
     check("->" in spec, f'einsum spec "{spec}" needs an explicit output ("->")')
@@ -21,11 +24,11 @@ def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
     ins = ins.split(",")
     check(len(ins) == len(ranks), f'einsum spec "{spec}" names {len(ins)} operand(s), got {len(ranks)}')
     for letters, rank in zip(ins, ranks):
-        check(all(c.isalpha() for c in letters), f'einsum spec "{spec}": indices must be letters')
+        check(all(c in _LETTERS for c in letters), f'einsum spec "{spec}": indices must be letters a-z, A-Z')
         check(len(letters) == rank, f'einsum spec "{spec}": "{letters}" has {len(letters)} indices '
               f"but the operand has rank {rank}")
         check(len(set(letters)) == len(letters), f'einsum spec "{spec}": index repeated within "{letters}"')
-    check(all(c.isalpha() for c in out) and len(set(out)) == len(out),
+    check(all(c in _LETTERS for c in out) and len(set(out)) == len(out),
           f'einsum spec "{spec}": output indices must be distinct letters')
     check(set(out) <= set("".join(ins)), f'einsum spec "{spec}": output index not in any operand')
     return ins, out
