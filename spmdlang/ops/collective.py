@@ -86,6 +86,13 @@ register("all_gather", infer=_all_gather_infer, numpy=None, local_only=True, sim
 _REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
 
 
+def _widened(x: np.ndarray) -> np.ndarray:
+    """Half floats (f16, and bf16, whose numpy dtype kind is 'V') combine in f32, as the reference
+    accumulates them; everything else as is."""
+    narrow = x.dtype.itemsize < 4 and (x.dtype.kind == "f" or x.dtype.name == "bfloat16")
+    return x.astype(np.float32) if narrow else x
+
+
 def _sim_all_reduce(arrays, attrs, mesh):
     """Variadic: one all_reduce may carry several operands (a combined collective)."""
     fn = _REDUCERS[attrs["reduce"]]
@@ -94,8 +101,7 @@ def _sim_all_reduce(arrays, attrs, mesh):
         out = [None] * mesh.size
         for g in groups(mesh, attrs["axes"]):
             stacked = np.stack([xs[p] for p in g])
-            wide = stacked.dtype.kind == "f" and stacked.dtype.itemsize < 4
-            r = np.asarray(fn(stacked.astype(np.float32) if wide else stacked, axis=0)).astype(xs[g[0]].dtype)
+            r = np.asarray(fn(_widened(stacked), axis=0)).astype(xs[g[0]].dtype)
             for p in g:
                 out[p] = r
         results.append(out)
@@ -132,8 +138,7 @@ def _sim_reduce_scatter(arrays, attrs, mesh):
     dim = attrs["dim"]
     for g in groups(mesh, attrs["axes"]):
         stacked = np.stack([xs[p] for p in g])
-        total = np.sum(stacked.astype(np.float32) if stacked.dtype.kind == "f" and stacked.dtype.itemsize < 4
-                       else stacked, axis=0).astype(xs[g[0]].dtype)
+        total = np.sum(_widened(stacked), axis=0).astype(xs[g[0]].dtype)
         parts = np.split(total, len(g), axis=dim)
         for i, p in enumerate(g):
             out[p] = parts[i]

@@ -18,7 +18,8 @@ Reduce-scatters and slices come first (they shrink the data), then all_reduces o
 scattered, then moves and gathers. Uneven splits nest only when m * ceil(n/(k*m)) == ceil(n/k)
 (or the coarse layout is whole); where they do not, the dim is gathered whole and sliced afresh.
 Where both layouts have the same shard count on every dim, one collective_permute is an option;
-the cheaper plan (bytes, then steps) wins.
+so is the fallback "settle sums in place, gather whole what does not nest, slice", which bounds
+every plan by the bytes of gathering everything; the cheapest plan (bytes, then steps) wins.
 """
 
 from __future__ import annotations
@@ -130,7 +131,16 @@ class _Planner:
                 run.append(a)
             if not run:
                 continue
+            late = self._late_sums(d)
+            if late:
+                # scattering and slicing in turns would not nest (uneven shards): settle the sums
+                # first; a reduce_scatter then all_gather costs as much as the all_reduce anyway
+                return self.all_reduce(late)
             if not nests(self.shape[d], self.shards(cur), self.shards(run)):
+                if kind == "reduce_scatter":
+                    # the scattered layout does not sit inside the current one: settle the sum in
+                    # place (gathering would bring us back here, a loop), then slice like any axis
+                    return self.all_reduce(run)
                 if not cur:
                     raise AssertionError("a whole dim always nests")
                 self.gather_whole(d)
@@ -143,6 +153,26 @@ class _Planner:
             self.record(kind, run, before, k, size, d)
             return True
         return False
+
+    def _late_sums(self, d) -> list[str]:
+        """Pending-sum axes wanted on dim d, if the runs (scatters, slices) that would append them
+        do not all nest one inside the other: summing them in place first leaves one slice."""
+        cur, want = self.cur[d], self.dst.dims[d]
+        rest = []
+        for a in want[len(cur):]:
+            if self.used_elsewhere(a, d):
+                break
+            rest.append(a)
+        sums = {a for a in rest if a in self.resolve and self.op == "sum"}
+        i = 0
+        while sums and i < len(rest):
+            j = i
+            while j < len(rest) and (rest[j] in sums) == (rest[i] in sums):
+                j += 1
+            if not nests(self.shape[d], self.shards(want[: len(cur) + i]), self.shards(rest[i:j])):
+                return [a for a in rest if a in sums]
+            i = j
+        return []
 
     def all_reduce(self, axes) -> bool:
         if not axes:
@@ -236,6 +266,26 @@ def _permute_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> 
                  step_bytes("collective_permute", mesh.group_size(axes), size))]
 
 
+def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step]:
+    """The fallback: settle pending sums where they lie, gather whole every dim whose axes are not
+    a nesting prefix of the wanted ones, slice. Never more bytes than gathering everything, which
+    the greedy planner can exceed when uneven shards stop a move or a scatter from nesting."""
+    p = _Planner(shape, itemsize, mesh, src, dst)
+    p.all_reduce(list(p.resolve))
+    for d, want in enumerate(dst.dims):
+        cur = p.cur[d]
+        if cur and (tuple(cur) != tuple(want[: len(cur)])
+                    or not nests(p.shape[d], p.shards(cur), p.shards(want[len(cur):]))):
+            p.gather_whole(d)
+    for d, want in enumerate(dst.dims):
+        run = list(want[len(p.cur[d]):])
+        if run:
+            before = p.layout()
+            p.cur[d] = p.cur[d] + run
+            p.record("shard_slice", run, before, mesh.group_size(run), 0, d)
+    return p.steps
+
+
 def _drop_trivial(s: Sharding, mesh: Mesh) -> Sharding:
     """Axes of size 1 split nothing and sum nothing: layouts that differ only in them are one."""
     keep = lambda axes: tuple(a for a in axes if mesh.axis_size(a) > 1)  # noqa: E731
@@ -250,7 +300,7 @@ def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding)
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
     if src.dims == dst.dims and set(src.partial) == set(dst.partial):
         return []
-    plans = [_Planner(shape, itemsize, mesh, src, dst).run()]
+    plans = [_Planner(shape, itemsize, mesh, src, dst).run(), _gather_plan(shape, itemsize, mesh, src, dst)]
     p = _permute_plan(shape, itemsize, mesh, src, dst)
     if p is not None:
         plans.append(p)

@@ -1,0 +1,642 @@
+"""Random spmdlang programs for differential tests: a chain of ops drawn from the op table.
+
+`Generator(chooser).program()` returns the .spmd source text of one program: a mesh of 1-3 axes
+(sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
+drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
+contracting dims, reductions, arg-reductions, softmax/logsumexp, layout ops, slicing, concat, pad,
+roll, take, one_hot, iota, where, cast) and random `shard()` constraints, open `?` dims included.
+Dims are mostly small primes so uneven sharding is the common case.
+
+The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
+`random.Random` (`RandomChooser`, for long standalone sweeps). Every generated program must
+compile: a SpmdError from one is a bug in this generator or in the frontend.
+
+Exactness: a value is "exact" when the sharded computation gives bit-identical results to the
+reference (no float sum whose order depends on the sharding). Only exact values feed ops that turn
+floats into discrete answers (comparisons, argmax, casts to ints, floor), so a legitimate rounding
+difference can never flip an integer result and fail a test spuriously.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from math import prod
+
+# Patterns the generator avoids because of open bugs, each reproduced by an xfail test in
+# tests/test_plans.py (named here). Delete an entry when its bug is fixed.
+KNOWN_BUGS = {
+    # roll whose operand is whole on the rolled dim but whose result is split there is computed as
+    # a shift: the wrapped-around elements come out as zeros
+    "roll": "test_xfail_roll_of_whole_operand_into_split_result",
+    # bf16 einsum: the numpy implementation does not widen bfloat16 (dtype kind 'V'), c_einsum raises
+    "bf16_einsum": "test_xfail_bf16_einsum_ref",
+    # bf16 sums accumulate in bf16 in the reference (numpy kind 'V' is not widened): a sum of 1024
+    # ones is 256, and the sharded sum (partial sums, then an f32 all_reduce) differs from it
+    "bf16_sum": "test_xfail_bf16_sum_accumulates_in_f32",
+    # take giving a scalar from a split table: broadcast_in_dim to rank 0 returns shape (1,)
+    "scalar_take": "test_xfail_scalar_take_from_split_table",
+}
+
+AXIS_NAMES = ("p", "q", "r")
+DIMS = (3, 5, 7, 3, 5, 7, 2, 4, 6, 1, 8)  # weighted towards odd/prime sizes
+MAX_ELEMS = 2048
+MAX_RANK = 4
+
+
+class RandomChooser:
+    def __init__(self, seed: int):
+        self.r = random.Random(seed)
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.r.randint(lo, hi)
+
+    def choice(self, seq):
+        return seq[self.r.randrange(len(seq))]
+
+    def chance(self, p: float) -> bool:
+        return self.r.random() < p
+
+    def perm(self, items):
+        items = list(items)
+        self.r.shuffle(items)
+        return items
+
+
+class HypothesisChooser:
+    """Draws through hypothesis, so failing programs shrink to small ones."""
+
+    def __init__(self, draw):
+        from hypothesis import strategies as st
+
+        self.draw, self.st = draw, st
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.draw(self.st.integers(lo, hi))
+
+    def choice(self, seq):
+        return seq[self.int(0, len(seq) - 1)]
+
+    def chance(self, p: float) -> bool:
+        # integers shrink towards 0: "False" is the simpler program
+        return self.int(0, 999) >= 1000 * (1 - p)
+
+    def perm(self, items):
+        items = list(items)
+        out = []
+        while items:
+            out.append(items.pop(self.int(0, len(items) - 1)))
+        return out
+
+
+@dataclass(frozen=True)
+class Val:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # f32 bf16 i32 bool
+    exact: bool = True
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in ("f32", "bf16")
+
+    @property
+    def numeric(self) -> bool:
+        return self.dtype != "bool"
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+
+def _ty(dtype, shape) -> str:
+    return f"{dtype}[{', '.join(map(str, shape))}]"
+
+
+def _broadcast(a, b):
+    out = []
+    for x, y in zip(((1,) * (len(b) - len(a)) + tuple(a)), ((1,) * (len(a) - len(b)) + tuple(b))):
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(max(x, y))
+    return tuple(out)
+
+
+class Generator:
+    def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=()):
+        self.ch = ch
+        self.exclude = frozenset(exclude)
+        self.max_devices, self.min_ops, self.max_ops = max_devices, min_ops, max_ops
+        self.params: list[tuple[Val, str | None]] = []
+        self.lines: list[str] = []
+        self.pool: list[Val] = []
+        self.counter = 0
+        self.uses_bf16 = False
+
+    # ------------------------------------------------------------------ basics
+
+    def mesh(self) -> str:
+        n = self.ch.int(1, 3)
+        sizes = []
+        for _ in range(n):
+            room = self.max_devices // max(1, prod(sizes))
+            sizes.append(self.ch.int(1, max(1, min(4, room))))
+        self.axes = dict(zip(AXIS_NAMES, sizes))
+        text = "mesh [" + ", ".join(f"{a}={s}" for a, s in self.axes.items()) + "]"
+        total = prod(sizes)
+        if total > 1 and self.ch.chance(0.3):
+            text += " devices [" + ", ".join(map(str, self.ch.perm(range(total)))) + "]"
+        return text
+
+    def dim(self) -> int:
+        return self.ch.choice(DIMS)
+
+    def shape(self, rank=None) -> tuple[int, ...]:
+        rank = self.ch.int(1, 3) if rank is None else rank
+        return tuple(self.dim() for _ in range(rank))
+
+    def spec(self, rank: int, open_ok: bool = False) -> str:
+        """A random valid sharding spec: each axis used at most once, tuples for several axes."""
+        free = list(self.axes)
+        parts = []
+        for _ in range(rank):
+            r = self.ch.int(0, 9)
+            if open_ok and r == 9:
+                parts.append("?")
+                continue
+            k = 0 if r < 4 or not free else (1 if r < 8 or len(free) < 2 else 2)
+            chosen = []
+            for _ in range(k):
+                chosen.append(free.pop(self.ch.int(0, len(free) - 1)))
+            text = chosen[0] if len(chosen) == 1 else "(" + ", ".join(chosen) + ")"
+            parts.append(text if chosen else "_")
+        return "{" + ", ".join(parts) + "}"
+
+    def fresh_name(self) -> str:
+        self.counter += 1
+        return f"v{self.counter}"
+
+    def param(self, shape, dtype="f32", spec="random") -> Val:
+        v = Val(f"in{len(self.params)}", tuple(shape), dtype)
+        if spec == "random":
+            spec = self.spec(len(shape)) if shape and self.ch.chance(0.75) else None
+        self.params.append((v, spec))
+        if dtype == "bf16":
+            self.uses_bf16 = True
+        return v
+
+    def assign(self, expr: str, shape, dtype: str, exact: bool) -> Val:
+        v = Val(self.fresh_name(), tuple(shape), dtype, exact)
+        self.lines.append(f"  {v.name} = {expr}")
+        self.pool.append(v)
+        return v
+
+    def pick(self, pred=lambda v: True) -> Val | None:
+        """The latest value (a chain) most of the time, else any value that fits."""
+        fits = [v for v in self.pool if pred(v)]
+        if not fits:
+            return None
+        if self.ch.chance(0.6):
+            return fits[-1]
+        return self.ch.choice(fits)
+
+    def small(self, shape) -> bool:
+        return prod(shape) <= MAX_ELEMS and len(shape) <= MAX_RANK
+
+    # ------------------------------------------------------------------ ops
+
+    def op_unary(self):
+        v = self.pick()
+        if v.dtype == "bool":
+            return self.assign(f"logical_not({v.name})", v.shape, "bool", v.exact)
+        if v.dtype == "i32":
+            fn = self.ch.choice(["neg", "abs", "sign"])
+            return self.assign(f"{fn}({v.name})", v.shape, "i32", v.exact)
+        forms = ["neg({})", "abs({})", "tanh({})", "sigmoid({})", "relu({})", "gelu({})", "sin({})",
+                 "cos({})",
+                 "exp(tanh({}))", "log(abs({}) + 1.0)", "sqrt(abs({}))", "rsqrt(abs({}) + 1.0)", "-{}"]
+        if v.exact:
+            forms += ["floor({} * 2.0)", "ceil({})", "sign({})"]
+        form = self.ch.choice(forms)
+        return self.assign(form.format(v.name), v.shape, v.dtype, v.exact)
+
+    def other_operand(self, a: Val) -> tuple[str, tuple[int, ...], bool] | None:
+        """Something to combine with `a` elementwise: a scalar, a pool value, or a fresh parameter."""
+        r = self.ch.int(0, 9)
+        if r < 2:
+            lits = ["2", "3", "1"] if a.dtype == "i32" else ["2.0", "0.5", "-1.5", "3"]
+            lit = self.ch.choice(lits)
+            return lit, a.shape, True
+        if r < 5:
+            fits = [v for v in self.pool if v.dtype == a.dtype and _broadcast(a.shape, v.shape) is not None
+                    and self.small(_broadcast(a.shape, v.shape))]
+            if fits:
+                b = self.ch.choice(fits)
+                return b.name, _broadcast(a.shape, b.shape), b.exact
+        if r == 9 and a.shape:
+            return f"zeros({_ty(a.dtype, a.shape)}) + 1", a.shape, True
+        # a fresh parameter: a suffix of a's shape with some dims 1, or extra leading dims
+        shape = list(a.shape[self.ch.int(0, len(a.shape)):]) if a.shape else []
+        shape = [1 if self.ch.chance(0.2) else n for n in shape]
+        if self.ch.chance(0.2) and len(a.shape) < MAX_RANK:
+            shape = [self.dim()] + ([n for n in a.shape] if self.ch.chance(0.5) else shape)
+        out = _broadcast(a.shape, tuple(shape))
+        if out is None or not self.small(out):
+            return None
+        b = self.param(shape, a.dtype)
+        return b.name, out, True
+
+    def op_binary(self):
+        a = self.pick(lambda v: v.numeric)
+        if a is None:
+            return None
+        other = self.other_operand(a)
+        if other is None:
+            return None
+        b, shape, exact = other
+        literal = b[0].isdigit() or b[0] == "-"
+        if a.dtype == "i32":
+            form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})"])
+        else:
+            form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})",
+                                   "{} * {} + 1.0"] + ([] if literal else ["{} / (abs({}) + 1.0)"]))
+        if self.ch.chance(0.3):
+            x, y = form.format(b, a.name), shape  # operands swapped: scalar on the left too
+            return self.assign(x, y, a.dtype, a.exact and exact)
+        return self.assign(form.format(a.name, b), shape, a.dtype, a.exact and exact)
+
+    def op_compare_where(self):
+        a = self.pick(lambda v: v.numeric and v.exact)
+        if a is None:
+            return None
+        zero = "0" if a.dtype == "i32" else "0.0"
+        cmp = self.ch.choice([">", "<", ">=", "<=", "==", "!="])
+        other = self.ch.choice([zero, "1" if a.dtype == "i32" else "0.5"])
+        cond = f"{a.name} {cmp} {other}"
+        bools = [v for v in self.pool if v.dtype == "bool" and v.exact]
+        if bools and self.ch.chance(0.3):
+            a = self.ch.choice(bools)
+            cond = a.name
+        if self.ch.chance(0.3):
+            return self.assign(cond, a.shape, "bool", True)
+        x = self.pick(lambda v: v.numeric and _broadcast(v.shape, a.shape) is not None
+                      and self.small(_broadcast(v.shape, a.shape)))
+        if x is None:
+            return None
+        fill = "0" if x.dtype == "i32" else self.ch.choice(["0.0", "-1.0"])
+        shape = _broadcast(x.shape, a.shape)
+        y = self.ch.choice([fill, x.name])
+        args = (x.name, y) if self.ch.chance(0.5) else (y, x.name)
+        return self.assign(f"where({cond}, {args[0]}, {args[1]})", shape, x.dtype, x.exact)
+
+    def contractible(self, v: Val) -> bool:
+        return v.dtype == "f32" or v.dtype == "bf16" and "bf16_einsum" not in KNOWN_BUGS
+
+    def op_matmul(self):
+        a = self.pick(lambda v: self.contractible(v) and v.shape and len(v.shape) <= 3)
+        if a is None:
+            return None
+        k = a.shape[-1]
+        n = self.dim()
+        r = self.ch.int(0, 3)
+        if r == 0 and len(a.shape) >= 2:  # batched: w carries a's batch dims
+            w = self.param(a.shape[:-2] + (k, n), a.dtype)
+            shape = a.shape[:-1] + (n,)
+        elif r == 1 and len(a.shape) >= 2:  # w on the left
+            m = self.dim()
+            w = self.param((m, a.shape[-2]), a.dtype)
+            return self.assign(f"{w.name} @ {a.name}", a.shape[:-2] + (m, a.shape[-1]), a.dtype, False)
+        else:
+            w = self.param((k, n), a.dtype)
+            shape = a.shape[:-1] + (n,)
+        if not self.small(shape):
+            return None
+        return self.assign(f"{a.name} @ {w.name}", shape, a.dtype, False)
+
+    def op_einsum(self):
+        a = self.pick(lambda v: self.contractible(v) and v.shape)
+        if a is None:
+            return None
+        letters = "abcdefgh"[: len(a.shape)]
+        roles = [self.ch.choice(["batch", "contract", "free", "free"]) for _ in letters]
+        if self.ch.chance(0.2):  # one-operand einsum: transpose and/or sum out dims
+            keep = [c for c, r in zip(letters, roles) if r != "contract"]
+            out = "".join(self.ch.perm(keep))
+            shape = tuple(a.shape[letters.index(c)] for c in out)
+            exact = a.exact and len(out) == len(letters)
+            return self.assign(f'einsum("{letters}->{out}", {a.name})', shape, a.dtype, exact)
+        new = [c for c in "stuvw"[: self.ch.int(0, 2)]]
+        size = {c: n for c, n in zip(letters, a.shape)}
+        size.update({c: self.dim() for c in new})
+        w_letters = [c for c, r in zip(letters, roles) if r in ("batch", "contract")] + new
+        w_letters = self.ch.perm(w_letters)
+        out = [c for c, r in zip(letters, roles) if r in ("batch", "free")] + new
+        out = "".join(self.ch.perm(out))
+        shape = tuple(size[c] for c in out)
+        if not self.small(shape) or len(w_letters) > MAX_RANK:
+            return None
+        w = self.param(tuple(size[c] for c in w_letters), a.dtype)
+        ops = [f"{letters}", "".join(w_letters)]
+        args = [a.name, w.name]
+        if self.ch.chance(0.3):
+            ops.reverse()
+            args.reverse()
+        return self.assign(f'einsum("{ops[0]},{ops[1]}->{out}", {args[0]}, {args[1]})', shape, a.dtype, False)
+
+    def axes_arg(self, rank: int) -> tuple[str, tuple[int, ...]]:
+        """An axis argument: an int (maybe negative), a list, or None (all)."""
+        if self.ch.chance(0.15):
+            return "", tuple(range(rank))
+        axes = sorted({self.ch.int(0, rank - 1) for _ in range(self.ch.int(1, rank))})
+        show = [a - rank if self.ch.chance(0.25) else a for a in axes]
+        if len(axes) == 1 and self.ch.chance(0.5):
+            return f", axis={show[0]}", tuple(axes)
+        return f", axis=[{', '.join(map(str, show))}]", tuple(axes)
+
+    def summable(self, v: Val) -> bool:
+        return v.numeric and bool(v.shape) and (v.dtype != "bf16" or "bf16_sum" not in KNOWN_BUGS)
+
+    def op_reduce(self):
+        a = self.pick(self.summable)
+        if a is None:
+            return None
+        kind = self.ch.choice(["sum", "max", "min", "mean", "prod"])
+        arg, axes = self.axes_arg(len(a.shape))
+        keep = self.ch.chance(0.3)
+        shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape)) if keep else \
+            tuple(n for i, n in enumerate(a.shape) if i not in axes)
+        dtype = "f32" if kind == "mean" and a.dtype == "i32" else a.dtype
+        exact = a.exact and (kind in ("max", "min") or a.dtype == "i32" and kind != "mean")
+        if kind == "prod" and a.is_float:  # keep products near 1: they lose no precision then
+            src = f"(1.0 + 0.1 * tanh({a.name}))"
+        else:
+            src = a.name
+        return self.assign(f"{kind}({src}{arg}{', keepdims=true' if keep else ''})", shape, dtype, exact)
+
+    def op_arg(self):
+        a = self.pick(lambda v: v.numeric and v.exact and v.shape)
+        if a is None:
+            return None
+        kind = self.ch.choice(["argmax", "argmin"])
+        if self.ch.chance(0.15):
+            return self.assign(f"{kind}({a.name})", (), "i32", True)
+        ax = self.ch.int(0, len(a.shape) - 1)
+        shown = ax - len(a.shape) if self.ch.chance(0.3) else ax
+        keep = self.ch.chance(0.2)
+        shape = tuple(1 if i == ax else n for i, n in enumerate(a.shape)) if keep else \
+            tuple(n for i, n in enumerate(a.shape) if i != ax)
+        src = f"relu({a.name})" if a.is_float and self.ch.chance(0.3) else a.name  # ties: first index wins
+        keep_arg = ", keepdims=true" if keep else ""
+        return self.assign(f"{kind}({src}, axis={shown}{keep_arg})", shape, "i32", True)
+
+    def op_softmax(self):
+        a = self.pick(lambda v: v.is_float and self.summable(v))
+        if a is None:
+            return None
+        if self.ch.chance(0.5):
+            ax = self.ch.int(-len(a.shape), len(a.shape) - 1)
+            return self.assign(f"softmax({a.name}, axis={ax})", a.shape, a.dtype, False)
+        arg, axes = self.axes_arg(len(a.shape))
+        if not arg:
+            arg, axes = ", axis=-1", (len(a.shape) - 1,)
+        keep = self.ch.chance(0.3)
+        shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape)) if keep else \
+            tuple(n for i, n in enumerate(a.shape) if i not in axes)
+        keep_arg = ", keepdims=true" if keep else ""
+        return self.assign(f"logsumexp({a.name}{arg}{keep_arg})", shape, a.dtype, False)
+
+    def op_transpose(self):
+        a = self.pick(lambda v: len(v.shape) >= 2)
+        if a is None:
+            return None
+        if self.ch.chance(0.2):
+            return self.assign(f"transpose({a.name})", a.shape[::-1], a.dtype, a.exact)
+        perm = self.ch.perm(range(len(a.shape)))
+        return self.assign(f"transpose({a.name}, [{', '.join(map(str, perm))}])",
+                           tuple(a.shape[p] for p in perm), a.dtype, a.exact)
+
+    def op_reshape(self):
+        a = self.pick(lambda v: v.shape)
+        if a is None:
+            return None
+        shape = list(a.shape)
+        r = self.ch.int(0, 4)
+        if r <= 1 and len(shape) >= 2:  # merge adjacent dims
+            i = self.ch.int(0, len(shape) - 2)
+            shape[i:i + 2] = [shape[i] * shape[i + 1]]
+        elif r <= 3:  # split a dim into two factors
+            cands = [i for i, n in enumerate(shape) if n in (4, 6, 8, 9, 10, 12, 14, 15, 21, 35)]
+            if not cands or len(shape) >= MAX_RANK:
+                return None
+            i = self.ch.choice(cands)
+            n = shape[i]
+            f = self.ch.choice([d for d in range(2, n) if n % d == 0])
+            shape[i:i + 1] = [f, n // f]
+        else:
+            shape = [prod(shape)]
+        shown = list(shape)
+        if self.ch.chance(0.3):
+            shown[self.ch.int(0, len(shown) - 1)] = -1
+        return self.assign(f"reshape({a.name}, [{', '.join(map(str, shown))}])", shape, a.dtype, a.exact)
+
+    def op_broadcast(self):
+        a = self.pick(lambda v: len(v.shape) < MAX_RANK)
+        if a is None:
+            return None
+        ones = [i for i, n in enumerate(a.shape) if n == 1]
+        if ones and self.ch.chance(0.5):
+            shape = list(a.shape)
+            shape[self.ch.choice(ones)] = self.dim()
+        else:
+            shape = [self.dim()] + list(a.shape)
+        if not self.small(shape):
+            return None
+        return self.assign(f"broadcast_to({a.name}, [{', '.join(map(str, shape))}])", shape, a.dtype, a.exact)
+
+    def op_expand_squeeze(self):
+        ones_vals = [v for v in self.pool if 1 in v.shape]
+        if ones_vals and self.ch.chance(0.5):
+            a = self.ch.choice(ones_vals)
+            axes = [i for i, n in enumerate(a.shape) if n == 1]
+            ax = self.ch.choice(axes)
+            if self.ch.chance(0.3):
+                shape = tuple(n for n in a.shape if n != 1)
+                return self.assign(f"squeeze({a.name})", shape, a.dtype, a.exact)
+            shape = a.shape[:ax] + a.shape[ax + 1:]
+            return self.assign(f"squeeze({a.name}, axis={ax})", shape, a.dtype, a.exact)
+        a = self.pick(lambda v: len(v.shape) < MAX_RANK)
+        if a is None:
+            return None
+        ax = self.ch.int(0, len(a.shape))
+        shape = a.shape[:ax] + (1,) + a.shape[ax:]
+        return self.assign(f"expand_dims({a.name}, {ax})", shape, a.dtype, a.exact)
+
+    def op_slice(self):
+        a = self.pick(lambda v: v.shape)
+        if a is None:
+            return None
+        parts, shape = [], []
+        for n in a.shape:
+            r = self.ch.int(0, 6)
+            if r <= 2 or n == 1 and r != 6:
+                parts.append(":")
+                shape.append(n)
+            elif r == 6 and len(a.shape) > 1:  # an integer index drops the dim
+                i = self.ch.int(-n, n - 1)
+                parts.append(str(i))
+            else:
+                lo = self.ch.int(0, n - 1)
+                hi = self.ch.int(lo + 1, n)
+                step = self.ch.choice([1, 1, 2, 3])
+                text = f"{lo}:{hi}" if step == 1 else f"{lo}:{hi}:{step}"
+                if lo == 0 and self.ch.chance(0.3):
+                    text = text[1:]
+                parts.append(text)
+                shape.append(-(-(hi - lo) // step))
+        return self.assign(f"{a.name}[{', '.join(parts)}]", shape, a.dtype, a.exact)
+
+    def op_concat(self):
+        a = self.pick(lambda v: v.shape)
+        if a is None:
+            return None
+        ax = self.ch.int(0, len(a.shape) - 1)
+        r = self.ch.int(0, 2)
+        if r == 0:
+            b = a
+        else:
+            fits = [v for v in self.pool if v.dtype == a.dtype and len(v.shape) == len(a.shape)
+                    and all(x == y for i, (x, y) in enumerate(zip(v.shape, a.shape)) if i != ax)]
+            if r == 1 and len(fits) > 1:
+                b = self.ch.choice(fits)
+            else:
+                shape = list(a.shape)
+                shape[ax] = self.dim()
+                b = self.param(shape, a.dtype)
+        shape = list(a.shape)
+        shape[ax] += b.shape[ax]
+        if not self.small(shape):
+            return None
+        items = [a.name, b.name] if self.ch.chance(0.5) else [b.name, a.name]
+        shown = ax - len(shape) if self.ch.chance(0.3) else ax
+        return self.assign(f"concat([{', '.join(items)}], axis={shown})", shape, a.dtype, a.exact and b.exact)
+
+    def op_pad(self):
+        a = self.pick(lambda v: v.shape and v.numeric)
+        if a is None:
+            return None
+        side = lambda: self.ch.int(0, 3) if self.ch.chance(0.5) else 0  # noqa: E731
+        widths = [[side(), side()] for _ in a.shape]
+        if all(w == [0, 0] for w in widths):
+            widths[0][1] = 1
+        shape = [n + lo + hi for n, (lo, hi) in zip(a.shape, widths)]
+        if not self.small(shape):
+            return None
+        value = self.ch.choice(["", ", value=0", ", value=-2"]) if a.dtype == "i32" else \
+            self.ch.choice(["", ", value=1.5", ", value=-1.0"])
+        text = ", ".join(f"[{lo}, {hi}]" for lo, hi in widths)
+        return self.assign(f"pad({a.name}, [{text}]{value})", shape, a.dtype, a.exact)
+
+    def op_roll(self):
+        a = self.pick(lambda v: v.shape)
+        if a is None or "roll" in KNOWN_BUGS:
+            return None
+        ax = self.ch.int(0, len(a.shape) - 1)
+        shift = self.ch.int(-9, 9)
+        if self.ch.chance(0.15):
+            return self.assign(f"roll({a.name}, {shift})", a.shape, a.dtype, a.exact)
+        return self.assign(f"roll({a.name}, {shift}, {ax})", a.shape, a.dtype, a.exact)
+
+    def int_value(self) -> Val:
+        fits = [v for v in self.pool if v.dtype == "i32" and v.exact and len(v.shape) <= 2]
+        if fits and self.ch.chance(0.5):
+            return self.ch.choice(fits)
+        return self.param(self.shape(self.ch.int(0, 2)), "i32")
+
+    def op_take(self):
+        a = self.pick(lambda v: v.shape and v.dtype != "bool")
+        if a is None:
+            return None
+        ids = self.int_value()
+        ax = self.ch.int(0, len(a.shape) - 1)
+        shape = a.shape[:ax] + ids.shape + a.shape[ax + 1:]
+        if not shape and "scalar_take" in KNOWN_BUGS:
+            return None
+        if not self.small(shape):
+            return None
+        arg = "" if ax == 0 and self.ch.chance(0.5) else f", axis={ax}"
+        return self.assign(f"take({a.name}, {ids.name}{arg})", shape, a.dtype, a.exact)
+
+    def op_one_hot(self):
+        ids = self.int_value()
+        n = self.ch.choice([3, 5, 7, 8, 16])
+        shape = ids.shape + (n,)
+        if not self.small(shape) or len(shape) > MAX_RANK:
+            return None
+        dt = self.ch.choice(["", ", dtype=f32", ", dtype=i32"])
+        return self.assign(f"one_hot({ids.name}, {n}{dt})", shape, "i32" if "i32" in dt else "f32", True)
+
+    def op_iota(self):
+        a = self.pick(lambda v: v.shape and v.dtype in ("f32", "i32"))
+        if a is None:
+            return None
+        ax = self.ch.int(0, len(a.shape) - 1)
+        return self.assign(f"{a.name} + iota({_ty(a.dtype, a.shape)}, {ax})", a.shape, a.dtype, a.exact)
+
+    def op_cast(self):
+        a = self.pick()
+        if a.dtype == "f32":
+            if a.exact and self.ch.chance(0.4):
+                to = self.ch.choice(["i32", "bool"])
+                return self.assign(f"cast({a.name} * 3.0, {to})", a.shape, to, True)
+            self.uses_bf16 = True
+            return self.assign(f"cast({a.name}, bf16)", a.shape, "bf16", a.exact)
+        if a.dtype == "bf16":
+            return self.assign(f"cast({a.name}, f32)", a.shape, "f32", a.exact)
+        to = self.ch.choice(["f32", "i32"]) if a.dtype == "bool" else "f32"
+        return self.assign(f"cast({a.name}, {to})", a.shape, to, a.exact)
+
+    def op_shard(self):
+        a = self.pick(lambda v: v.shape)
+        if a is None:
+            return None
+        spec = self.spec(len(a.shape), open_ok=True)
+        return self.assign(f"shard({a.name}, {spec})", a.shape, a.dtype, a.exact)
+
+    OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
+           ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
+           ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
+           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4))
+
+    def step(self):
+        names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]
+        for _ in range(10):
+            out = getattr(self, "op_" + self.ch.choice(names))()
+            if out is not None:
+                return out
+        return self.op_unary()
+
+    # ------------------------------------------------------------------ the program
+
+    def program(self) -> str:
+        mesh = self.mesh()
+        first = self.param(self.shape(), self.ch.choice(["f32"] * 6 + ["i32", "bf16"]))
+        self.pool.append(first)
+        if self.ch.chance(0.3):
+            self.pool.append(self.param(self.shape(), "f32"))
+        for _ in range(self.ch.int(self.min_ops, self.max_ops)):
+            self.step()
+        # return the last value and maybe other values nothing used (so no op is dead code)
+        body = "\n".join(self.lines)
+        unused = [v for v in self.pool[:-1] if v.name.startswith("v")
+                  and not re.search(rf"\b{v.name}\b", body.split(f"{v.name} = ", 1)[1])]
+        results = [self.pool[-1]] + [v for v in unused if self.ch.chance(0.7)][:2]
+        outs = []
+        for v in results:
+            spec = f" {self.spec(len(v.shape))}" if v.shape and self.ch.chance(0.4) else ""
+            outs.append(f"{_ty(v.dtype, v.shape)}{spec}")
+        params = ", ".join(f"{v.name}: {_ty(v.dtype, v.shape)}" + (f" {s}" if s else "")
+                           for v, s in self.params)
+        ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
+        return (f"{mesh}\nfunc main({params}) -> {ret} {{\n{body}\n"
+                f"  return {', '.join(v.name for v in results)}\n}}\n")
