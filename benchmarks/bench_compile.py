@@ -5,7 +5,8 @@ Megatron tensor parallel over `model`, attention heads on `model`), on a mesh of
 ([data=8, model=1]) and one of 2048 ([data=32, model=64]), and times each stage: parse + lower,
 sharding propagation, SPMD partitioning (what `c.spmd` computes, per-partition passes included).
 Prints both, and the ratio 2048 / 8, which should be about 1; also the number of Python function
-calls of one compile on each mesh, a noise-free measure of the work done.
+calls of one compile on each mesh, a noise-free measure of the work done. A control row compiles on
+[data=2, model=4]: 8 devices with the 2048-device plan, so device count is the only difference.
 
     python benchmarks/bench_compile.py [--layers 8] [--repeat 5] [--json PATH] [--profile]
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import platform
@@ -31,6 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import spmdlang  # noqa: E402
 
 MESHES = {"8 devices": {"data": 8, "model": 1}, "2048 devices": {"data": 32, "model": 64}}
+# a control: 8 devices with the same tensor-parallel plan as 2048 (model > 1), so the difference
+# between it and 2048 is the number of devices alone, not the plan's extra collectives
+CONTROL = {"8 devices, tp": {"data": 2, "model": 4}}
 
 PROGRAM = """\
 mesh [data=2, model=4]
@@ -99,16 +104,26 @@ def compile_once(text: str, mesh: dict) -> dict:
             "collectives": len(spmd.ledger)}
 
 
-def measure(text: str, mesh: dict, repeat: int) -> dict:
-    runs = [compile_once(text, mesh) for _ in range(repeat)]
-    stages = ("lower_s", "propagate_s", "partition_s", "total_s")
-    out = {k: statistics.median(r[k] for r in runs) for k in stages}
-    out.update({k: runs[0][k] for k in ("global_ops", "local_ops", "collectives")})
-    out["mesh"] = mesh
-    out["devices"] = 1
-    for n in mesh.values():
-        out["devices"] *= n
-    return out
+def measure(text: str, meshes: dict, repeat: int) -> dict:
+    """Medians per mesh; the meshes take turns in every round and each compile starts after a
+    garbage collection, so load drift and heap growth do not favour the mesh measured first."""
+    runs: dict = {label: [] for label in meshes}
+    for _ in range(repeat):
+        for label, mesh in meshes.items():
+            gc.collect()
+            runs[label].append(compile_once(text, mesh))
+    rows = {}
+    for label, mesh in meshes.items():
+        rs = runs[label]
+        stages = ("lower_s", "propagate_s", "partition_s", "total_s")
+        out = {k: statistics.median(r[k] for r in rs) for k in stages}
+        out.update({k: rs[0][k] for k in ("global_ops", "local_ops", "collectives")})
+        out["mesh"] = mesh
+        out["devices"] = 1
+        for n in mesh.values():
+            out["devices"] *= n
+        rows[label] = out
+    return rows
 
 
 def call_count(text: str, mesh: dict) -> int:
@@ -140,9 +155,10 @@ def main(argv=None) -> int:
 
     text = program(args.layers)
     compile_once(text, MESHES["8 devices"])  # warm-up: grammar tables, imports
-    rows = {}
-    for label, mesh in MESHES.items():
-        r = rows[label] = measure(text, mesh, args.repeat)
+    meshes = {**MESHES, **CONTROL}
+    rows = measure(text, meshes, args.repeat)
+    for label, mesh in meshes.items():
+        r = rows[label]
         r["function_calls"] = call_count(text, mesh)
         print(f"{label:>13} {str(mesh):32} {r['global_ops']} ops -> {r['local_ops']} local ops, "
               f"{r['collectives']} collectives: lower {r['lower_s']:.3f} s, "
@@ -153,12 +169,16 @@ def main(argv=None) -> int:
     print(f"ratio 2048 / 8 devices: {ratio:.2f} (total), "
           + ", ".join(f"{k[:-2]} {big[k] / small[k]:.2f}" for k in ("lower_s", "propagate_s", "partition_s"))
           + f"; function calls {big['function_calls'] / small['function_calls']:.2f}")
+    tp = rows["8 devices, tp"]
+    print(f"ratio 2048 / 8 devices with the same plan: {big['total_s'] / tp['total_s']:.2f} (total); "
+          f"function calls {big['function_calls'] / tp['function_calls']:.2f}")
     if args.profile:
         print(profile(text, MESHES["2048 devices"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"layers": args.layers, "repeat": args.repeat, "python": platform.python_version(),
-                       "machine": platform.machine(), "meshes": rows, "ratio": ratio}, f, indent=2)
+                       "machine": platform.machine(), "meshes": rows, "ratio": ratio,
+                       "ratio_same_plan": big["total_s"] / tp["total_s"]}, f, indent=2)
     return 0
 
 
