@@ -115,6 +115,7 @@ class Lowerer:
         self.names: dict[Value, str] = {}
         self.stack: list[str] = []
         self.unrolled = 0  # loop iterations unrolled so far, against MAX_UNROLLED
+        self.entry_named: set[Value] = set()  # values named by an assignment in the entry function
 
     # ------------------------------------------------------------------ module level
 
@@ -343,9 +344,15 @@ class Lowerer:
             raise SpmdError("cannot assign several values to one name", span)
         env[name] = value
         if isinstance(value, Value):
-            if value not in self.names and value.name is None:
+            # the first name wins, but the entry function's names beat an inlined callee's locals
+            # (IR text and `check` then agree on what a value is called)
+            entry_level = named is not None
+            renames = value not in self.names or (entry_level and value not in self.entry_named)
+            if value.name is None and renames:
                 self.names[value] = name
-            if named is not None:
+                if entry_level:
+                    self.entry_named.add(value)
+            if entry_level:
                 named[name] = (value, span)
 
     def for_loop(self, s: A.For, env, named):
@@ -676,7 +683,7 @@ class Lowerer:
             return _fold(kind, a, b, span)
         values, dt, shape = self.unify([a, b], [aspan or span, bspan or span], span)
         if dt == "bool" and kind in ("add", "sub", "mul", "div", "pow"):
-            raise SpmdError(f"arithmetic on bool tensors is not defined; cast to i32 or f32 first", span)
+            raise SpmdError("arithmetic on bool tensors is not defined; cast to i32 or f32 first", span)
         if kind == "div" and T.is_int(dt):
             values = [self.cast(v, "f32", span) for v in values]  # true division, as numpy
         if kind in ("logical_and", "logical_or") and dt != "bool":

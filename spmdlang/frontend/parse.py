@@ -117,6 +117,7 @@ def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
 
 def parse(text: str, filename: str = "<input>") -> tuple[A.Module, Source]:
     """Parse source text into an AST Module. Raises SpmdError on syntax errors."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark is an encoding detail, not a character
     source = Source(filename, text)
     try:
         tree = _parser().parse(text)
