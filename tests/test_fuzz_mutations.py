@@ -175,7 +175,8 @@ def _small(compiled) -> bool:
 
 def check_source(text: str, run: bool = True):
     try:
-        c = spmdlang.compile(text)
+        # filename= makes the API take `text` as source even when it also names a path (".")
+        c = spmdlang.compile(text, filename="<fuzz>")
         assert isinstance(c.ir, str) and c.ir.startswith("#")
         if run and _small(c):
             c.run(None, backend="ref")
