@@ -25,19 +25,8 @@ from dataclasses import dataclass
 from math import prod
 
 # Patterns the generator avoids because of open bugs, each reproduced by an xfail test in
-# tests/test_plans.py (named here). Delete an entry when its bug is fixed.
-KNOWN_BUGS = {
-    # roll whose operand is whole on the rolled dim but whose result is split there is computed as
-    # a shift: the wrapped-around elements come out as zeros
-    "roll": "test_xfail_roll_of_whole_operand_into_split_result",
-    # bf16 einsum: the numpy implementation does not widen bfloat16 (dtype kind 'V'), c_einsum raises
-    "bf16_einsum": "test_xfail_bf16_einsum_ref",
-    # bf16 sums accumulate in bf16 in the reference (numpy kind 'V' is not widened): a sum of 1024
-    # ones is 256, and the sharded sum (partial sums, then an f32 all_reduce) differs from it
-    "bf16_sum": "test_xfail_bf16_sum_accumulates_in_f32",
-    # take giving a scalar from a split table: broadcast_in_dim to rank 0 returns shape (1,)
-    "scalar_take": "test_xfail_scalar_take_from_split_table",
-}
+# tests/test_plans.py (named here). Delete an entry when its bug is fixed. (None open.)
+KNOWN_BUGS: dict[str, str] = {}
 
 AXIS_NAMES = ("p", "q", "r")
 DIMS = (3, 5, 7, 3, 5, 7, 2, 4, 6, 1, 8)  # weighted towards odd/prime sizes

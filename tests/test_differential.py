@@ -54,13 +54,10 @@ COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "coll
 def check_ledger(spmd, src: str = "") -> None:
     """The ledger lists exactly the collectives of the per-partition program, one entry each."""
     prog = spmd.program
-    producer = {r: op for op in prog.ops for r in op.results}
     ops = [op for op in prog.ops if op.kind in COLLECTIVES]
     logged = []
     for c in spmd.ledger:
         op = c.local_op
-        if op is not None and op.kind == "slice" and op.operands[0] in producer:
-            op = producer[op.operands[0]]  # an entry names the trim after its collective: test_plans xfail
         assert any(op is o for o in ops), f"ledger entry {c.kind} ({c.reason}) names no collective\n{src}"
         assert c.kind == op.kind, (c.kind, op.kind)
         logged.append(op)
@@ -116,21 +113,12 @@ def test_seeded_sweep_long(block):
     sweep(range(100_000 + block * 500, 100_000 + (block + 1) * 500), max_devices=64)
 
 
-# roll is left out of the random programs while KNOWN_BUGS["roll"] is open; its layouts here
+# roll layouts, one by one (the local-window and wrap-around paths)
 _ROLL_CASES = [(n, k, shift, src, dst, expr) for n in (7, 8) for k in (1, 2, 3) for shift in (1, -3, 10)
                for src in ("p", "_") for dst in ("p", "_") for expr in ("x", "x * 2.0")]
 
 
-def _roll_bug(n, k, shift, src, dst, expr) -> bool:
-    """test_plans.py::test_xfail_roll_of_whole_operand_into_split_result: where the partitioner
-    takes the local-window path (a whole operand rolled into a split result; or a size-1 axis),
-    the wrap-around is lost. Whether it takes that path depends on costs, so not strict here."""
-    return k == 1 or (src == "_" and dst == "p")
-
-
-@pytest.mark.parametrize("n,k,shift,src,dst,expr", [
-    pytest.param(*c, marks=pytest.mark.xfail(strict=False, reason="roll wrap-around lost")) if _roll_bug(*c) else c
-    for c in _ROLL_CASES])
+@pytest.mark.parametrize("n,k,shift,src,dst,expr", _ROLL_CASES)
 def test_roll_layouts(n, k, shift, src, dst, expr):
     check_program(f"""mesh [p={k}]
 func main(x: f32[{n}, 3] {{{src}, _}}) -> f32[{n}, 3] {{{dst}, _}} {{

@@ -7,8 +7,8 @@ pairs on small meshes and odd shapes: the plan is a valid chain of layouts, neve
 bytes than "all_gather everything (after summing any pending sum) and slice", and running it on the
 simulator gives the reference answer.
 
-The xfail(strict=True) tests at the end are minimal reproductions of open bugs found by
-tests/test_differential.py (tests/progen.py's KNOWN_BUGS names them); each says what goes wrong.
+The regression tests at the end are minimal reproductions of bugs found by
+tests/test_differential.py, kept after their fixes.
 """
 
 from __future__ import annotations
@@ -458,12 +458,10 @@ def test_brute_force_reshard(case):
         assert sum(e.bytes_per_device for e in c.spmd.ledger) <= _naive_bytes(shape, mesh, src) + 1e-9
 
 
-# ---------------------------------------------------------------------------------- open bugs (xfail)
+# ---------------------------------------------------------------------------------- regressions
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="roll of a whole operand into a split result drops the wrap-around")
-def test_xfail_roll_of_whole_operand_into_split_result():
+def test_regression_roll_of_whole_operand_into_split_result():
     # The roll's local window is computed as a shift (pad lo + dynamic_slice): elements that wrap
     # around come out as zeros. Same with a size-1 axis: mesh [p=1], shard(roll(neg(x), 1), {p}).
     compiled("""
@@ -474,9 +472,7 @@ func main(x: f32[4] {_}) -> f32[4] {q} {
 """)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="roll along a dim split over a size-1 axis drops the wrap-around")
-def test_xfail_roll_over_a_size_one_axis():
+def test_regression_roll_over_a_size_one_axis():
     # Probably the same root cause as above: a size-1 axis splits nothing, the dim is whole on
     # the one shard, and the local window is computed as a shift (pad lo=1, slice).
     compiled("""
@@ -487,9 +483,7 @@ func main(x: f32[3] {p}) -> f32[3] {p} {
 """)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="numpy einsum of bf16 with a summed index raises TypeError")
-def test_xfail_bf16_einsum_ref():
+def test_regression_bf16_einsum_ref():
     # ops/contract.py widens only dtypes of kind 'f'; ml_dtypes.bfloat16 has kind 'V', and
     # np.einsum("ab->a") on bfloat16 raises "invalid data type for einsum" (in ref and sim).
     compiled("""
@@ -500,9 +494,7 @@ func main(x: bf16[2, 3]) -> bf16[2] {
 """)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bf16 reductions accumulate in bf16 in the reference")
-def test_xfail_bf16_sum_accumulates_in_f32():
+def test_regression_bf16_sum_accumulates_in_f32():
     # ops/reduce.py widens only dtypes of kind 'f' (bfloat16 is kind 'V'): the sum of 1024 ones
     # in bf16 stalls at 256 in the reference, while the sharded sum gives 1024 (4 x 256).
     import ml_dtypes
@@ -518,9 +510,7 @@ func main(x: bf16[1024] {a}) -> bf16[] {
     assert float(c.run(x, backend="sim")[0]) == 1024.0
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="scalar take from a split table: rank-0 broadcast_in_dim is (1,)")
-def test_xfail_scalar_take_from_split_table():
+def test_regression_scalar_take_from_split_table():
     # take's vocab-split step emits broadcast_in_dim(valid, shape=()) and ops/layout.py's numpy
     # implementation returns np.ascontiguousarray(...) of a 0-d array, which is 1-d: the simulator
     # then fails to assemble the scalar result ("setting an array element with a sequence").
@@ -532,9 +522,7 @@ func main(x: f32[3] {q}, i: i32[]) -> f32[] {
 """)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="the ledger entry of a gather names the trim slice after it")
-def test_xfail_ledger_entry_names_its_collective():
+def test_regression_ledger_entry_names_its_collective():
     # partition/spmd.py apply_steps logs `self.b.ops[-1]` after emitting the trim of an uneven
     # all_gather/all_to_all, so Collective.local_op is the slice, and spmd_ir prints the
     # collective's note on the slice line.

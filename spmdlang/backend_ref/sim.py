@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.types import np_is_float
 from ..ops import registry
 from ..partition.mesh import Mesh, Sharding
 
@@ -18,7 +19,7 @@ INT_POISON = 1_000_000_007
 
 
 def poison(dtype: np.dtype):
-    if dtype.kind == "f" or dtype.name == "bfloat16":
+    if np_is_float(dtype):
         return np.nan
     if dtype.kind == "b":
         return True
@@ -70,7 +71,7 @@ def assemble(shards: list[np.ndarray], shape, dtype, s: Sharding, mesh: Mesh) ->
 
 
 def _isnan(a):
-    return np.isnan(a.astype(np.float32)) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else np.zeros(a.shape, bool)
+    return np.isnan(a.astype(np.float32)) if np_is_float(a.dtype) else np.zeros(a.shape, bool)
 
 
 def run_sim(spmd, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -49,6 +49,17 @@ def is_int(dtype: str) -> bool:
     return kind(dtype) == "int"
 
 
+def np_is_float(dt) -> bool:
+    """numpy reports ml_dtypes' bfloat16 as kind 'V', not 'f'."""
+    dt = np.dtype(dt)
+    return dt.kind == "f" or dt.name == "bfloat16"
+
+
+def np_is_narrow_float(dt) -> bool:
+    """Floats below 32 bits: numpy math on them is done in f32 and rounded back, as XLA does."""
+    return np_is_float(dt) and np.dtype(dt).itemsize < 4
+
+
 def from_np(dt: np.dtype) -> str | None:
     for name, (d, *_rest) in _DTYPES.items():
         if d == dt:

@@ -50,7 +50,7 @@ def _einsum_infer(operands, attrs):
 
 def _einsum_numpy(*xs, spec):
     dt = xs[0].dtype
-    wide = [x.astype(np.float32) if dt.kind == "f" and dt.itemsize < 4 else x for x in xs]
+    wide = [x.astype(np.float32) if T.np_is_narrow_float(dt) else x for x in xs]
     return np.asarray(np.einsum(spec, *wide, optimize=len(xs) > 1)).astype(dt)
 
 

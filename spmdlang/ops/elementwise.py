@@ -16,7 +16,7 @@ from .registry import check, register
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float32) if x.dtype.itemsize < 4 and x.dtype.kind not in "biu" else x
+    return x.astype(np.float32) if T.np_is_narrow_float(x.dtype) else x
 
 
 def _same_shape(types) -> tuple[int, ...]:
@@ -94,7 +94,7 @@ def _cast_infer(operands, attrs):
 
 def _cast_numpy(x, *, dtype):
     target = T.np_dtype(dtype)
-    if target.kind in "iu" and x.dtype.kind == "f":
+    if target.kind in "iu" and T.np_is_float(x.dtype):
         # float -> int truncates toward zero; NaN/inf (e.g. poisoned padding) must not warn
         with np.errstate(invalid="ignore"):
             return np.trunc(np.nan_to_num(x.astype(np.float64), nan=0)).clip(

@@ -32,7 +32,7 @@ def _transpose_rule(operands, results, attrs):
 
 
 register("transpose", infer=_transpose_infer,
-         numpy=lambda x, *, perm: np.ascontiguousarray(np.transpose(x, perm)),
+         numpy=lambda x, *, perm: np.transpose(x, perm).copy(),
          rule=_transpose_rule, partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jnp.transpose({a[0]}, {tuple(attrs['perm'])})")
 
@@ -80,7 +80,7 @@ def _broadcast_rule(operands, results, attrs):
 
 def _broadcast_numpy(x, *, shape, dims):
     expanded = np.reshape(x, [x.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))])
-    return np.ascontiguousarray(np.broadcast_to(expanded, shape))
+    return np.broadcast_to(expanded, shape).copy()  # ascontiguousarray would make a 0-d array 1-d
 
 
 register("broadcast_in_dim", infer=_broadcast_infer, numpy=_broadcast_numpy, rule=_broadcast_rule,
@@ -115,7 +115,7 @@ def _slice_rule(operands, results, attrs):
 
 
 def _slice_numpy(x, *, starts, stops, steps):
-    return np.ascontiguousarray(x[tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))])
+    return x[tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))].copy()
 
 
 def _slice_jax(a, attrs, out):

@@ -65,7 +65,7 @@ _REDUCE = {
 
 def _reduce_numpy(fn):
     def run(x, *, axes):
-        acc = np.float32 if x.dtype.kind == "f" and x.dtype.itemsize < 4 else None
+        acc = np.float32 if T.np_is_narrow_float(x.dtype) else None
         if fn in (np.sum, np.prod) and x.dtype.kind in "iu":
             acc = x.dtype  # numpy would widen ints to int64; keep wrap-around semantics of i32
         out = fn(x, axis=tuple(axes), dtype=acc) if fn in (np.sum, np.prod) else fn(x, axis=tuple(axes))

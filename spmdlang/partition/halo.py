@@ -96,8 +96,14 @@ def window(p, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: 
 
 
 def _local_window(p, x: Value, dim: int, out_axes, n: int, w: Window) -> Value:
-    """Unsplit input: pad by the window on both sides (with the fill), then slice this shard's part."""
+    """Unsplit input: pad by the window on both sides (with the fill), then slice this shard's part.
+    A wrapping window rotates the whole input locally first, then needs no padding."""
     k = p.mesh.group_size(out_axes) if out_axes else 1
+    if w.wrap:
+        shift = (-w.s) % n
+        if shift:
+            x = p.emit("roll", x, shift=shift, axis=dim)
+        w = Window(a=w.a, s=0, length=w.length, fill=0, wrap=False)
     lead = max(0, -w.s)
     trail = max(0, (k - 1) * w.a + w.s + w.length - n)
     lo_pad = [0] * x.type.rank

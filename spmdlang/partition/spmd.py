@@ -137,26 +137,31 @@ class Partitioner:
                 continue
             if st.kind == "all_gather":
                 x = self.emit("all_gather", x, axes=st.axes, dim=st.dim, group=k)
+                col = self.b.ops[-1]
                 x = self.trim(x, st.dim, after[st.dim])
             elif st.kind == "all_reduce":
                 x = self.emit("all_reduce", x, axes=st.axes, reduce=st.reduce)
+                col = self.b.ops[-1]
             elif st.kind == "reduce_scatter":
                 x = self.pad_to(x, st.dim, k * after[st.dim])
                 x = self.emit("reduce_scatter", x, axes=st.axes, dim=st.dim, group=k)
+                col = self.b.ops[-1]
             elif st.kind == "all_to_all":
                 x = self.pad_to(x, st.dim, k * after[st.dim])
                 x = self.emit("all_to_all", x, axes=st.axes, split_dim=st.dim, concat_dim=st.dim2, group=k)
+                col = self.b.ops[-1]
                 x = self.trim(x, st.dim2, after[st.dim2])
             elif st.kind == "collective_permute":
                 rule = ("relayout", st.axes, st.before.dims, st.after.dims)
                 x = self.emit("collective_permute", x, axes=st.axes,
                               sizes=tuple(self.mesh.axis_size(a) for a in st.axes), rule=rule)
+                col = self.b.ops[-1]
             else:  # pragma: no cover
                 raise AssertionError(st.kind)
             assert x.type.shape == after, (st, x.type, after)
             self.cache[(v, st.after.closed())] = x
             self.log(st.kind, st.axes, st.bytes, st.reduce,
-                     f"{_value_text(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), self.b.ops[-1])
+                     f"{_value_text(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
         return x
 
     def log(self, kind, axes, nbytes, reduce, reason, local_op):
