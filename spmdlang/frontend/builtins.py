@@ -16,7 +16,7 @@ from ..ir.core import Value
 from ..ir.types import TensorType
 from ..ops.contract import conv_output_size
 from . import ast as A
-from .lower import Dtype, Lowerer, StaticType, describe, did_you_mean, scalar_value
+from .lower import Dtype, Lowerer, StaticType, describe, did_you_mean, float_for, scalar_value
 
 _REQUIRED = object()
 
@@ -206,7 +206,7 @@ def _unary(name):
         if not isinstance(x, Value):
             x = ctx.materialize(x, args.span("x"), "f32" if name in _FLOAT_ONLY else None)
         if name in _FLOAT_ONLY and T.is_int(x.type.dtype):
-            x = ctx.cast(x, "f32", span)  # numpy computes float functions of ints in floating point
+            x = ctx.cast(x, float_for(x.type.dtype), span)  # numpy computes float functions of ints in floats
         return ctx.b.emit(name, x, span=span)
 
     return lower
@@ -271,7 +271,7 @@ def _reduce(kind):
                 if x.type.shape[a] == 0:
                     raise SpmdError(f"{kind} over an empty dimension has no identity", span)
         if kind == "mean" and T.is_int(x.type.dtype):
-            x = ctx.cast(x, "f32", span)
+            x = ctx.cast(x, float_for(x.type.dtype), span)
         prim = {"mean": "reduce_sum"}.get(kind, f"reduce_{kind}")
         out = ctx.b.emit(prim, x, span=span, axes=axes)
         if kind == "mean":
@@ -293,6 +293,7 @@ for _k in ("sum", "max", "min", "mean", "prod"):
 def _arg(kind):
     def lower(ctx, span, args):
         x = tensor(ctx, args, "x")
+        rank = x.type.rank
         if x.type.dtype == "bool":
             x = ctx.cast(x, "i32", span)
         if args["axis"] is None:
@@ -305,7 +306,9 @@ def _arg(kind):
         if x.type.shape[axis] == 0:
             raise SpmdError(f"{kind} of an empty dimension", span)
         out = ctx.b.emit(kind, x, span=span, axis=axis)
-        if args["keepdims"]:
+        if args["keepdims"] and args["axis"] is None:  # numpy: every dim kept, as size 1
+            out = ctx.b.emit("reshape", out, span=span, shape=(1,) * rank)
+        elif args["keepdims"]:
             out = _keep(ctx, out, x.type.shape, (axis,), True, span)
         return out
 
@@ -326,7 +329,7 @@ def _expand_back(ctx, v, shape, axes, span):
 def _softmax(ctx, span, args):
     x = tensor(ctx, args, "x")
     if not T.is_float(x.type.dtype):
-        x = ctx.cast(x, "f32", span)
+        x = ctx.cast(x, float_for(x.type.dtype), span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
     m = _expand_back(ctx, ctx.b.emit("reduce_max", x, span=span, axes=axes), x.type.shape, axes, span)
     e = ctx.b.emit("exp", ctx.b.emit("sub", x, m, span=span), span=span)
@@ -339,7 +342,7 @@ def _softmax(ctx, span, args):
 def _logsumexp(ctx, span, args):
     x = tensor(ctx, args, "x")
     if not T.is_float(x.type.dtype):
-        x = ctx.cast(x, "f32", span)
+        x = ctx.cast(x, float_for(x.type.dtype), span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
     m = ctx.b.emit("reduce_max", x, span=span, axes=axes)
     # rows that are all -inf would give -inf - -inf = nan; shift those by 0 instead
@@ -401,8 +404,7 @@ def _conv(ctx, span, args):
         raise SpmdError(f'conv padding must be "SAME", "VALID" or [[lo, hi]] x {nsp} of non-negative integers',
                         args.span("padding"))
     dt = T.promote(x.type.dtype, w.type.dtype)
-    if not T.is_float(dt):
-        dt = "f32"
+    dt = float_for(dt)
     x, w = ctx.cast(x, dt, span), ctx.cast(w, dt, span)
     for i in range(nsp):
         if conv_output_size(x.type.shape[1 + i], w.type.shape[i], strides[i], *padding[i]) < 1:

@@ -78,6 +78,11 @@ def _short(n: int) -> str:
     return text if len(text) <= 24 else f"{text[:3]}...({len(text)} digits)"
 
 
+def float_for(dtype: str) -> str:
+    """The float dtype an int (or bool) computes in where a float is needed: i64 -> f64, else f32."""
+    return dtype if T.is_float(dtype) else "f64" if T.itemsize(dtype) == 8 else "f32"
+
+
 def describe(value) -> str:
     if isinstance(value, Value):
         return f"a tensor {value.type}"
@@ -658,12 +663,12 @@ class Lowerer:
             for t in tensors[1:]:
                 dt = T.promote(dt, t.type.dtype)
             if any(isinstance(v, float) and not isinstance(v, bool) for v in values) and not T.is_float(dt):
-                dt = "f32"  # a float literal meets an int tensor: promote, as jax's weak floats do
+                dt = float_for(dt)  # a float literal meets an int tensor: promote, as jax's weak floats do
         else:
             dt = "f32" if any(isinstance(v, float) for v in values) else (
                 "bool" if all(isinstance(v, bool) for v in values) else "i32")
         if float_only and not T.is_float(dt):
-            dt = "f32"
+            dt = float_for(dt)
         shape = self.broadcast_shapes([v.type.shape for v in tensors], span)
         out = []
         for v, sp in zip(values, spans):
@@ -685,7 +690,7 @@ class Lowerer:
         if dt == "bool" and kind in ("add", "sub", "mul", "div", "pow"):
             raise SpmdError("arithmetic on bool tensors is not defined; cast to i32 or f32 first", span)
         if kind == "div" and T.is_int(dt):
-            values = [self.cast(v, "f32", span) for v in values]  # true division, as numpy
+            values = [self.cast(v, float_for(dt), span) for v in values]  # true division, as numpy
         if kind in ("logical_and", "logical_or") and dt != "bool":
             raise SpmdError(f"{kind} needs bool operands", span)
         return self.b.emit(kind, *values, span=span)
