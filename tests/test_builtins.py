@@ -538,6 +538,11 @@ def _reduction_cases():
         Case("max-bool", "x: bool[3, 5]", "max(x, 1)", lambda x: x.max(1)),
         Case("min-bool", "x: bool[3, 5]", "min(x, 0)", lambda x: x.min(0)),
         Case("sum-scalar", "x: f32[]", "sum(x)", lambda x: x),
+        Case("sum-no-axes", "x: f32[3, 5]", "sum(x, [])", lambda x: np.sum(x, axis=())),
+        Case("max-no-axes-keepdims", "x: f32[3, 5]", "max(x, [], keepdims=true)", lambda x: x),
+        Case("mean-empty", "x: f32[0, 3]", "mean(x, 0)", lambda x: np.full(3, np.nan, f32)),
+        Case("sum-empty", "x: f32[0, 3]", "sum(x, 0)", lambda x: np.zeros(3, f32)),
+        Case("prod-empty", "x: i32[3, 0]", "prod(x, 1)", lambda x: np.ones(3, np.int32)),
         Case(
             "max-neg-inf",
             "x: f32[2, 3]",
@@ -623,6 +628,29 @@ def _ties(shape):
         "argmax(x, 0)",
         lambda x: np.int32(2),
         {"x": lambda r: [-np.inf, 1, np.inf, np.inf]},
+    ),
+    Case(
+        "argmax-nan-first",
+        "x: f32[4]",
+        "argmax(x, 0)",
+        lambda x: np.int32(1),
+        {"x": lambda r: [0, np.nan, 5, np.nan]},
+    ),
+    # extensions beyond the contract's argmax(x, axis): no axis flattens, keepdims as numpy
+    Case("argmax-flat", "x: f32[3, 5]", "argmax(x)", lambda x: np.int32(np.argmax(x)), {"x": _ties((3, 5))}),
+    Case(
+        "argmin-keepdims",
+        "x: f32[3, 5]",
+        "argmin(x, 1, keepdims=true)",
+        lambda x: np.argmin(x, 1, keepdims=True).astype(np.int32),
+        {"x": _ties((3, 5))},
+    ),
+    Case(
+        "argmax-flat-keepdims",
+        "x: f32[3, 5]",
+        "argmax(x, keepdims=true)",
+        lambda x: np.argmax(x, keepdims=True).astype(np.int32),
+        {"x": _ties((3, 5))},
     ),
 )
 def test_arg_reductions(case):
@@ -1291,3 +1319,23 @@ def test_random_inputs_follow_cli_contract():
     assert 0 <= ins["b"].min() and ins["b"].max() < 16
     np.testing.assert_array_equal(c.random_inputs(0)["a"], ins["a"])
     np.testing.assert_array_equal(c.run(None, seed=3)[0], c.random_inputs(3)["a"])
+
+
+# ---------------------------------------------------------------------------------- optional f64 / i64
+
+
+@cases(
+    Case(
+        "f64-arith", "x: f64[4], y: f64[4]", "x * 2 + y / 3", lambda x, y: x * 2 + y / 3, tol=(1e-12, 1e-12)
+    ),
+    Case("i64-plus-f64", "x: f64[4], i: i64[4]", "x + i", lambda x, i: x + i),
+    Case("i64-true-div", "i: i64[4]", "i / 2", lambda i: i / 2),
+    Case("i64-times-float", "i: i64[4]", "i * 2.5", lambda i: i * 2.5),
+    Case("i64-mean", "i: i64[2, 3]", "mean(i, 1)", lambda i: i.mean(1)),
+    Case("i64-exp", "i: i64[3]", "exp(i)", np.exp),
+    Case("i64-sum-large", "i: i64[3]", "sum(i * 3000000000)", lambda i: np.sum(i * 3000000000)),
+    Case("i32-to-i64", "i: i32[3]", "cast(i, i64) * 3000000000", lambda i: i.astype(np.int64) * 3000000000),
+    Case("f64-softmax", "x: f64[2, 3]", "softmax(x)", lambda x: softmax_ref(x), tol=(1e-12, 1e-12)),
+)
+def test_wide_dtypes(case):
+    check_case(case)

@@ -800,15 +800,11 @@ def test_file_errors_name_the_file(tmp_path):
     assert e.render().startswith(f"{p}:2:41: error: unknown name 'b'")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api.compile: a path naming a directory or a missing .spmd file raises "
-    "IsADirectoryError / FileNotFoundError, not SpmdError (the CLI checks first; the API does not)",
-)
 @pytest.mark.parametrize("path", [".", "no/such/file.spmd"])
 def test_api_bad_path_is_a_located_error(path):
-    with pytest.raises(SpmdError):
-        spmdlang.compile(path)
+    # a directory, or a missing .spmd file: a located user error, not an OSError
+    e = compile_error(path)
+    assert e.file == path and (e.line, e.col) == (1, 1)
 
 
 def test_mesh_override_names_absent_axis():

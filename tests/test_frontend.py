@@ -415,7 +415,8 @@ def test_uncalled_functions_are_type_checked_but_not_emitted():
 def test_uncalled_function_with_spec_is_checked():
     src = (
         M
-        + "func unused(b: f32[2, 3] {x}) -> f32[2, 3] { return b }\nfunc main(a: f32[4]) -> f32[4] { return a }"
+        + "func unused(b: f32[2, 3] {x}) -> f32[2, 3] { return b }\n"
+        + "func main(a: f32[4]) -> f32[4] { return a }"
     )
     e = pytest.raises(SpmdError, spmdlang.compile, src).value
     assert e.line == 2 and "has 1 entry" in e.message
@@ -449,7 +450,9 @@ def test_loop_variable_is_a_static_int():
 def test_loop_variable_as_axis_and_shift():
     src = (
         M
-        + "func main(a: f32[3, 4]) -> f32[3, 4] {\n  for i in range(2) { a = roll(a, i + 1, axis=i) }\n  return a\n}"
+        + "func main(a: f32[3, 4]) -> f32[3, 4] {\n"
+        + "  for i in range(2) { a = roll(a, i + 1, axis=i) }\n"
+        + "  return a\n}"
     )
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(run1(src, a=a)[0], np.roll(np.roll(a, 1, 0), 2, 1))
