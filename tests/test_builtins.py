@@ -1339,3 +1339,53 @@ def test_random_inputs_follow_cli_contract():
 )
 def test_wide_dtypes(case):
     check_case(case)
+
+
+# ------------------------------------------------------------------------------ low-precision accumulation
+
+
+def _ones(shape):
+    return lambda rng: np.ones(shape)
+
+
+@cases(
+    # bf16 has 8 significant bits: accumulating in bf16 would stall at 256 (256 + 1 rounds to 256)
+    Case(
+        "bf16-sum-accumulates-in-f32",
+        "x: bf16[4096]",
+        "sum(x)",
+        lambda x: np.asarray(4096, BF16),
+        {"x": _ones(4096)},
+    ),
+    Case("bf16-mean", "x: bf16[4096]", "mean(x)", lambda x: np.asarray(1, BF16), {"x": _ones(4096)}),
+    Case(
+        "bf16-matmul-accumulates-in-f32",
+        "a: bf16[2, 4096], b: bf16[4096]",
+        "a @ b",
+        lambda a, b: np.full(2, 4096, BF16),
+        {"a": _ones((2, 4096)), "b": _ones(4096)},
+    ),
+    Case(
+        "bf16-einsum",
+        "a: bf16[4096, 2]",
+        'einsum("ij->j", a)',
+        lambda a: np.full(2, 4096, BF16),
+        {"a": _ones((4096, 2))},
+    ),
+    Case(
+        "f16-sum-accumulates-in-f32",
+        "x: f16[4096]",
+        "sum(x * 0.5)",
+        lambda x: np.asarray(2048, np.float16),
+        {"x": _ones(4096)},
+    ),
+    Case(
+        "bf16-conv-accumulates-in-f32",
+        "x: bf16[1, 3, 512], w: bf16[1, 512, 1]",
+        "conv(x, w)",
+        lambda x, w: np.full((1, 3, 1), 512, BF16),
+        {"x": _ones((1, 3, 512)), "w": _ones((1, 512, 1))},
+    ),
+)
+def test_low_precision_accumulation(case):
+    check_case(case)

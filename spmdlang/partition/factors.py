@@ -12,13 +12,15 @@ Invariant: within one tensor a factor appears at most once.
 Projection turns a tensor's Sharding into axes per factor and back. A dim's axes go to its factors
 major first; an axis may enter a factor only while every more-major factor of the dim is fully
 split (one element per shard), and must divide the factor's size unless the factor is the dim's
-only non-trivial one (uneven shards are only contiguous then).
+only non-trivial one (uneven shards are only contiguous then). Within one op, `restrict` keeps of a
+factor split only what every tensor of the op can hold, so all its tensors hold the same elements.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
+from functools import cached_property
+from math import gcd, prod
 
 from .mesh import Mesh
 
@@ -35,9 +37,14 @@ class FactorRule:
     operands: tuple[TensorFactors, ...]
     results: tuple[TensorFactors, ...]
 
-    @property
+    @cached_property
     def tensors(self) -> tuple[TensorFactors, ...]:
         return self.operands + self.results
+
+    @cached_property
+    def multi_factor_dims(self) -> bool:
+        """Whether some dim is made of several factors (reshape), so that projections can lose axes."""
+        return any(len(fs) > 1 for t in self.tensors for fs in t)
 
     def factor_dims(self, tensor: int, factor: int) -> int | None:
         """Which dim of tensor `tensor` (operands first, then results) holds `factor`, if any."""
@@ -99,8 +106,9 @@ def elementwise_rule(operand_shapes, result_shape, n_results: int = 1) -> Factor
 
 
 def reshape_factors(in_shape, out_shape) -> tuple[list[int], list[str], list[list[int]], list[list[int]]]:
-    """Common refinement of two shapes with equal size into factors; blocks that admit none
-    (e.g. [6, 4] <-> [4, 6]) get one replicate factor per dim."""
+    """Common refinement of two shapes with equal size into factors, block by block (the shortest
+    runs of dims with equal products). Where a block admits no full refinement (e.g. [6, 4] <-> [4, 6])
+    its shared major part (here 2) is still a pass factor and the rest of each dim is replicate."""
     sizes: list[int] = []
     kinds: list[str] = []
     in_dims: list[list[int]] = [[] for _ in in_shape]
@@ -114,7 +122,6 @@ def reshape_factors(in_shape, out_shape) -> tuple[list[int], list[str], list[lis
         if j < len(out_shape) and out_shape[j] == 1:
             j += 1
             continue
-        # one block: the shortest runs of dims on both sides with equal products
         bi, bj = [i], [j]
         pi, pj = in_shape[i], out_shape[j]
         i, j = i + 1, j + 1
@@ -127,21 +134,13 @@ def reshape_factors(in_shape, out_shape) -> tuple[list[int], list[str], list[lis
                 pj *= out_shape[j]
                 bj.append(j)
                 j += 1
-        block = _factor_block([in_shape[k] for k in bi], [out_shape[k] for k in bj])
-        if block is None:
-            for k in bi:
-                in_dims[k].append(len(sizes))
-                sizes.append(in_shape[k])
-                kinds.append(REPLICATE)
-            for k in bj:
-                out_dims[k].append(len(sizes))
-                sizes.append(out_shape[k])
-                kinds.append(REPLICATE)
-            continue
-        fsizes, fin, fout = block
+        # size-1 dims inside a block hold no factor
+        bi = [k for k in bi if in_shape[k] != 1]
+        bj = [k for k in bj if out_shape[k] != 1]
+        fsizes, fkinds, fin, fout = _factor_block([in_shape[k] for k in bi], [out_shape[k] for k in bj])
         base = len(sizes)
         sizes.extend(fsizes)
-        kinds.extend([PASS] * len(fsizes))
+        kinds.extend(fkinds)
         for k, fl in zip(bi, fin):
             in_dims[k] = [base + f for f in fl]
         for k, fl in zip(bj, fout):
@@ -150,21 +149,23 @@ def reshape_factors(in_shape, out_shape) -> tuple[list[int], list[str], list[lis
 
 
 def _factor_block(a: list[int], b: list[int]):
-    """Split two dim lists of equal product into shared factors, each dim a run of consecutive
-    factors; None when no such refinement exists."""
-    a, b = [x for x in a if x != 1], [x for x in b if x != 1]
+    """Split two dim lists (no 1s) of equal product into shared pass factors, major first, each dim
+    a run of consecutive factors. Once the remainders of the current dims are coprime nothing more
+    can be shared: each remaining (part of a) dim becomes a replicate factor of its own."""
     fa: list[list[int]] = [[] for _ in a]
     fb: list[list[int]] = [[] for _ in b]
     sizes: list[int] = []
+    kinds: list[str] = []
     i = j = 0
-    ra, rb = (a[0] if a else 1), (b[0] if b else 1)
+    ra, rb = a[0], b[0]
     while i < len(a) and j < len(b):
-        if rb % ra and ra % rb:
-            return None  # after a gcd split both remainders would be coprime: no refinement
-        g = min(ra, rb)
+        g = gcd(ra, rb)
+        if g == 1:
+            break
         fa[i].append(len(sizes))
         fb[j].append(len(sizes))
         sizes.append(g)
+        kinds.append(PASS)
         ra, rb = ra // g, rb // g
         if ra == 1:
             i += 1
@@ -172,7 +173,12 @@ def _factor_block(a: list[int], b: list[int]):
         if rb == 1:
             j += 1
             rb = b[j] if j < len(b) else 1
-    return sizes, fa, fb
+    for dims, fl, k, rest in ((a, fa, i, ra), (b, fb, j, rb)):
+        for d in range(k, len(dims)):
+            fl[d].append(len(sizes))
+            sizes.append(rest if d == k else dims[d])
+            kinds.append(REPLICATE)
+    return sizes, kinds, fa, fb
 
 
 def reshape_rule(in_shape, out_shape) -> FactorRule:
@@ -192,8 +198,10 @@ def project_dim(factors: DimFactors, axes: tuple[str, ...], sizes, mesh: Mesh, d
     out: dict[int, tuple[str, ...]] = {}
     if not factors or not axes:
         return out, ()
+    if len(factors) == 1:
+        return {factors[0]: tuple(axes)}, tuple(axes)
     nontrivial = [f for f in factors if sizes[f] > 1]
-    if len(factors) == 1 or len(nontrivial) <= 1:
+    if len(nontrivial) <= 1:
         f = nontrivial[0] if nontrivial else factors[-1]
         out[f] = tuple(axes)
         return out, tuple(axes)
@@ -217,45 +225,69 @@ def project(rule_dims: TensorFactors, dims_axes, sizes, mesh: Mesh, shape) -> Fa
     """A tensor's per-dim axes -> axes per factor."""
     out: FactorAxes = {}
     for fs, axes, n in zip(rule_dims, dims_axes, shape):
-        assignment, _ = project_dim(fs, axes, sizes, mesh, n)
-        out.update(assignment)
+        if axes and len(fs) == 1:
+            out[fs[0]] = tuple(axes)
+        elif axes:
+            out.update(project_dim(fs, axes, sizes, mesh, n)[0])
+    return out
+
+
+def _held_dim(factors: DimFactors, fa: FactorAxes, sizes, mesh: Mesh) -> list[tuple[int, tuple[str, ...]]]:
+    """The (factor, axes) a dim can hold of `fa`, major first: the longest contiguous prefix."""
+    if len(factors) == 1:
+        axes = fa.get(factors[0])
+        return [(factors[0], axes)] if axes else []
+    nontrivial = [f for f in factors if sizes[f] > 1]
+    if len(nontrivial) <= 1:
+        return [(f, fa[f]) for f in factors if fa.get(f)]
+    out = []
+    for f in nontrivial:
+        axes = fa.get(f, ())
+        kept: list[str] = []
+        rem = sizes[f]
+        for a in axes:  # keep the axes that divide the factor, then stop
+            if rem % mesh.axis_size(a):
+                break
+            rem //= mesh.axis_size(a)
+            kept.append(a)
+        if kept:
+            out.append((f, tuple(kept)))
+        if rem != 1:  # a factor not split down to single elements ends the contiguous prefix
+            break
     return out
 
 
 def unproject_dim(factors: DimFactors, fa: FactorAxes, sizes, mesh: Mesh) -> tuple[str, ...]:
     """Factor axes -> the dim's axes, keeping the longest prefix that stays contiguous."""
-    if not factors:
-        return ()
-    nontrivial = [f for f in factors if sizes[f] > 1]
-    if len(factors) == 1 or len(nontrivial) <= 1:
-        out: tuple[str, ...] = ()
-        for f in factors:
-            out += fa.get(f, ())
-        return out
-    out = ()
-    for f in factors:
-        axes = fa.get(f, ())
-        if not axes:
-            break
-        k = mesh.group_size(axes)
-        if sizes[f] % k != 0:
-            # keep the axes that divide, then stop
-            kept = []
-            rem = sizes[f]
-            for a in axes:
-                if rem % mesh.axis_size(a):
-                    break
-                rem //= mesh.axis_size(a)
-                kept.append(a)
-            return out + tuple(kept)
-        out += axes
-        if k != sizes[f]:
-            break
-    return out
+    if len(factors) == 1:
+        return tuple(fa.get(factors[0], ()))
+    return tuple(a for _f, axes in _held_dim(factors, fa, sizes, mesh) for a in axes)
 
 
 def unproject(rule_dims: TensorFactors, fa: FactorAxes, sizes, mesh: Mesh) -> tuple[tuple[str, ...], ...]:
     return tuple(unproject_dim(fs, fa, sizes, mesh) for fs in rule_dims)
+
+
+def restrict(rule: FactorRule, fa: FactorAxes, mesh: Mesh) -> FactorAxes:
+    """The largest part of `fa` (a prefix of each factor's axes) that every tensor of the op holds
+    whole. A factor one tensor cannot hold is cut there and so everywhere: otherwise another tensor
+    would keep a minor factor's split whose major factor lost its own, and the two tensors' shards
+    would hold different elements (e.g. [2, 4] {_, (a, b)} -> [4, 2] must not become {_, b})."""
+    fa = {f: axes for f, axes in fa.items() if axes}
+    if not rule.multi_factor_dims:
+        return fa  # every dim is one factor: each tensor holds whatever it is given
+    changed = True
+    while changed:
+        changed = False
+        for tensor in rule.tensors:
+            for factors in tensor:
+                held = dict(_held_dim(factors, fa, rule.sizes, mesh))
+                for f in factors:
+                    if f in fa and held.get(f, ()) != fa[f]:
+                        fa[f] = held.get(f, ())
+                        changed = True
+                fa = {f: axes for f, axes in fa.items() if axes}
+    return fa
 
 
 def factor_shards(fa: FactorAxes, mesh: Mesh) -> dict[int, int]:

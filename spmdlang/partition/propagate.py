@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..ir.core import Op, Program, Value
 from ..ops import registry
-from .factors import REDUCTION, REPLICATE, FactorRule, project, unproject
+from .factors import REDUCTION, REPLICATE, FactorRule, project, restrict, unproject_dim
 from .mesh import Mesh, Sharding
 
 PHASES = (0, 1, 2)
@@ -71,7 +71,8 @@ class _State:
             if p.sharding is not None:
                 self.dims[p.value] = list(p.sharding.dims)
                 self.open[p.value] = set()
-                self.origins[p.value] += [Origin("parameter", d, a) for d, a in enumerate(p.sharding.dims) if a]
+                self.origins[p.value] += [Origin("parameter", d, a)
+                                          for d, a in enumerate(p.sharding.dims) if a]
                 if not any(p.sharding.dims):
                     self.origins[p.value].append(Origin("parameter", -1, ()))
             else:
@@ -105,51 +106,64 @@ def _admitted(op: Op, kind: str, phase: int) -> bool:
 
 def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict):
     """This op's proposals: [(value, dim, axes, strength, source value)]."""
+    if phase == 0 and registry.get(op.kind).family != "elementwise":
+        return []
     tensors = op.operands + op.results
     mesh = st.mesh
-    fas = [project(rule.tensors[i], st.dims[t], rule.sizes, mesh, t.type.shape) for i, t in enumerate(tensors)]
+    by_factor: dict[int, list] = {}
+    for i, t in enumerate(tensors):
+        dims = st.dims[t]
+        if any(dims):
+            for f, axes in project(rule.tensors[i], dims, rule.sizes, mesh, t.type.shape).items():
+                by_factor.setdefault(f, []).append((axes, i))
+    if not by_factor:
+        return []
+    nbytes = [t.type.nbytes for t in tensors]
     chosen: dict[int, tuple[str, ...]] = {}
     strength: dict[int, tuple[int, int]] = {}
-    source: dict[int, Value] = {}
-    for f, kind in enumerate(rule.kinds):
-        if not _admitted(op, kind, phase):
+    source: dict[int, int] = {}  # factor -> index of the tensor its axes come from
+    for f in sorted(by_factor):
+        if not _admitted(op, rule.kinds[f], phase):
             continue
-        cands = [(fa[f], i) for i, fa in enumerate(fas) if fa.get(f)]
-        if not cands:
-            continue
+        cands = by_factor[f]
         # strongest first: the largest tensor, then the longest split, then a fixed order
-        cands.sort(key=lambda c: (-tensors[c[1]].type.nbytes, -len(c[0]), c[0], c[1]))
+        cands.sort(key=lambda c: (-nbytes[c[1]], -len(c[0]), c[0], c[1]))
         best, bi = cands[0]
         for axes, i in cands[1:]:
             if axes[: len(best)] == best and len(axes) > len(best):
                 best, bi = axes, i  # a compatible refinement
             elif best[: len(axes)] != axes:
-                conflicts.setdefault((op, f), (best, bi, axes, i))
-        chosen[f], strength[f], source[f] = best, (tensors[bi].type.nbytes, len(best)), tensors[bi]
+                conflicts.setdefault((op, f), ("dim", bi, best, i, axes))
+        chosen[f], strength[f], source[f] = best, (nbytes[bi], len(best)), bi
     if not chosen:
         return []
     # one axis may split only one factor of the op: stronger factors keep theirs
-    used: set[str] = set()
+    used: dict[str, int] = {}
     for f in sorted(chosen, key=lambda f: (-strength[f][0], -strength[f][1], f)):
         keep = []
         for a in chosen[f]:
             if a in used:
+                g = used[a]
+                conflicts.setdefault((op, f), ("axis", source[g], chosen[g], source[f], chosen[f], g, f))
                 break
             keep.append(a)
-        used.update(keep)
+        used.update(dict.fromkeys(keep, f))
         chosen[f] = tuple(keep)
-    chosen = {f: a for f, a in chosen.items() if a}
+    # what one tensor of the op cannot hold, none may keep (reshape dims made of several factors)
+    chosen = restrict(rule, chosen, mesh)
+    if not chosen:
+        return []
     out = []
     for i, t in enumerate(tensors):
-        new = unproject(rule.tensors[i], chosen, rule.sizes, mesh)
-        for d, axes in enumerate(new):
+        for d in st.open[t]:
+            axes = unproject_dim(rule.tensors[i][d], chosen, rule.sizes, mesh)
             cur = st.dims[t][d]
-            if d in st.open[t] and len(axes) > len(cur) and axes[: len(cur)] == cur:
+            if len(axes) > len(cur) and axes[: len(cur)] == cur:
                 fs = [f for f in rule.tensors[i][d] if f in chosen]
                 f = max(fs, key=lambda f: strength[f])
+                # by position, not value: a value used twice (einsum(x, x)) has other factors each time
                 src = source[f]
-                src_dim = rule.factor_dims(tensors.index(src), f)
-                out.append((t, d, axes, strength[f], (src, src_dim)))
+                out.append((t, d, axes, strength[f], (tensors[src], rule.factor_dims(src, f))))
     return out
 
 
@@ -160,7 +174,8 @@ def _merge(st: _State, v: Value, props, op_of) -> bool:
     by_dim: dict[int, list] = defaultdict(list)
     for d, axes, s, src, op in props:
         by_dim[d].append((axes, s, src, op))
-    order = sorted(by_dim, key=lambda d: (max((-c[1][0], -c[1][1]) for c in by_dim[d]), d))
+    # dims whose strongest proposal is strongest claim shared axes first
+    order = sorted(by_dim, key=lambda d: (min((-c[1][0], -c[1][1]) for c in by_dim[d]), d))
     changed = False
     for d in order:
         cands = sorted(by_dim[d], key=lambda c: (-c[1][0], -c[1][1], c[0], op_of[c[3]], c[2][1]))
@@ -194,7 +209,6 @@ def propagate(prog: Program) -> Propagation:
     for op in prog.ops:
         for v in op.operands + op.results:
             adjacent[v].append(op)
-    conflicts: dict = {}
     rounds = 0
     for phase in PHASES:
         frontier = set(prog.ops)
@@ -202,16 +216,32 @@ def propagate(prog: Program) -> Propagation:
             rounds += 1
             proposals: dict[Value, list] = defaultdict(list)
             for op in frontier:
-                for t, d, axes, s, src in _propose(op, rules[op], st, phase, conflicts):
+                for t, d, axes, s, src in _propose(op, rules[op], st, phase, {}):
                     proposals[t].append((d, axes, s, src, op))
             changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
             frontier = {op for v in changed for op in adjacent[v]}
     shardings = {v: Sharding(tuple(d)) for v, d in st.dims.items()}
+    return Propagation(prog, shardings, dict(st.origins), _conflicts(prog, rules, st, index), rounds)
+
+
+def _conflicts(prog: Program, rules, st: _State, index) -> list[tuple[Op, str]]:
+    """Where the final shardings disagree within an op, in program order. Taken from the final
+    state, not while iterating, so each note names who finally keeps its split."""
+    found: dict = {}
+    for op in prog.ops:
+        _propose(op, rules[op], st, PHASES[-1], found)
     notes = []
-    for (op, _f), (best, bi, axes, i) in sorted(conflicts.items(), key=lambda kv: (index[kv[0][0]], kv[0][1])):
+    for (op, _f), c in sorted(found.items(), key=lambda kv: (index[kv[0][0]], kv[0][1])):
         tensors = op.operands + op.results
-        notes.append((op, _conflict_text(op, tensors[bi], best, tensors[i], axes)))
-    return Propagation(prog, shardings, dict(st.origins), _dedupe(notes), rounds)
+        if c[0] == "dim":
+            _kind, wi, wa, li, la = c
+            notes.append((op, _conflict_text(op, tensors[wi], wa, tensors[li], la)))
+        else:
+            _kind, wi, wa, li, la, g, f = c
+            rule = rules[op]
+            notes.append((op, _axis_conflict_text(op, tensors[wi], rule.factor_dims(wi, g), wa,
+                                                  tensors[li], rule.factor_dims(li, f), la)))
+    return _dedupe(notes)
 
 
 def _dedupe(notes):
@@ -230,7 +260,17 @@ def _axes_text(axes) -> str:
 def _conflict_text(op, winner, wa, loser, la) -> str:
     line = f" at line {op.span.line}" if op.span else ""
     return (f"{op.kind}{line}: {_name(winner)} wants {_axes_text(wa)}, {_name(loser)} wants {_axes_text(la)} "
-            f"on the same dimension; kept {_name(winner)}'s ({winner.type.nbytes} bytes vs {loser.type.nbytes}), "
+            f"on the same dimension; kept {_name(winner)}'s "
+            f"({winner.type.nbytes} bytes vs {loser.type.nbytes}), "
+            f"{_name(loser)} will be resharded")
+
+
+def _axis_conflict_text(op, winner, wd, wa, loser, ld, la) -> str:
+    line = f" at line {op.span.line}" if op.span else ""
+    shared = ", ".join(a for a in la if a in wa)
+    return (f"{op.kind}{line}: {_name(winner)} dim {wd} ({', '.join(wa)}) and {_name(loser)} dim {ld} "
+            f"({', '.join(la)}) are different dimensions of the op but share {shared}, which can split only "
+            f"one; kept {_name(winner)}'s ({winner.type.nbytes} bytes vs {loser.type.nbytes}), "
             f"{_name(loser)} will be resharded")
 
 

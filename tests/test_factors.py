@@ -1,0 +1,332 @@
+"""Factor sharding rules per op family, and projection of shardings onto factors and back.
+
+Rules are checked as text, einsum style: one letter per factor (in order of first appearance,
+operands then results), `(ab)` for a dim made of several factors (major first), `1` for a dim that
+holds no factor, `()` for a rank-0 tensor; then the factors that are not pass-through, with their
+kind: R reduction, X replicate (must not be split), M permutation (elements move along it).
+
+Projection is checked against a brute-force oracle: which global elements every device holds
+under the LANGUAGE.md layout (a dim of n split k ways holds ceil(n/k)-element blocks; the shard
+index along (a, b) is index_a * size_b + index_b).
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import cache
+from math import prod
+
+import numpy as np
+import pytest
+
+from spmdlang.ir.types import TensorType
+from spmdlang.ops import registry
+from spmdlang.partition.factors import (
+    PASS,
+    project,
+    project_dim,
+    reshape_factors,
+    reshape_rule,
+    restrict,
+    unproject,
+    unproject_dim,
+)
+from spmdlang.partition.mesh import Mesh, Sharding
+
+KIND_CODE = {"reduction": "R", "replicate": "X", "permutation": "M"}
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def render(rule) -> str:
+    """The rule as einsum-like text (see module doc)."""
+    letters: dict[int, str] = {}
+
+    def dim(fs):
+        for f in fs:
+            letters.setdefault(f, LETTERS[len(letters)])
+        if not fs:
+            return "1"
+        return letters[fs[0]] if len(fs) == 1 else "(" + "".join(letters[f] for f in fs) + ")"
+
+    def tensors(ts):
+        return ",".join("".join(dim(d) for d in t) if t else "()" for t in ts)
+
+    text = tensors(rule.operands) + "->" + tensors(rule.results)
+    kinds = [f"{letters[f]}:{KIND_CODE[k]}" for f, k in enumerate(rule.kinds) if k != PASS and f in letters]
+    return " ".join([text] + sorted(kinds))
+
+
+def tensor_type(o) -> TensorType:
+    """A shape, or a (dtype, shape) pair."""
+    return TensorType(o[0], tuple(o[1])) if o and isinstance(o[0], str) else TensorType("f32", tuple(o))
+
+
+def op_rule(name, *operands, **attrs):
+    """The rule of op `name` on operands given as shapes, or (dtype, shape) pairs."""
+    types = [tensor_type(o) for o in operands]
+    opdef = registry.get(name)
+    results = opdef.infer_types(types, attrs)
+    return opdef.rule(types, list(results), attrs)
+
+
+I32 = "i32"
+RULES = [
+    # elementwise: one pass factor per dim; rank-0 operands (scalars) take part in none
+    ("unary", "exp", [(8, 16)], {}, "ab->ab"),
+    ("cast", "cast", [(8, 16)], {"dtype": "i32"}, "ab->ab"),
+    ("binary", "add", [(8, 16), (8, 16)], {}, "ab,ab->ab"),
+    ("scalar operand", "mul", [(8, 16), ()], {}, "ab,()->ab"),
+    ("scalar first", "sub", [(), (4,)], {}, "(),a->a"),
+    ("all scalars", "add", [(), ()], {}, "(),()->()"),
+    ("select", "select", [("bool", (4, 6)), (4, 6), (4, 6)], {}, "ab,ab,ab->ab"),
+    ("select scalar", "select", [("bool", (4, 6)), (), (4, 6)], {}, "ab,(),ab->ab"),
+    ("shard", "shard", [(4, 6)], {"sharding": Sharding(((), ()))}, "ab->ab"),
+    ("full", "full", [], {"dtype": "f32", "shape": (4, 6), "value": 0.0}, "->ab"),
+    ("iota", "iota", [], {"dtype": "i32", "shape": (4, 6), "axis": 1}, "->ab"),
+    # broadcast: a size-1 dim that grows holds no factor; new dims are factors of the result only
+    ("broadcast new dim", "broadcast_in_dim", [(16,)], {"shape": (8, 16), "dims": (1,)}, "a->ba"),
+    ("broadcast size-1 dim", "broadcast_in_dim", [(8, 1)], {"shape": (8, 16), "dims": (0, 1)}, "a1->ab"),
+    ("broadcast size-1 kept", "broadcast_in_dim", [(8, 1)], {"shape": (8, 1), "dims": (0, 1)}, "a1->ab"),
+    ("broadcast scalar", "broadcast_in_dim", [()], {"shape": (2, 3), "dims": ()}, "()->ab"),
+    # transpose permutes factors
+    ("transpose", "transpose", [(2, 3, 4)], {"perm": (2, 0, 1)}, "abc->cab"),
+    # reshape: the common refinement of both shapes, each dim a run of factors, major first
+    ("reshape merge", "reshape", [(8, 16)], {"shape": (128,)}, "ab->(ab)"),
+    ("reshape split", "reshape", [(128,)], {"shape": (8, 16)}, "(ab)->ab"),
+    ("reshape heads", "reshape", [(8, 64, 256)], {"shape": (8, 64, 8, 32)}, "ab(cd)->abcd"),
+    ("reshape regroup", "reshape", [(4, 6)], {"shape": (2, 12)}, "(ab)c->a(bc)"),
+    ("reshape [2,4]->[4,2]", "reshape", [(2, 4)], {"shape": (4, 2)}, "a(bc)->(ab)c"),
+    ("reshape size-1 inside", "reshape", [(2, 1, 3)], {"shape": (6,)}, "a1b->(ab)"),
+    ("reshape size-1 out", "reshape", [(6,)], {"shape": (2, 1, 3)}, "(ab)->a1b"),
+    ("reshape expand", "reshape", [(8, 4)], {"shape": (8, 1, 4)}, "ab->a1b"),
+    ("reshape squeeze", "reshape", [(1, 4, 1)], {"shape": (4,)}, "1a1->a"),
+    # [6,4] <-> [4,6]: only the shared major factor 2 survives; the rest must not be split
+    ("reshape irregular", "reshape", [(6, 4)], {"shape": (4, 6)}, "(ab)c->(ad)e b:X c:X d:X e:X"),
+    ("reshape irregular back", "reshape", [(4, 6)], {"shape": (6, 4)}, "(ab)c->(ad)e b:X c:X d:X e:X"),
+    ("reshape coprime", "reshape", [(2, 3)], {"shape": (3, 2)}, "ab->cd a:X b:X c:X d:X"),
+    # einsum: one factor per letter; letters not in the output are reductions
+    ("matmul", "einsum", [(8, 16), (16, 4)], {"spec": "ij,jk->ik"}, "ab,bc->ac b:R"),
+    ("batch matmul", "einsum", [(2, 8, 16), (2, 16, 4)], {"spec": "bij,bjk->bik"}, "abc,acd->abd c:R"),
+    ("outer", "einsum", [(8,), (4,)], {"spec": "i,j->ij"}, "a,b->ab"),
+    ("one operand transpose", "einsum", [(8, 4)], {"spec": "ij->ji"}, "ab->ba"),
+    ("one operand reduce", "einsum", [(8, 4)], {"spec": "ij->i"}, "ab->a b:R"),
+    ("einsum size-1 contraction", "einsum", [(4, 1), (1, 5)], {"spec": "ij,jk->ik"}, "a1,1b->ab"),
+    ("attention scores", "einsum", [(2, 8, 4, 16), (2, 8, 4, 16)], {"spec": "bqhd,bkhd->bhqk"},
+     "abcd,aecd->acbe d:R"),
+    # reductions
+    ("reduce one axis", "reduce_sum", [(8, 16, 4)], {"axes": (1,)}, "abc->ac b:R"),
+    ("reduce all", "reduce_max", [(8, 16)], {"axes": (0, 1)}, "ab->() a:R b:R"),
+    ("argmax", "argmax", [(8, 16)], {"axis": 1}, "ab->a b:R"),
+    # take: the gathered table axis is a reduction (masked local gather, then a sum)
+    ("take rows", "take", [(100, 16), (I32, (4, 8))], {"axis": 0}, "ab,cd->cdb a:R"),
+    ("take cols", "take", [(16, 100), (I32, (4,))], {"axis": 1}, "ab,c->ac b:R"),
+    # conv: batch passes, spatial dims are permutations (halos), window replicated, C reduced
+    ("conv 2d", "conv", [(2, 8, 8, 3), (3, 3, 3, 5)], {"strides": (1, 1), "padding": ((1, 1), (1, 1))},
+     "abcd,efdg->abcg b:M c:M d:R e:X f:X"),
+    ("conv 1d", "conv", [(2, 8, 3), (3, 3, 5)], {"strides": (2,), "padding": ((0, 0),)},
+     "abc,dce->abe b:M c:R d:X"),
+    # ops moving elements along a dim: that dim is a permutation factor, the others pass
+    ("concat", "concat", [(4, 8), (4, 3)], {"axis": 1}, "ab,ab->ab b:M"),
+    ("slice", "slice", [(8, 16)], {"starts": (0, 2), "stops": (8, 10), "steps": (1, 1)}, "ab->ab b:M"),
+    ("slice strided", "slice", [(8, 16)], {"starts": (0, 0), "stops": (8, 16), "steps": (2, 1)},
+     "ab->ab a:M"),
+    ("slice whole", "slice", [(8, 16)], {"starts": (0, 0), "stops": (8, 16), "steps": (1, 1)}, "ab->ab"),
+    ("pad", "pad", [(8, 16)], {"lo": (0, 1), "hi": (0, 2), "value": 0.0}, "ab->ab b:M"),
+    ("roll", "roll", [(8, 16)], {"shift": 3, "axis": 0}, "ab->ab a:M"),
+]
+
+
+@pytest.mark.parametrize("name, op, operands, attrs, expected", RULES, ids=[r[0] for r in RULES])
+def test_rule_text(name, op, operands, attrs, expected):
+    assert render(op_rule(op, *operands, **attrs)) == expected
+
+
+@pytest.mark.parametrize("name, op, operands, attrs, expected", RULES, ids=[r[0] for r in RULES])
+def test_rule_invariants(name, op, operands, attrs, expected):
+    """A factor appears at most once per tensor; each dim's factors multiply to the dim's size
+    (replicate remainders included), except permutation factors, which have the result's size."""
+    rule = op_rule(op, *operands, **attrs)
+    types = [tensor_type(o) for o in operands]
+    shapes = [t.shape for t in types] + [t.shape for t in registry.get(op).infer_types(types, attrs)]
+    assert len(rule.tensors) == len(shapes)
+    for dims, shape in zip(rule.tensors, shapes):
+        flat = [f for d in dims for f in d]
+        assert len(flat) == len(set(flat))
+        assert len(dims) == len(shape)
+        for fs, n in zip(dims, shape):
+            if fs and rule.kinds[fs[0]] != "permutation":
+                assert prod(rule.sizes[f] for f in fs) == n
+            if len(fs) > 1:
+                assert all(rule.sizes[f] > 1 for f in fs)
+
+
+def test_reshape_factor_sizes():
+    assert reshape_factors((6, 4), (4, 6))[0] == [2, 3, 4, 2, 6]
+    assert reshape_factors((2, 1, 3), (6,)) == ([2, 3], [PASS, PASS], [[0], [], [1]], [[0, 1]])
+    assert reshape_factors((12, 5), (4, 15))[0] == [4, 3, 5]
+    assert reshape_factors((1,), (1, 1)) == ([], [], [[]], [[], []])
+
+
+# ---------------------------------------------------------------------------------- projection
+
+M22 = Mesh.make({"a": 2, "b": 2})
+M24 = Mesh.make({"a": 2, "b": 4})
+M23 = Mesh.make({"a": 2, "b": 3})
+M42 = Mesh.make({"a": 4, "b": 2})
+
+
+def reshaped(in_shape, dims, out_shape, mesh):
+    """What propagation hands the reshape's result for an operand laid out as `dims`."""
+    rule = reshape_rule(in_shape, out_shape)
+    fa = project(rule.operands[0], dims, rule.sizes, mesh, in_shape)
+    fa = {f: a for f, a in fa.items() if rule.kinds[f] == PASS}
+    return unproject(rule.results[0], restrict(rule, fa, mesh), rule.sizes, mesh)
+
+
+RESHAPES = [
+    # merges keep (a, b) only when the major dim's split covers it fully
+    ("merge covered", M22, (2, 16), (("a",), ("b",)), (32,), (("a", "b"),)),
+    ("merge not covered", M24, (8, 16), (("a",), ("b",)), (128,), (("a",),)),
+    ("merge major only", M22, (2, 16), (("a",), ()), (32,), (("a",),)),
+    ("merge minor only", M22, (2, 16), ((), ("b",)), (32,), ((),)),
+    ("merge two axes major", M22, (4, 16), (("a", "b"), ()), (64,), (("a", "b"),)),
+    ("merge three dims", M22, (2, 2, 5), (("a",), ("b",), ()), (20,), (("a", "b"),)),
+    # a split dim hands its axes to the major parts first; sizes that do not divide stop
+    ("split both to major", M24, (128,), (("a", "b"),), (8, 16), (("a", "b"), ())),
+    ("split spills to minor", M24, (32,), (("a", "b"),), (2, 16), (("a",), ("b",))),
+    ("split does not divide", M24, (32,), (("b",),), (2, 16), ((), ())),
+    ("split stops midway", M24, (24,), (("a", "b"),), (6, 4), (("a",), ())),
+    ("split minor axis first", M24, (32,), (("b", "a"),), (4, 8), (("b",), ("a",))),
+    ("heads", M24, (8, 64, 256), (("a",), (), ("b",)), (8, 64, 8, 32), (("a",), (), ("b",), ())),
+    ("heads back", M24, (8, 64, 8, 32), (("a",), (), ("b",), ()), (8, 64, 256), (("a",), (), ("b",))),
+    ("heads too few", M24, (8, 64, 2, 128), ((), (), ("b",), ()), (8, 64, 256), ((), (), ())),
+    # irregular blocks: only the shared major factor passes
+    ("irregular major", M22, (6, 4), (("a",), ()), (4, 6), (("a",), ())),
+    ("irregular minor", M22, (6, 4), ((), ("a",)), (4, 6), ((), ())),
+    ("irregular too much", M23, (6, 4), (("b",), ()), (4, 6), ((), ())),
+    # a minor factor's split cannot survive where its major factor's split is lost
+    ("no orphan minor split", M22, (2, 4), ((), ("a", "b")), (4, 2), ((), ())),
+    # uneven shards are contiguous only where the dim has a single non-trivial factor
+    ("uneven sole factor", M42, (10,), (("a",),), (10, 1), (("a",), ())),
+    ("uneven into merge", M22, (5, 4), (("a",), ()), (20,), ((),)),
+    ("uneven split", M22, (20,), (("a",),), (5, 4), ((), ())),
+    ("size-1 dims", M22, (2, 1, 3), (("a",), (), ()), (6,), (("a",),)),
+    ("size-1 dims out", M23, (6,), (("a", "b"),), (2, 1, 3), (("a",), (), ("b",))),
+]
+
+
+@pytest.mark.parametrize("name, mesh, in_shape, dims, out_shape, expected", RESHAPES,
+                         ids=[r[0] for r in RESHAPES])
+def test_reshape_projection(name, mesh, in_shape, dims, out_shape, expected):
+    assert reshaped(in_shape, dims, out_shape, mesh) == expected
+
+
+def test_project_dim_order_and_stop():
+    sizes = (2, 8, 3)
+    assert project_dim((0, 1), ("a", "b"), sizes, M24, 16) == ({0: ("a",), 1: ("b",)}, ("a", "b"))
+    # b=4 does not divide 2: the dim's axes stop at the first that cannot be placed
+    assert project_dim((0, 1), ("b", "a"), sizes, M24, 16) == ({}, ())
+    # the sole non-trivial factor takes everything, even unevenly
+    assert project_dim((2,), ("b",), sizes, M24, 3) == ({2: ("b",)}, ("b",))
+
+
+def test_unproject_dim_contiguous_prefix():
+    sizes = (2, 8, 3)
+    assert unproject_dim((0, 1), {0: ("a",), 1: ("b",)}, sizes, M24) == ("a", "b")
+    assert unproject_dim((0, 1), {1: ("b",)}, sizes, M24) == ()  # major factor whole: minor split lost
+    assert unproject_dim((1, 0), {1: ("a",), 0: ("b",)}, sizes, M22) == ("a",)  # 8 not fully split
+    assert unproject_dim((), {0: ("a",)}, sizes, M22) == ()
+
+
+def test_restrict_cuts_everywhere():
+    rule = reshape_rule((2, 4), (4, 2))  # a(bc)->(ab)c
+    assert restrict(rule, {1: ("a",), 2: ("b",)}, M22) == {}
+    assert restrict(rule, {0: ("a",), 1: ("b",), 2: ()}, M22) == {0: ("a",), 1: ("b",)}
+
+
+# ---------------------------------------------------------------------------------- brute force
+
+
+def block_layouts(rank, mesh):
+    """Every sharding of a rank-`rank` tensor over `mesh`: each axis unused or on one dim, any order."""
+    names = mesh.names
+    for place in itertools.product(range(-1, rank), repeat=len(names)):
+        per_dim = [[a for a, d in zip(names, place) if d == i] for i in range(rank)]
+        for orders in itertools.product(*(itertools.permutations(p) for p in per_dim)):
+            yield tuple(tuple(o) for o in orders)
+
+
+@cache
+def held(shape, dims, mesh) -> tuple[frozenset, ...]:
+    """Per device (mesh position), the flat global indices it holds under the ceil-division layout."""
+    flat = np.arange(prod(shape)).reshape(shape)
+    out = []
+    for position in range(mesh.size):
+        coords = mesh.coords(position)
+        index = []
+        for n, axes in zip(shape, dims):
+            shard = 0
+            for a in axes:
+                shard = shard * mesh.axis_size(a) + coords[a]
+            chunk = -(-n // mesh.group_size(axes))
+            index.append(slice(min(shard * chunk, n), min((shard + 1) * chunk, n)))
+        out.append(frozenset(flat[tuple(index)].ravel().tolist()))
+    return tuple(out)
+
+
+def test_held_matches_language_layout():
+    # [a=2, b=2], dim of 5 over (a, b): shards of ceil(5/4) = 2, shard index a*2 + b, the last one empty
+    assert held((5,), (("a", "b"),), M22) == (frozenset({0, 1}), frozenset({2, 3}), frozenset({4}),
+                                             frozenset())
+    assert held((2, 2), (("b",), ("a",)), M22) == tuple(frozenset({x}) for x in (0, 2, 1, 3))
+
+
+def shapes_of_size(n, max_rank=3):
+    dims = [d for d in range(1, n + 1) if n % d == 0]
+    return [s for r in range(1, max_rank + 1) for s in itertools.product(dims, repeat=r) if prod(s) == n]
+
+
+@pytest.mark.parametrize("mesh", [M22, M23, M42], ids=str)
+@pytest.mark.parametrize("n", [4, 6, 8, 12, 16])
+def test_reshape_projection_brute_force(mesh, n):
+    """For every pair of shapes with n elements and every layout of the operand:
+    sound: the result's layout and the operand's layout that projects back from it hold the same
+      elements on every device (the reshape is local), and that operand layout only drops axes;
+    exact: an evenly split operand keeps all its axes whenever some result layout holds exactly
+      its elements (a split survives exactly when shards stay contiguous)."""
+    shapes = shapes_of_size(n)
+    if n == 16:
+        shapes = [s for s in shapes if len(s) <= 2 or 1 in s]
+    for in_shape in shapes:
+        for out_shape in shapes:
+            if in_shape == out_shape:
+                continue
+            rule = reshape_rule(in_shape, out_shape)
+            out_layouts = {held(out_shape, d, mesh) for d in block_layouts(len(out_shape), mesh)}
+            for dims in block_layouts(len(in_shape), mesh):
+                if any(mesh.group_size(a) > m for a, m in zip(dims, in_shape)):
+                    continue  # propagation never splits a dim into more shards than elements
+                out = reshaped(in_shape, dims, out_shape, mesh)
+                fb = project(rule.results[0], out, rule.sizes, mesh, out_shape)
+                back = unproject(rule.operands[0], restrict(rule, fb, mesh), rule.sizes, mesh)
+                where = f"{in_shape} {dims} -> {out_shape} {out} (back {back})"
+                assert all(b == d[: len(b)] for b, d in zip(back, dims)), where
+                assert held(in_shape, back, mesh) == held(out_shape, out, mesh), where
+                even = all(m % mesh.group_size(a) == 0 for a, m in zip(dims, in_shape))
+                if even and held(in_shape, dims, mesh) in out_layouts:
+                    assert back == dims, where
+
+
+@pytest.mark.parametrize("mesh", [M22, M23], ids=str)
+def test_transpose_and_elementwise_projection_brute_force(mesh):
+    """Pass factors of single-factor dims carry any layout across, holding the same elements."""
+    shape, perm = (2, 3, 4), (2, 0, 1)
+    rule = op_rule("transpose", shape, perm=perm)
+    out_shape = tuple(shape[p] for p in perm)
+    for dims in block_layouts(3, mesh):
+        fa = project(rule.operands[0], dims, rule.sizes, mesh, shape)
+        out = unproject(rule.results[0], fa, rule.sizes, mesh)
+        assert out == tuple(dims[p] for p in perm)
+        moved = np.transpose(np.arange(prod(shape)).reshape(shape), perm).ravel()
+        assert [frozenset(moved[i] for i in h) for h in held(out_shape, out, mesh)] == list(
+            held(shape, dims, mesh))
