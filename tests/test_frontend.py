@@ -165,6 +165,23 @@ def test_crlf_line_endings():
     assert (e.line, e.col) == (3, 11)
 
 
+def test_lone_carriage_returns_end_lines():
+    src = "mesh [x=2]\rfunc main(a: f32[3]) -> f32[3] {\r  return a + q\r}"
+    e = pytest.raises(SpmdError, spmdlang.compile, src).value
+    assert (e.line, e.col) == (3, 14)
+    assert e.render().splitlines()[1] == "  return a + q"
+
+
+@pytest.mark.parametrize("sep", ["\x0c", "\x0b", "\x1c", "\x85", "\u2028"])
+def test_unusual_line_separators_do_not_crash(sep):
+    # Python's splitlines() splits on these; the lexer counts lines by \n only
+    for body in ("return a $", "return q", "return a"):
+        src = f"mesh [x=2] # {sep}\nfunc main(a: f32[3]) -> f32[3] {{ {body}"
+        e = pytest.raises(SpmdError, spmdlang.compile, src).value
+        assert e.line == 2 and e.col >= 1
+        e.render()
+
+
 def test_byte_order_mark_is_ignored():
     src = "\ufeffmesh [x=2]\nfunc main(a: f32[3]) -> f32[3] { return a }"
     spmdlang.compile(src)

@@ -90,24 +90,28 @@ def _expected_words(expected) -> str:
     return ", ".join(words)
 
 
+def _end_of_text(text: str) -> tuple[int, int]:
+    """Just past the last non-blank character; lines counted as the lexer counts them (by \\n)."""
+    lines = text.rstrip().split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
 def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
     line, col = max(e.line, 1), max(e.column, 1)
     if isinstance(e, UnexpectedCharacters):
-        ch = source.text.splitlines()[line - 1][col - 1] if line <= len(source.text.splitlines()) else "?"
+        ch = e.char
         msg = f"unexpected character '{ch}'" if ch.isprintable() else f"unexpected character U+{ord(ch):04X}"
         if ch == '"':
             msg = "unterminated string"
         return SpmdError(msg, Span(source, line, col, line, col + 1))
     if isinstance(e, UnexpectedEOF):
-        lines = source.text.rstrip().splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
+        line, col = _end_of_text(source.text)
         return SpmdError(f"unexpected end of file; expected {_expected_words(e.expected)}",
                          Span(source, line, col))
     assert isinstance(e, UnexpectedToken)
     tok = e.token
     if tok.type == "$END":
-        lines = source.text.rstrip().splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
+        line, col = _end_of_text(source.text)
     msg = f"unexpected {_describe_token(tok)}; expected {_expected_words(e.expected)}"
     if str(tok) in _KEYWORDS and "NAME" in e.expected:
         msg += f" ('{tok}' is a keyword and cannot be used as a name)"
@@ -117,7 +121,8 @@ def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
 
 def parse(text: str, filename: str = "<input>") -> tuple[A.Module, Source]:
     """Parse source text into an AST Module. Raises SpmdError on syntax errors."""
-    text = text.removeprefix("\ufeff")  # a byte-order mark is an encoding detail, not a character
+    # a byte-order mark is an encoding detail, not a character; a lone \r ends a line, as in Python
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     source = Source(filename, text)
     try:
         tree = _parser().parse(text)
@@ -159,8 +164,8 @@ class _ToAst(Transformer):
 
     def mesh_decl(self, meta, children):
         axes = [c for c in children if isinstance(c, A.MeshAxis)]
-        devices = next((c for c in children if isinstance(c, tuple)), None)
-        return A.MeshDecl(self.sp(meta), axes, devices[0] if devices else None, devices[1] if devices else None)
+        ids, ids_span = next((c for c in children if isinstance(c, tuple)), (None, None))
+        return A.MeshDecl(self.sp(meta), axes, ids, ids_span)
 
     def mesh_axis(self, meta, children):
         name, size = children
