@@ -89,60 +89,16 @@ TOKEN = re.compile(
     r'\s+|#[^\n]*|"[^"\n]*"|[A-Za-z_][A-Za-z0-9_]*|\d+\.?\d*(?:[eE][+-]?\d+)?|->|\*\*|[<>=!]=|.', re.S
 )
 TOKENS = [TOKEN.findall(p) for p in CORPUS]
-EXTRA = [
-    "{",
-    "}",
-    "(",
-    ")",
-    "[",
-    "]",
-    ",",
-    ";",
-    "?",
-    "_",
-    "-",
-    "-1",
-    "0",
-    "1e400",
-    "2147483648",
-    "99999999999",
-    '"',
-    '"ij->"',
-    "#",
-    "=",
-    "->",
-    ".",
-    "@",
-    "**",
-    "mesh",
-    "const",
-    "func",
-    "return",
-    "for",
-    "in",
-    "range",
-    "devices",
-    "true",
-    "false",
-    "main",
-    "f32",
-    "i32",
-    "bool",
-    "bf16",
-    "x",
-    "shard",
-    "sum",
-    "é",
-    "\x00",
-    "\t",
-    "\n",
-    "1.5",
-    ".5",
-    "None",
-    "axis",
-    "keepdims",
-    "==",
-]
+# tokens worth trying that programs rarely contain: punctuation, keywords, huge numbers, and
+# characters str.splitlines() treats as line breaks although the lexer does not
+EXTRA = (
+    '{ } ( ) [ ] , ; ? _ - -1 0 1e400 2147483648 99999999999 " "ij->" # = -> . @ ** == 1.5 .5'.split()
+    + (
+        "mesh const func return for in range devices true false main f32 i32 bool bf16 x shard sum None axis "
+        "keepdims".split()
+    )
+    + ["é", "\x00", "\t", "\n", "\r", "\x0c", "\x0b", "\x1c", "\x85", "\u2028", "\ufeff"]
+)
 VOCAB = sorted({t for toks in TOKENS for t in toks if not t.isspace()} | set(EXTRA))
 
 
