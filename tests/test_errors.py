@@ -826,6 +826,24 @@ def test_override_with_bad_size():
         spmdlang.compile(M + "func main(a: f32[4]) -> f32[4] { return a }", mesh={"x": 0})
 
 
+@pytest.mark.parametrize(
+    "kw, at, fragment",
+    [
+        ({"consts": {"B": 2.5}}, "B =", "--set B=2.5: consts are integers"),
+        ({"consts": {"B": True}}, "B =", "consts are integers"),
+        ({"consts": {"B": "4"}}, "B =", "consts are integers"),
+        ({"mesh": {"x": True}}, "x=2", "sizes must be positive integers"),
+    ],
+)
+def test_api_overrides_must_be_integers(kw, at, fragment):
+    src = "mesh [x=2]\nconst B = 4\nfunc main(a: f32[B]) -> f32[B] { return a }"
+    with pytest.raises(OverrideError) as info:
+        spmdlang.compile(src, **kw)
+    e = info.value
+    assert fragment in e.message
+    assert (e.line, e.col) == locate(src, at)
+
+
 def test_set_makes_shapes_mismatch():
     src = M + "const B = 4\nfunc main(a: f32[B]) -> f32[4] { return a }"
     e = check(src, "a }", "result 0 of 'main' is f32[6]", consts={"B": 6})
@@ -924,8 +942,8 @@ def test_render_with_filename_and_note(tmp_path):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="errors.Source.line_text splits with str.splitlines(), which also breaks at \\x0c, \\x1c, \\u2028...; "
-    "the lexer counts lines by \\n only, so the rendered source line is the wrong one",
+    reason="errors.Source.line_text splits with str.splitlines(), which also breaks at \\x0c, \\x1c, "
+    "\\u2028...; the lexer counts lines by \\n only, so the rendered source line is the wrong one",
 )
 def test_render_shows_the_right_line_after_a_form_feed():
     e = compile_error("mesh [x=2] # \x0c page\nfunc main(a: f32[3]) -> f32[3] { return q }")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Source, Span, SpmdError
+from ..errors import OverrideError, Source, Span, SpmdError
 from ..ir import types as T
 from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
@@ -160,7 +160,10 @@ class Lowerer:
             if c.name in self.consts:
                 raise SpmdError(f"const '{c.name}' is defined twice", c.span)
             if c.name in self.const_override:
-                self.consts[c.name] = self.const_override[c.name]
+                value = self.const_override[c.name]
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise OverrideError(f"--set {c.name}={value!r}: consts are integers", c.span)
+                self.consts[c.name] = value
                 continue
             self.consts[c.name] = _check_static_int(self.static(c.value, {}), c.value.span,
                                                     f"const '{c.name}'")
@@ -180,6 +183,8 @@ class Lowerer:
             if ax.name == "_":
                 raise SpmdError("'_' cannot name a mesh axis (it means 'not split' in specs)", ax.span)
             size = self.mesh_override.get(ax.name)
+            if isinstance(size, bool) or not isinstance(size, (int, type(None))):
+                raise OverrideError(f"--mesh {ax.name}={size!r}: sizes must be positive integers", ax.span)
             if size is None:
                 size = _check_static_int(self.static(ax.size, {}), ax.size.span, f"size of mesh axis '{ax.name}'")
             if size < 1:
