@@ -18,10 +18,15 @@ BACKENDS = ("ref", "sim", "jax", "xla")
 
 
 def read_source(path: str) -> str:
-    """Read a .spmd file as UTF-8 text; binary or undecodable files are located user errors."""
-    with open(path, "rb") as f:
-        data = f.read()
+    """Read a .spmd file as UTF-8 text; unreadable, binary or undecodable files are located user errors."""
     where = Span(Source(path, ""), 1, 1)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except IsADirectoryError:
+        raise SpmdError("this is a directory, not a .spmd file", where) from None
+    except OSError as e:
+        raise SpmdError(f"cannot read the program: {e.strerror or e}", where) from None
     if b"\x00" in data:
         raise SpmdError("this is a binary file, not spmdlang source text", where)
     try:
@@ -108,8 +113,9 @@ class Compiled:
     def shardings(self) -> dict:
         """Sharding of every named value: source names, and results as return0, return1, ..."""
         sh = self.propagation.shardings
-        out = {name: sh[v] for name, v, _span in self.program.names}
-        out.update({f"return{i}": sh[r.value] for i, r in enumerate(self.program.results)})
+        prog = self.canonical  # after CSE, whose names point at the values propagation saw
+        out = {name: sh[v] for name, v, _span in prog.names}
+        out.update({f"return{i}": sh[r.value] for i, r in enumerate(prog.results)})
         return out
 
     def check_report(self) -> dict:

@@ -12,7 +12,7 @@ def mesh_json(mesh) -> dict:
 def value_rows(c) -> list[dict]:
     """Every named value of the entry function (last assignment wins), then results."""
     prop = c.propagation
-    prog = c.program
+    prog = c.canonical  # names and results follow the values propagation saw (after CSE)
     names = Namer.for_program(prog).names
     rows = []
     entries = [(name, v, span) for name, v, span in prog.names]
@@ -109,10 +109,10 @@ def render_layout(console, c, name: str) -> None:
     from .ir.printer import Namer
     from .backend_ref.sim import block_slices
 
-    values = {n: v for n, v, _ in c.program.names}
-    values.update({f"return{i}": r.value for i, r in enumerate(c.program.results)})
+    values = {n: v for n, v, _ in c.canonical.names}
+    values.update({f"return{i}": r.value for i, r in enumerate(c.canonical.results)})
     if name not in values:
-        raw = {n: v for v, n in Namer.for_program(c.program).names.items()}
+        raw = {n: v for v, n in Namer.for_program(c.canonical).names.items()}
         if name.lstrip("%") not in raw:
             raise SpmdError(f"--show: no value named '{name}' (named values: {', '.join(values)})")
         values[name] = raw[name.lstrip("%")]

@@ -7,7 +7,10 @@ axes are extended on the minor side, never changed), so it terminates.
 Each round is Jacobi-style: every op due for a visit proposes shardings for its operands and
 results from the *same* snapshot, and the proposals for one value are merged by a rule that does
 not depend on which op proposed first. So the outcome does not depend on the order ops are
-visited. Ops are admitted in phases, as GSPMD/Shardy prioritise them:
+visited. Ops are admitted in phases, as GSPMD/Shardy prioritise them, and each phase first runs forward
+only (operands -> results) to its fixpoint, then in both directions: a split arriving from an
+op's inputs beats one pulled back from a distant user (GShard's dispatch einsum keeps the gating
+split by group, not by expert):
   0. elementwise-like ops (pass-through factors only: elementwise, reshape, transpose, ...)
   1. every op's pass-through factors (einsum batch and free dims, kept dims of reductions, ...)
   2. reduction factors too (einsum contracting dims: one operand's split is offered to the other)
@@ -104,8 +107,9 @@ def _admitted(op: Op, kind: str, phase: int) -> bool:
     return True
 
 
-def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict):
-    """This op's proposals: [(value, dim, axes, strength, source value)]."""
+def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, forward: bool = False):
+    """This op's proposals: [(value, dim, axes, strength, source value)]; only for its results
+    when `forward`."""
     if phase == 0 and registry.get(op.kind).family != "elementwise":
         return []
     tensors = op.operands + op.results
@@ -155,6 +159,8 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict):
         return []
     out = []
     for i, t in enumerate(tensors):
+        if forward and i < len(op.operands):
+            continue
         for d in st.open[t]:
             axes = unproject_dim(rule.tensors[i][d], chosen, rule.sizes, mesh)
             cur = st.dims[t][d]
@@ -210,13 +216,13 @@ def propagate(prog: Program) -> Propagation:
         for v in op.operands + op.results:
             adjacent[v].append(op)
     rounds = 0
-    for phase in PHASES:
+    for phase, forward in ((p, f) for p in PHASES for f in (True, False)):
         frontier = set(prog.ops)
         while frontier:
             rounds += 1
             proposals: dict[Value, list] = defaultdict(list)
             for op in frontier:
-                for t, d, axes, s, src in _propose(op, rules[op], st, phase, {}):
+                for t, d, axes, s, src in _propose(op, rules[op], st, phase, {}, forward):
                     proposals[t].append((d, axes, s, src, op))
             changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
             frontier = {op for v in changed for op in adjacent[v]}

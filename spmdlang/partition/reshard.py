@@ -86,7 +86,7 @@ class _Planner:
         return Sharding(tuple(map(tuple, self.cur)), tuple(self.partial), frozenset(),
                         self.op if self.partial else "sum")
 
-    def add(self, kind, axes, dim=None, dim2=None):
+    def measure(self, axes):
         before = self.layout()
         k = self.mesh.group_size(axes)
         size = local_bytes(self.shape, self.itemsize, self.mesh, before)
@@ -105,7 +105,7 @@ class _Planner:
     # ---- steps
     def gather_whole(self, d):
         axes = tuple(self.cur[d])
-        before, k, size = self.add("all_gather", axes, d)
+        before, k, size = self.measure(axes)
         self.cur[d] = []
         self.record("all_gather", axes, before, k, size, d)
 
@@ -145,7 +145,7 @@ class _Planner:
                     raise AssertionError("a whole dim always nests")
                 self.gather_whole(d)
                 return True
-            before, k, size = self.add(kind, run, d)
+            before, k, size = self.measure(run)
             self.cur[d] = cur + run
             if kind == "reduce_scatter":
                 self.partial = [a for a in self.partial if a not in run]
@@ -178,52 +178,75 @@ class _Planner:
         if not axes:
             return False
         axes = tuple(a for a in self.mesh.names if a in axes)
-        before, k, size = self.add("all_reduce", axes)
+        before, k, size = self.measure(axes)
         self.partial = [a for a in self.partial if a not in axes]
         self.resolve = [a for a in self.resolve if a not in axes]
         self.record("all_reduce", axes, before, k, size)
         return True
 
     def remove(self) -> bool:
-        """Moves (all_to_all) and drops (all_gather) of axes beyond each dim's common prefix."""
+        """Moves (all_to_all) and drops (all_gather) of axes beyond each dim's common prefix:
+        first any move, then drops of axes wanted nowhere (they may unblock moves), then the rest."""
+        extras = {}
         for d, want in enumerate(self.dst.dims):
             cur = self.cur[d]
             common = 0
             while common < min(len(cur), len(want)) and cur[common] == want[common]:
                 common += 1
-            extras = cur[common:]
-            if not extras:
-                continue
-            target = self._move_target(extras[-1], d)
-            if target is not None:
-                j = target
-                nxt = list(self.dst.dims[j][len(self.cur[j]):])
-                run = [extras[-1]]
-                while len(run) < len(extras) and len(run) < len(nxt) and nxt[: len(run) + 1] == extras[-len(run) - 1:]:
-                    run = extras[-len(run) - 1:]
-                keep = cur[: len(cur) - len(run)]
-                m = self.shards(run)
-                if nests(self.shape[d], self.shards(keep), m) and nests(self.shape[j], self.shards(self.cur[j]), m):
-                    before, k, size = self.add("all_to_all", run, j, d)
-                    self.cur[d] = keep
-                    self.cur[j] = self.cur[j] + run
-                    self.record("all_to_all", run, before, k, size, j, d)
-                    return True
-            # drop the minor-most run of axes that have nowhere to go right now
-            run = []
-            for a in reversed(extras):
-                if self._move_target(a, d) is not None and run:
-                    break
-                run.insert(0, a)
-            keep = cur[: len(cur) - len(run)]
-            if not nests(self.shape[d], self.shards(keep), self.shards(run)):
-                self.gather_whole(d)
+            if cur[common:]:
+                extras[d] = cur[common:]
+        for d, ex in extras.items():
+            if self._move(d, ex):
                 return True
-            before, k, size = self.add("all_gather", run, d)
-            self.cur[d] = keep
-            self.record("all_gather", run, before, k, size, d)
+        wanted = {a for w in self.dst.dims for a in w}
+        for d, ex in extras.items():
+            if ex[-1] not in wanted:
+                run = []
+                for a in reversed(ex):
+                    if a in wanted:
+                        break
+                    run.insert(0, a)
+                return self._drop(d, run)
+        d, ex = next(iter(extras.items()), (None, None))
+        if d is None:
+            return False
+        run = []
+        for a in reversed(ex):
+            if self._move_target(a, d) is not None and run:
+                break
+            run.insert(0, a)
+        return self._drop(d, run)
+
+    def _move(self, d, extras) -> bool:
+        target = self._move_target(extras[-1], d)
+        if target is None:
+            return False
+        j = target
+        cur = self.cur[d]
+        nxt = list(self.dst.dims[j][len(self.cur[j]):])
+        run = [extras[-1]]
+        while len(run) < len(extras) and len(run) < len(nxt) and nxt[: len(run) + 1] == extras[-len(run) - 1:]:
+            run = extras[-len(run) - 1:]
+        keep = cur[: len(cur) - len(run)]
+        m = self.shards(run)
+        if not (nests(self.shape[d], self.shards(keep), m) and nests(self.shape[j], self.shards(self.cur[j]), m)):
+            return False
+        before, k, size = self.measure(run)
+        self.cur[d] = keep
+        self.cur[j] = self.cur[j] + list(run)
+        self.record("all_to_all", run, before, k, size, j, d)
+        return True
+
+    def _drop(self, d, run) -> bool:
+        cur = self.cur[d]
+        keep = cur[: len(cur) - len(run)]
+        if not nests(self.shape[d], self.shards(keep), self.shards(run)):
+            self.gather_whole(d)
             return True
-        return False
+        before, k, size = self.measure(run)
+        self.cur[d] = keep
+        self.record("all_gather", run, before, k, size, d)
+        return True
 
     def _move_target(self, a, d):
         for j, want in enumerate(self.dst.dims):
