@@ -1,8 +1,17 @@
-"""Shared pytest setup: tests marked `slow` (long fuzzing and sweeps) run only with --runslow."""
+"""Shared pytest setup: tests marked `slow` (long fuzzing and sweeps) run only with --runslow.
+
+jax fixes its device count when first imported; the suite's meshes need up to 64 devices, so ask
+for that many virtual CPU devices before anything imports jax (no effect on real accelerators).
+"""
 
 from __future__ import annotations
 
-import pytest
+import os
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=64").strip()
+
+import pytest  # noqa: E402
 
 
 def pytest_addoption(parser):
