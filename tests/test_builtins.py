@@ -366,6 +366,11 @@ def _binary_cases():
         )
         B.append(Case(f"cmp{op}-i32-literal", "a: i32[7]", f"a {op} 1", lambda a, fn=fn: fn(a, 1)))
     B.append(Case("cmp-bool", "a: bool[5], b: bool[5]", "a == b", np.equal))
+    # an int literal meets a bool tensor: i32, as numpy and jax promote (bool + bool stays an error)
+    B.append(Case("bool-times-int-literal", "a: bool[5]", "a * 2", lambda a: (a * 2).astype(np.int32)))
+    B.append(Case("bool-plus-float-literal", "a: bool[5]", "a + 1.5", lambda a: (a + 1.5).astype(f32)))
+    B.append(Case("bool-eq-int-literal", "a: bool[5]", "a == 1", lambda a: a == 1))
+    B.append(Case("maximum-bool-int", "a: bool[5]", "maximum(a, 0)", lambda a: a.astype(np.int32)))
     B.append(Case("cmp-loosest", "a: f32[5], b: f32[5]", "a + 1 > b * 2", lambda a, b: a + 1 > b * 2))
     B.append(Case("left-assoc", "a: f32[5], b: f32[5], c: f32[5]", "a - b - c", lambda a, b, c: (a - b) - c))
     B.append(

@@ -669,6 +669,8 @@ class Lowerer:
                 dt = T.promote(dt, t.type.dtype)
             if any(isinstance(v, float) and not isinstance(v, bool) for v in values) and not T.is_float(dt):
                 dt = float_for(dt)  # a float literal meets an int tensor: promote, as jax's weak floats do
+            elif any(type(v) is int for v in values) and dt == "bool":
+                dt = "i32"  # likewise an int literal meets a bool tensor (numpy: True * 2 == 2)
         else:
             dt = "f32" if any(isinstance(v, float) for v in values) else (
                 "bool" if all(isinstance(v, bool) for v in values) else "i32")
