@@ -441,6 +441,22 @@ def test_binary(case):
     ),
     Case("cast-i32-bool", "x: i32[4]", "cast(x, bool)", lambda x: x != 0, {"x": lambda r: [0, 1, -3, 0]}),
     Case("cast-same", "x: f32[4]", "cast(x, f32)", lambda x: x),
+    Case(
+        "cast-bf16-bool",
+        "x: bf16[4]",
+        "cast(x, bool)",
+        lambda x: x.astype(f32) != 0,
+        {"x": lambda r: [0, 1.5, -0.0, 2]},
+    ),
+    Case("cast-f16-i32", "x: f16[4]", "cast(x, i32)", lambda x: np.trunc(x.astype(f32)).astype(np.int32)),
+    # numpy leaves these undefined; spmdlang saturates and maps NaN to 0 (as XLA's convert does)
+    Case(
+        "cast-saturates",
+        "x: f32[4]",
+        "cast(x, i32)",
+        lambda x: np.array([2**31 - 1, -(2**31), 0, 7], np.int32),
+        {"x": lambda r: [1e10, -1e10, np.nan, 7.9]},
+    ),
 )
 def test_where_cast(case):
     check_case(case)
