@@ -17,8 +17,9 @@ class Source:
     text: str
 
     def line_text(self, line: int) -> str:
-        lines = self.text.splitlines()
-        return lines[line - 1] if 1 <= line <= len(lines) else ""
+        # count lines as the lexer does: by "\n" only (splitlines() also breaks at \x0c, \u2028, ...)
+        lines = self.text.split("\n")
+        return lines[line - 1].rstrip("\r") if 1 <= line <= len(lines) else ""
 
 
 @dataclass(frozen=True)

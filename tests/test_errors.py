@@ -940,11 +940,6 @@ def test_render_with_filename_and_note(tmp_path):
     assert lines[-1].startswith("note: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="errors.Source.line_text splits with str.splitlines(), which also breaks at \\x0c, \\x1c, "
-    "\\u2028...; the lexer counts lines by \\n only, so the rendered source line is the wrong one",
-)
 def test_render_shows_the_right_line_after_a_form_feed():
     e = compile_error("mesh [x=2] # \x0c page\nfunc main(a: f32[3]) -> f32[3] { return q }")
     assert (e.line, e.col) == (2, 41)
