@@ -111,7 +111,10 @@ register("cast", infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
 
 
 def _int_pow(a, b):
-    return np.where(b < 0, np.zeros_like(a), np.power(a, np.maximum(b, 0)))
+    """Integer powers; a negative exponent truncates 1 / a**|b| toward zero, as C does (numpy
+    raises): 1 for a base of 1, +-1 for -1, 0 otherwise."""
+    neg = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 0, 1, -1), 0))
+    return np.where(b < 0, neg, np.power(a, np.maximum(b, 0)))
 
 
 _ARITH = {
@@ -165,7 +168,9 @@ def _arith_jax(name, text):
         if T.is_int(out[0].dtype) and name == "div":
             return f"jnp.where({args[1]} == 0, 0, {args[0]} // jnp.where({args[1]} == 0, 1, {args[1]}))"
         if T.is_int(out[0].dtype) and name == "pow":
-            return (f"jnp.where({args[1]} < 0, 0, jnp.power({args[0]}, jnp.maximum({args[1]}, 0)))"
+            a, b = args
+            neg = f"jnp.where({a} == 1, 1, jnp.where({a} == -1, jnp.where({b} % 2 == 0, 1, -1), 0))"
+            return (f"jnp.where({b} < 0, {neg}, jnp.power({a}, jnp.maximum({b}, 0)))"
                     f".astype({T.jnp_dtype(out[0].dtype)})")
         return text.format(*args)
 
