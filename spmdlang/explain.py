@@ -105,9 +105,9 @@ def render_layout(console, c, name: str) -> None:
     """Which block of a value each device holds, for any rank: one cell per device of the mesh."""
     from rich.table import Table
 
+    from .backend_ref.sim import block_slices
     from .errors import SpmdError
     from .ir.printer import Namer
-    from .backend_ref.sim import block_slices
 
     values = {n: v for n, v, _ in c.canonical.names}
     values.update({f"return{i}": r.value for i, r in enumerate(c.canonical.results)})

@@ -54,7 +54,8 @@ def test_explain_json_ledger(capsys):
 
 def test_explain_kinds_and_partial(capsys, tmp_path):
     p = tmp_path / "rs.spmd"
-    p.write_text("mesh [a=2, b=4]\nfunc main(x: f32[64, 512] {_, b}, w: f32[512, 256] {b, _}) -> f32[64, 256] {b, _} {\n"
+    p.write_text("mesh [a=2, b=4]\n"
+                 "func main(x: f32[64, 512] {_, b}, w: f32[512, 256] {b, _}) -> f32[64, 256] {b, _} {\n"
                  "  y = x @ w\n  return y\n}\n")
     code, out, _ = run_cli(capsys, "explain", str(p), "--json")
     d = json.loads(out)

@@ -71,7 +71,7 @@ def _header(prog: Program, what: str) -> list[str]:
 
 def _mesh_code(mesh: Mesh, axis_type: str) -> list[str]:
     n = mesh.size
-    order = "list(range(%d))" % n if list(mesh.devices) == list(range(n)) else repr(list(mesh.devices))
+    order = f"list(range({n}))" if list(mesh.devices) == list(range(n)) else repr(list(mesh.devices))
     return [
         f"AXES = {mesh.names!r}",
         f"SHAPE = {tuple(s for _, s in mesh.axes)!r}",
@@ -98,7 +98,8 @@ def _imports(prog: Program) -> list[str]:
     lines = ["import os", "",
              "if __name__ == \"__main__\" and \"device_count\" not in os.environ.get(\"XLA_FLAGS\", \"\"):",
              f"    # run as a script with no accelerator: ask jax for {n} virtual CPU devices before it starts",
-             f"    os.environ[\"XLA_FLAGS\"] = os.environ.get(\"XLA_FLAGS\", \"\") + \" --xla_force_host_platform_device_count={n}\"",
+             "    os.environ[\"XLA_FLAGS\"] = (os.environ.get(\"XLA_FLAGS\", \"\")",
+             f"                               + \" --xla_force_host_platform_device_count={n}\")",
              "",
              "import jax  # noqa: E402",
              "import jax.numpy as jnp  # noqa: E402",
@@ -145,7 +146,8 @@ def emit_shard_map(spmd) -> str:
                           "jax.shard_map. run(*arrays) takes and returns global numpy arrays.")
     lines += _imports(prog)
     lines += ["", ""] + _mesh_code(mesh, "Explicit")
-    lines += ["", "", "# ---- helpers the per-partition program uses", inspect.getsource(permute.permute_pairs).rstrip()]
+    lines += ["", "", "# ---- helpers the per-partition program uses"]
+    lines.append(inspect.getsource(permute.permute_pairs).rstrip())
     lines += _HELPERS.rstrip().splitlines()
     lines += ["", "", f"def body({', '.join(params)}):", '    """The per-partition program: local shapes."""']
     lines += _body(prog, namer)
@@ -235,7 +237,7 @@ def emit_xla(prog: Program, in_shardings, out_shardings) -> str:
     lines += _body(prog, namer, constraint=lambda a, s: (
         f"jax.lax.with_sharding_constraint({a}, NamedSharding(mesh, {spec_text(s)}))"))
     res = [pyname(namer, r.value) for r in prog.results]
-    for i, (r, s_out, s) in enumerate(zip(prog.results, outs, out_shardings)):
+    for i, (s_out, s) in enumerate(zip(outs, out_shardings)):
         if s_out != s:
             res[i] = f"jax.lax.with_sharding_constraint({res[i]}, NamedSharding(mesh, {spec_text(s)}))"
     lines.append(f"    return ({', '.join(res)},)")

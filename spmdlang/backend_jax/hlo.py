@@ -54,7 +54,7 @@ def collectives(hlo_text: str) -> list[dict]:
         if m.group("start") and shape.startswith("("):
             # async start ops return (operands, results, ...): the last element is the result
             parts = _ARRAY.findall(shape)
-            shape = "%s[%s]" % parts[-1] if parts else shape
+            shape = "{}[{}]".format(*parts[-1]) if parts else shape
         size = _shape_bytes(shape)
         k = _group_size(line)
         if kind == "collective_permute":

@@ -26,9 +26,9 @@ def ensure_devices(n: int) -> None:
 
 
 def check_devices(n: int) -> None:
-    from ..errors import SpmdError
-
     import jax
+
+    from ..errors import SpmdError
 
     if len(jax.devices()) >= n:
         return

@@ -578,7 +578,8 @@ class Lowerer:
                 continue
             idx = node.indices[d]
             if isinstance(idx, A.SliceIndex):
-                step = 1 if idx.step is None else _check_static_int(self.static(idx.step, env), idx.step.span, "slice step")
+                step = 1 if idx.step is None else _check_static_int(self.static(idx.step, env), idx.step.span,
+                                                                     "slice step")
                 if step <= 0:
                     raise SpmdError(f"slice step must be positive, got {step}", idx.step.span)
                 lo = None if idx.start is None else _check_static_int(self.static(idx.start, env), idx.start.span,

@@ -62,7 +62,10 @@ def print_program(prog: Program, shardings: dict[Value, Sharding] | None = None,
                   notes: dict | None = None) -> str:
     """The program as text. `shardings` adds each value's sharding; `notes` a comment per op."""
     name = Namer.for_program(prog)
-    shard = (lambda v: f" {shardings[v]}" if shardings and v in shardings else "")
+
+    def shard(v):
+        return f" {shardings[v]}" if shardings and v in shardings else ""
+
     params = []
     for p in prog.params:
         spec = f" {p.sharding}" if p.sharding is not None and not shardings else shard(p.value)

@@ -85,7 +85,8 @@ def _conv_infer(operands, attrs):
     out = [x.shape[0]]
     for i in range(nsp):
         n = conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i])
-        check(n >= 1, f"conv: window {w.shape[i]} does not fit spatial dim {x.shape[1 + i]} with padding {list(padding[i])}")
+        check(n >= 1, f"conv: window {w.shape[i]} does not fit spatial dim {x.shape[1 + i]} "
+              f"with padding {list(padding[i])}")
         out.append(n)
     out.append(w.shape[-1])
     return TensorType(x.dtype, tuple(out))

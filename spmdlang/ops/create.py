@@ -25,7 +25,8 @@ def _literal(value, dtype: str) -> str:
 
 register("full", infer=lambda ops, attrs: TensorType(attrs["dtype"], tuple(attrs["shape"])),
          numpy=lambda *, dtype, shape, value: np.full(shape, value, dtype=T.np_dtype(dtype)),
-         rule=_fresh_rule, family="elementwise", localize=lambda attrs, ops, shapes: {**attrs, "shape": tuple(shapes[0])},
+         rule=_fresh_rule, family="elementwise",
+         localize=lambda attrs, ops, shapes: {**attrs, "shape": tuple(shapes[0])},
          jax=lambda a, attrs, out: (f"jnp.full({tuple(out[0].shape)}, {_literal(attrs['value'], attrs['dtype'])}, "
                                     f"{T.jnp_dtype(attrs['dtype'])})"))
 

@@ -128,7 +128,6 @@ class Partitioner:
     def apply_steps(self, x: Value, v: Value, steps: list[Step], why: str) -> Value:
         shape = v.type.shape
         for st in steps:
-            before = st.before.local_shape(shape, self.mesh)
             after = st.after.local_shape(shape, self.mesh)
             k = self.mesh.group_size(st.axes)
             if st.kind == "shard_slice":
@@ -363,7 +362,7 @@ class Partitioner:
         locals_ = []
         for i, (v, req) in enumerate(zip(op.operands, reqs)):
             x = self.reshard(v, req, f"for {op.kind}")
-            for f, axes in fa.items():
+            for f in fa:
                 d = rule.factor_dims(i, f)
                 if rule.kinds[f] != REDUCTION or d is None:
                     continue

@@ -7,7 +7,8 @@ import os
 
 if __name__ == "__main__" and "device_count" not in os.environ.get("XLA_FLAGS", ""):
     # run as a script with no accelerator: ask jax for 8 virtual CPU devices before it starts
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
