@@ -1,0 +1,162 @@
+"""Benchmark every program in programs/ against XLA's GSPMD, and our compile time against mesh size.
+
+    python benchmarks/run_all.py [--repeat 20] [--out benchmarks/results] [--quick]
+
+For each program, and the patterns in benchmarks/patterns/ (at the sizes in SIZES, where compute
+is not negligible): median time per call
+of our shard_map module and of the XLA baseline on the same mesh and inputs, the collectives and
+bytes per device in each compiled HLO, and compile times. Then the compile time of a deep
+transformer stack (thousands of ops) on meshes from 8 to 2048 devices, which should be flat.
+Writes <out>.md and <out>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.insert(0, ROOT)
+
+import spmdlang  # noqa: E402
+from spmdlang.backend_jax.bench import measure  # noqa: E402
+
+# --set overrides so that each device has real work (the defaults are sized for quick tests)
+SIZES = {
+    "mlp": {"B": 256, "D": 1024, "F": 4096},
+    "transformer_block": {"B": 16, "S": 128},
+    "moe": {"S": 128, "M": 512, "F": 1024, "C": 32},
+    "conv": {"N": 16},
+    "embedding": {"B": 32, "S": 128},
+    "pipeline": {"B": 64, "D": 512},
+}
+
+STACK = """
+mesh [data=2, model=4]
+const L = {layers}
+const B = 64
+const S = 32
+const H = 64
+const DH = 8
+const D = H * DH
+const F = 4 * D
+
+func layer_norm(x: f32[B, S, D]) -> f32[B, S, D] {{
+  mu = mean(x, axis=-1, keepdims=true)
+  xc = x - mu
+  return xc * rsqrt(mean(xc * xc, axis=-1, keepdims=true) + 1e-5)
+}}
+
+func block(x: f32[B, S, D], wq: f32[D, D] {{_, model}}, wk: f32[D, D] {{_, model}}, wv: f32[D, D] {{_, model}},
+           wo: f32[D, D] {{model, _}}, w1: f32[D, F] {{_, model}}, w2: f32[F, D] {{model, _}}) -> f32[B, S, D] {{
+  h = layer_norm(x)
+  q = reshape(h @ wq, [B, S, H, DH])
+  k = reshape(h @ wk, [B, S, H, DH])
+  v = reshape(h @ wv, [B, S, H, DH])
+  p = softmax(einsum("bqhd,bkhd->bhqk", q, k) * DH ** -0.5, axis=-1)
+  x = x + reshape(einsum("bhqk,bkhd->bqhd", p, v), [B, S, D]) @ wo
+  return x + gelu(layer_norm(x) @ w1) @ w2
+}}
+
+func main(x: f32[B, S, D] {{data, _, _}}, wq: f32[L, D, D], wk: f32[L, D, D], wv: f32[L, D, D],
+          wo: f32[L, D, D], w1: f32[L, D, F], w2: f32[L, F, D]) -> f32[B, S, D] {{data, _, _}} {{
+  for l in range(L) {{
+    x = block(x, wq[l], wk[l], wv[l], wo[l], w1[l], w2[l])
+  }}
+  return x
+}}
+"""
+
+SWEEP = [{"data": 2, "model": 4}, {"data": 8, "model": 8}, {"data": 16, "model": 16}, {"data": 32, "model": 64}]
+
+
+def geomean(xs):
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def bench_programs(repeat: int, quick: bool) -> list[dict]:
+    rows = []
+    paths = sorted(glob.glob(os.path.join(ROOT, "programs", "*.spmd")))
+    paths += sorted(glob.glob(os.path.join(HERE, "patterns", "*.spmd")))
+    for path in paths:
+        name = os.path.splitext(os.path.basename(path))[0]
+        consts = {} if quick else SIZES.get(name, {})
+        c = spmdlang.compile(path, consts=consts)
+        print(f"{name}: measuring ...", file=sys.stderr, flush=True)
+        r = measure(c, repeat=repeat)
+        r.update(program=name, consts=consts, ops=len(c.program.ops))
+        rows.append(r)
+        print(f"  ours {r['ours_s'] * 1e3:.2f} ms, xla {r['xla_s'] * 1e3:.2f} ms, ratio {r['ratio']:.3f}; "
+              f"collectives {r['ours_collectives']} vs {r['xla_collectives']}; bytes {r['ours_bytes_per_device']:,} "
+              f"vs {r['xla_bytes_per_device']:,}", file=sys.stderr, flush=True)
+    return rows
+
+
+def compile_sweep(layers: int, runs: int = 3) -> list[dict]:
+    text = STACK.format(layers=layers)
+    _ = spmdlang.compile(text, filename="stack.spmd").jax_source  # warm-up: parser tables, imports
+    rows = []
+    for mesh in SWEEP:
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            c = spmdlang.compile(text, mesh=mesh, filename="stack.spmd")
+            _ = c.jax_source
+            times.append(time.perf_counter() - t)
+        n = 1
+        for s in mesh.values():
+            n *= s
+        rows.append({"devices": n, "mesh": mesh, "ops": len(c.program.ops), "compile_s": sorted(times)[len(times) // 2],
+                     "collectives": len(c.spmd.ledger)})
+        print(f"compile sweep: {n} devices, {len(c.program.ops)} ops: {rows[-1]['compile_s']:.3f} s",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def markdown(rows, sweep) -> str:
+    out = ["| program | ours (ms) | XLA (ms) | ours/XLA | collectives ours / XLA | bytes/device ours / XLA "
+           "| our compile (ms) | jit ours / XLA (s) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['program']} | {r['ours_s'] * 1e3:.2f} | {r['xla_s'] * 1e3:.2f} | {r['ratio']:.2f} | "
+                   f"{r['ours_collectives']} / {r['xla_collectives']} | {r['ours_bytes_per_device']:,} / "
+                   f"{r['xla_bytes_per_device']:,} | {r['compile_s'] * 1e3:.0f} | {r['ours_jit_s']:.2f} / "
+                   f"{r['xla_jit_s']:.2f} |")
+    out.append(f"| **geomean** | | | **{geomean([r['ratio'] for r in rows]):.2f}** | | | | |")
+    out += ["", "| devices | mesh | ops | compile (s) | x of 8 devices |", "|---:|---|---:|---:|---:|"]
+    base = sweep[0]["compile_s"] if sweep else 1
+    for s in sweep:
+        mesh = ", ".join(f"{a}={n}" for a, n in s["mesh"].items())
+        out.append(f"| {s['devices']} | [{mesh}] | {s['ops']} | {s['compile_s']:.3f} | {s['compile_s'] / base:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=24, help="transformer layers in the compile sweep")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--quick", action="store_true", help="default program sizes, fewer repeats")
+    args = ap.parse_args(argv)
+    rows = bench_programs(3 if args.quick else args.repeat, args.quick)
+    sweep = compile_sweep(4 if args.quick else args.layers)
+    md = markdown(rows, sweep)
+    with open(args.out + ".md", "w") as f:
+        f.write(md)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"programs": rows, "compile_sweep": sweep, "geomean_ratio": geomean([r["ratio"] for r in rows])},
+                  f, indent=2, default=str)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
