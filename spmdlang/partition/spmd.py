@@ -85,6 +85,7 @@ class Partitioner:
         self.span: Span | None = None
         self.current: Op | None = None
         self.produced: dict[Value, Sharding] = {}
+        self.producer: dict[Value, Op] = {r: op for op in prog.ops for r in op.results}
 
     # ------------------------------------------------------------------ emission helpers
 
@@ -160,8 +161,18 @@ class Partitioner:
             assert x.type.shape == after, (st, x.type, after)
             self.cache[(v, st.after.closed())] = x
             self.log(st.kind, st.axes, st.bytes, st.reduce,
-                     f"{_value_text(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
+                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
         return x
+
+    def describe(self, v: Value) -> str:
+        """A global value as a reader of `explain` knows it: its source name, else the op making it."""
+        if v.name:
+            return f"%{v.name}"
+        op = self.producer.get(v)
+        if op is None:
+            return str(v.type)
+        line = f" at line {op.span.line}" if op.span else ""
+        return f"the {op.kind} result{line} ({v.type})"
 
     def log(self, kind, axes, nbytes, reduce, reason, local_op):
         op = self.current
@@ -413,10 +424,6 @@ def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
 
 def _zero(dtype: str):
     return False if dtype == "bool" else 0.0 if dtype in ("f32", "bf16", "f16", "f64") else 0
-
-
-def _value_text(v: Value) -> str:
-    return f"%{v.name}" if v.name else f"{v.type}"
 
 
 class OpContext:
