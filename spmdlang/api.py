@@ -135,7 +135,8 @@ class Compiled:
 
         A result matches when |got - ref| <= atol * scale + rtol * |ref| elementwise, with
         scale = max(1, max |ref|) (reductions may sum in another order); NaNs must coincide;
-        integer and bool results must be equal. Defaults depend on the dtype (f32: 1e-4, 1e-4).
+        integer and bool results must be equal. Defaults follow the narrowest float the program
+        computes in (f32: 1e-4, f16: 1e-2, bf16: 2e-2), whatever the result's own dtype.
         """
         inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
         ref = self.run(inputs, backend="ref")
@@ -145,8 +146,9 @@ class Compiled:
             if b == "ref":
                 continue
             got = self.run(inputs, backend=b)
+            narrowest = _narrowest_float(self.program)
             for i, (r, g) in enumerate(zip(ref, got)):
-                rt, at = _tolerance(r.dtype, rtol, atol)
+                rt, at = _tolerance(r.dtype, rtol, atol, narrowest)
                 tol_r, tol_a = rt, at
                 err, good = _compare(r, g, rt, at)
                 ok &= good
@@ -177,9 +179,16 @@ class Compiled:
         return self.runner(backend)([inputs[p.name] for p in self.program.params])
 
 
-def _tolerance(dtype, rtol, atol):
-    name = np.dtype(dtype).name
-    default = {"bfloat16": 2e-2, "float16": 1e-2, "float64": 1e-9}.get(name, 1e-4)
+_TOLERANCE = {"bf16": 2e-2, "f16": 1e-2, "f32": 1e-4, "f64": 1e-9}
+
+
+def _narrowest_float(prog: Program) -> str | None:
+    floats = {v.type.dtype for v in prog.values() if v.type.dtype in _TOLERANCE}
+    return max(floats, key=lambda d: _TOLERANCE[d]) if floats else None
+
+
+def _tolerance(dtype, rtol, atol, narrowest=None):
+    default = _TOLERANCE.get(narrowest or "f32", 1e-4)
     if np.dtype(dtype).kind in "biu":
         default = 0.0
     return (default if rtol is None else rtol), (default if atol is None else atol)
