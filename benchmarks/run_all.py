@@ -24,6 +24,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from bench_compile import program as transformer_stack  # noqa: E402
 
 import spmdlang  # noqa: E402
 from spmdlang.backend_jax.bench import measure  # noqa: E402
@@ -37,42 +40,6 @@ SIZES = {
     "embedding": {"B": 32, "S": 128},
     "pipeline": {"B": 64, "D": 512},
 }
-
-STACK = """
-mesh [data=2, model=4]
-const L = {layers}
-const B = 64
-const S = 32
-const H = 64
-const DH = 8
-const D = H * DH
-const F = 4 * D
-
-func layer_norm(x: f32[B, S, D]) -> f32[B, S, D] {{
-  mu = mean(x, axis=-1, keepdims=true)
-  xc = x - mu
-  return xc * rsqrt(mean(xc * xc, axis=-1, keepdims=true) + 1e-5)
-}}
-
-func block(x: f32[B, S, D], wq: f32[D, D] {{_, model}}, wk: f32[D, D] {{_, model}}, wv: f32[D, D] {{_, model}},
-           wo: f32[D, D] {{model, _}}, w1: f32[D, F] {{_, model}}, w2: f32[F, D] {{model, _}}) -> f32[B, S, D] {{
-  h = layer_norm(x)
-  q = reshape(h @ wq, [B, S, H, DH])
-  k = reshape(h @ wk, [B, S, H, DH])
-  v = reshape(h @ wv, [B, S, H, DH])
-  p = softmax(einsum("bqhd,bkhd->bhqk", q, k) * DH ** -0.5, axis=-1)
-  x = x + reshape(einsum("bhqk,bkhd->bqhd", p, v), [B, S, D]) @ wo
-  return x + gelu(layer_norm(x) @ w1) @ w2
-}}
-
-func main(x: f32[B, S, D] {{data, _, _}}, wq: f32[L, D, D], wk: f32[L, D, D], wv: f32[L, D, D],
-          wo: f32[L, D, D], w1: f32[L, D, F], w2: f32[L, F, D]) -> f32[B, S, D] {{data, _, _}} {{
-  for l in range(L) {{
-    x = block(x, wq[l], wk[l], wv[l], wo[l], w1[l], w2[l])
-  }}
-  return x
-}}
-"""
 
 SWEEP = [{"data": 2, "model": 4}, {"data": 8, "model": 8}, {"data": 16, "model": 16}, {"data": 32, "model": 64}]
 
@@ -101,7 +68,7 @@ def bench_programs(repeat: int, quick: bool) -> list[dict]:
 
 
 def compile_sweep(layers: int, runs: int = 3) -> list[dict]:
-    text = STACK.format(layers=layers)
+    text = transformer_stack(layers)
     _ = spmdlang.compile(text, filename="stack.spmd").jax_source  # warm-up: parser tables, imports
     rows = []
     for mesh in SWEEP:
