@@ -120,7 +120,7 @@ def _body(prog: Program, namer: Namer, constraint=None) -> list[str]:
     for op in prog.ops:
         args = [pyname(namer, v) for v in op.operands]
         outs = [pyname(namer, r) for r in op.results]
-        if op.kind == "shard" and constraint is not None:
+        if registry.get(op.kind).constraint and constraint is not None:
             expr = constraint(args[0], op.attrs["sharding"])
         else:
             expr = registry.get(op.kind).jax(args, op.attrs, [r.type for r in op.results])

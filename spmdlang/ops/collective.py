@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir.types import TensorType
 from ..partition.permute import permute_pairs
-from .registry import check, py_literal, register
+from .registry import check, no_flops, py_literal, register
 
 
 def groups(mesh, axes) -> list[list[int]]:
@@ -55,7 +55,7 @@ def _sim_axis_index(arrays, attrs, mesh):
     return [out]
 
 
-register("axis_index", infer=lambda ops, attrs: TensorType("i32", ()), numpy=None, local_only=True,
+register("axis_index", flops=no_flops, infer=lambda ops, attrs: TensorType("i32", ()), numpy=None, local_only=True,
          simulate=_sim_axis_index,
          jax=lambda a, attrs, out: f"jax.lax.axis_index({tuple(attrs['axes'])!r})")
 
@@ -77,7 +77,7 @@ def _sim_all_gather(arrays, attrs, mesh):
     return [out]
 
 
-register("all_gather", infer=_all_gather_infer, numpy=None, local_only=True, simulate=_sim_all_gather,
+register("all_gather", flops=no_flops, infer=_all_gather_infer, numpy=None, local_only=True, simulate=_sim_all_gather,
          jax=lambda a, attrs, out: (f"jax.lax.all_gather({a[0]}, {tuple(attrs['axes'])!r}, "
                                     f"axis={attrs['dim']}, tiled=True)"))
 
@@ -119,7 +119,8 @@ def _all_reduce_jax(a, attrs, out):
     return f"jax.lax.{fn}({arg}, {axes!r})"
 
 
-register("all_reduce", infer=lambda ops, attrs: ops, numpy=None, local_only=True, simulate=_sim_all_reduce,
+register("all_reduce", flops=no_flops, infer=lambda ops, attrs: ops, numpy=None, local_only=True,
+         simulate=_sim_all_reduce,
          jax=_all_reduce_jax, doc="variadic: several operands reduce in one collective")
 
 # ---------------------------------------------------------------------------------- reduce_scatter
@@ -145,7 +146,7 @@ def _sim_reduce_scatter(arrays, attrs, mesh):
     return [out]
 
 
-register("reduce_scatter", infer=_reduce_scatter_infer, numpy=None, local_only=True,
+register("reduce_scatter", flops=no_flops, infer=_reduce_scatter_infer, numpy=None, local_only=True,
          simulate=_sim_reduce_scatter,
          jax=lambda a, attrs, out: (f"jax.lax.psum_scatter({a[0]}, {tuple(attrs['axes'])!r}, "
                                     f"scatter_dimension={attrs['dim']}, tiled=True)"))
@@ -171,7 +172,7 @@ def _sim_all_to_all(arrays, attrs, mesh):
     return [out]
 
 
-register("all_to_all", infer=_all_to_all_infer, numpy=None, local_only=True, simulate=_sim_all_to_all,
+register("all_to_all", flops=no_flops, infer=_all_to_all_infer, numpy=None, local_only=True, simulate=_sim_all_to_all,
          jax=lambda a, attrs, out: (f"jax.lax.all_to_all({a[0]}, {tuple(attrs['axes'])!r}, "
                                     f"{attrs['split_dim']}, {attrs['concat_dim']}, tiled=True)"))
 
@@ -194,7 +195,7 @@ def _permute_jax(a, attrs, out):
             f"perm=permute_pairs({attrs['rule']!r}, {tuple(attrs['sizes'])!r}))")
 
 
-register("collective_permute", infer=lambda ops, attrs: ops[0], numpy=None, local_only=True,
+register("collective_permute", flops=no_flops, infer=lambda ops, attrs: ops[0], numpy=None, local_only=True,
          simulate=_sim_permute, jax=_permute_jax)
 
 # ---------------------------------------------------------------------------------- local slicing
@@ -225,7 +226,7 @@ def _shard_slice_jax(a, attrs, out):
     return f"shard_slice({a[0]}, {a[1]}, dim={dim}, size={size}, group={group})"
 
 
-register("shard_slice", infer=_shard_slice_infer, numpy=_shard_slice_numpy, local_only=True,
+register("shard_slice", flops=no_flops, infer=_shard_slice_infer, numpy=_shard_slice_numpy, local_only=True,
          jax=_shard_slice_jax, partial="additive", partial_operands=(0,),
          doc="this partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first")
 
@@ -266,6 +267,6 @@ def _dynamic_slice_numpy(x, start, *, dim, size):
     return np.take(x, np.arange(s, s + size), axis=dim)
 
 
-register("dynamic_slice", infer=_dynamic_slice_infer, numpy=_dynamic_slice_numpy, local_only=True,
+register("dynamic_slice", flops=no_flops, infer=_dynamic_slice_infer, numpy=_dynamic_slice_numpy, local_only=True,
          jax=lambda a, attrs, out: f"jax.lax.dynamic_slice_in_dim({a[0]}, {a[1]}, {attrs['size']}, {attrs['dim']})",
          partial="additive", partial_operands=(0,))

@@ -60,7 +60,25 @@ def _einsum_jax(args, attrs, out):
     return f"{text}.astype({T.jnp_dtype(out[0].dtype)})" if acc else text
 
 
-register("einsum", infer=_einsum_infer, numpy=_einsum_numpy,
+def _einsum_flops(operands, results, attrs) -> int:
+    """One multiply-add (2 flops) per point of the index space; a one-operand einsum only adds."""
+    ins, _ = parse_einsum(attrs["spec"], [t.rank for t in operands])
+    sizes = {c: n for letters, t in zip(ins, operands) for c, n in zip(letters, t.shape)}
+    n = 2 if len(operands) > 1 else 1
+    for s in sizes.values():
+        n *= s
+    return n
+
+
+def _conv_flops(operands, results, attrs) -> int:
+    x, w = operands
+    n = 2 * results[0].size
+    for s in w.shape[:-1]:
+        n *= s
+    return n
+
+
+register("einsum", infer=_einsum_infer, numpy=_einsum_numpy, flops=_einsum_flops,
          rule=lambda ops, res, attrs: einsum_rule(attrs["spec"].replace(" ", ""), [t.shape for t in ops],
                                                   res[0].shape),
          jax=_einsum_jax, partial="multilinear", reduce_fill=lambda dtype: 0, reduce_kind="sum",
@@ -132,5 +150,6 @@ def _conv_jax(args, attrs, out):
 
 
 register("conv", infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, partition=partition_conv,
+         flops=_conv_flops,
          partial="multilinear", reduce_fill=lambda dtype: 0, reduce_kind="sum", family="contract")
 

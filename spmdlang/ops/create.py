@@ -7,7 +7,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder, elementwise_rule
-from .registry import check, register
+from .registry import check, no_flops, register
 
 
 def _fresh_rule(operands, results, attrs):
@@ -23,7 +23,7 @@ def _literal(value, dtype: str) -> str:
     return str(int(value))
 
 
-register("full", infer=lambda ops, attrs: TensorType(attrs["dtype"], tuple(attrs["shape"])),
+register("full", flops=no_flops, infer=lambda ops, attrs: TensorType(attrs["dtype"], tuple(attrs["shape"])),
          numpy=lambda *, dtype, shape, value: np.full(shape, value, dtype=T.np_dtype(dtype)),
          rule=_fresh_rule, family="elementwise",
          localize=lambda attrs, ops, shapes: {**attrs, "shape": tuple(shapes[0])},
@@ -56,7 +56,7 @@ def _iota_partition(ctx):
     ctx.set_result(x, out)
 
 
-register("iota", infer=_iota_infer, numpy=_iota_numpy, rule=_fresh_rule, family="elementwise",
+register("iota", flops=no_flops, infer=_iota_infer, numpy=_iota_numpy, rule=_fresh_rule, family="elementwise",
          partition=_iota_partition,
          jax=lambda a, attrs, out: (f"jax.lax.broadcasted_iota({T.jnp_dtype(attrs['dtype'])}, "
                                     f"{tuple(out[0].shape)}, {attrs['axis']})"))
@@ -123,7 +123,7 @@ def _take_partition(ctx):
     ctx.set_result(out, Sharding(dims, ctx.mesh.order(vocab), frozenset(), "sum"))
 
 
-register("take", infer=_take_infer, numpy=_take_numpy, rule=_take_rule, partition=_take_partition,
+register("take", flops=no_flops, infer=_take_infer, numpy=_take_numpy, rule=_take_rule, partition=_take_partition,
          partial="multilinear", partial_operands=(0,), family="gather",
          jax=lambda a, attrs, out: f"jnp.take({a[0]}, {a[1]}, axis={attrs['axis']}, mode='clip')")
 
@@ -137,6 +137,6 @@ def _shard_infer(operands, attrs):
     return x
 
 
-register("shard", infer=_shard_infer, numpy=lambda x, *, sharding: x,
+register("shard", flops=no_flops, constraint=True, infer=_shard_infer, numpy=lambda x, *, sharding: x,
          rule=lambda ops, res, attrs: elementwise_rule([ops[0].shape], res[0].shape),
          partial="additive", family="elementwise", jax=lambda a, attrs, out: a[0])

@@ -12,7 +12,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import elementwise_rule
-from .registry import check, register
+from .registry import check, no_flops, register
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
@@ -102,7 +102,7 @@ def _cast_numpy(x, *, dtype):
     return x.astype(target)
 
 
-register("cast", infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
+register("cast", flops=no_flops, infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
          jax=lambda args, attrs, out: f"{args[0]}.astype({T.jnp_dtype(attrs['dtype'])})",
          family="elementwise")
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder, reshape_rule
 from .moving import partition_concat, partition_pad, partition_roll, partition_slice
-from .registry import check, py_literal, register
+from .registry import check, no_flops, py_literal, register
 
 # ---------------------------------------------------------------------------------- transpose
 
@@ -31,7 +31,7 @@ def _transpose_rule(operands, results, attrs):
     return b.build([[(f,) for f in fs]], [[(fs[p],) for p in attrs["perm"]]])
 
 
-register("transpose", infer=_transpose_infer,
+register("transpose", flops=no_flops, infer=_transpose_infer,
          numpy=lambda x, *, perm: np.transpose(x, perm).copy(),
          rule=_transpose_rule, partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jnp.transpose({a[0]}, {tuple(attrs['perm'])})")
@@ -51,7 +51,8 @@ def _local_shape(attrs, operands, shapes):
     return {**attrs, "shape": tuple(shapes[0])}
 
 
-register("reshape", infer=_reshape_infer, numpy=lambda x, *, shape: np.reshape(x, shape), localize=_local_shape,
+register("reshape", flops=no_flops, infer=_reshape_infer, numpy=lambda x, *, shape: np.reshape(x, shape),
+         localize=_local_shape,
          rule=lambda ops, res, attrs: reshape_rule(ops[0].shape, res[0].shape),
          partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jnp.reshape({a[0]}, {tuple(out[0].shape)})")
@@ -83,7 +84,7 @@ def _broadcast_numpy(x, *, shape, dims):
     return np.broadcast_to(expanded, shape).copy()  # ascontiguousarray would make a 0-d array 1-d
 
 
-register("broadcast_in_dim", infer=_broadcast_infer, numpy=_broadcast_numpy, rule=_broadcast_rule,
+register("broadcast_in_dim", flops=no_flops, infer=_broadcast_infer, numpy=_broadcast_numpy, rule=_broadcast_rule,
          localize=_local_shape,
          partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jax.lax.broadcast_in_dim({a[0]}, {tuple(out[0].shape)}, {tuple(attrs['dims'])})")
@@ -132,7 +133,7 @@ def _slice_localize(attrs, operands, shapes):
     return {**attrs, "stops": stops}
 
 
-register("slice", infer=_slice_infer, numpy=_slice_numpy, rule=_slice_rule, partial="additive",
+register("slice", flops=no_flops, infer=_slice_infer, numpy=_slice_numpy, rule=_slice_rule, partial="additive",
          localize=_slice_localize, partition=partition_slice,
          jax=_slice_jax, family="elementwise")
 
@@ -159,7 +160,8 @@ def _pad_numpy(x, *, lo, hi, value):
     return np.pad(x, list(zip(lo, hi)), constant_values=np.asarray(value).astype(x.dtype))
 
 
-register("pad", infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family="elementwise", partition=partition_pad,
+register("pad", flops=no_flops, infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family="elementwise",
+         partition=partition_pad,
          partial=lambda attrs: "additive" if attrs["value"] == 0 else None,
          jax=lambda a, attrs, out: (f"jnp.pad({a[0]}, {list(zip(attrs['lo'], attrs['hi']))}, "
                                     f"constant_values={py_literal(attrs['value'])})"))
@@ -188,7 +190,7 @@ def _concat_rule(operands, results, attrs):
     return b.build([dims] * len(operands), [dims])
 
 
-register("concat", infer=_concat_infer, numpy=lambda *xs, axis: np.concatenate(xs, axis=axis),
+register("concat", flops=no_flops, infer=_concat_infer, numpy=lambda *xs, axis: np.concatenate(xs, axis=axis),
          partition=partition_concat,
          rule=_concat_rule, partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jnp.concatenate([{', '.join(a)}], axis={attrs['axis']})")
@@ -209,7 +211,7 @@ def _roll_rule(operands, results, attrs):
     return b.build([[(f,) for f in fs]], [[(f,) for f in fs]])
 
 
-register("roll", infer=_roll_infer, numpy=lambda x, *, shift, axis: np.roll(x, shift, axis=axis),
+register("roll", flops=no_flops, infer=_roll_infer, numpy=lambda x, *, shift, axis: np.roll(x, shift, axis=axis),
          partition=partition_roll,
          rule=_roll_rule, partial="additive", family="elementwise",
          jax=lambda a, attrs, out: f"jnp.roll({a[0]}, {attrs['shift']}, axis={attrs['axis']})")

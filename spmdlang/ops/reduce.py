@@ -11,7 +11,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder
-from .registry import check, register
+from .registry import check, operand_flops, register
 
 
 def _reduce_infer(name):
@@ -80,7 +80,7 @@ def _reduce_jax(fn):
 
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
     register(_name, infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
-             jax=_reduce_jax(_jax), reduce_fill=_fill(_kind), reduce_kind=_kind,
+             jax=_reduce_jax(_jax), reduce_fill=_fill(_kind), reduce_kind=_kind, flops=operand_flops,
              partial="additive" if _kind == "sum" else None, family="reduce")
 
 
@@ -131,11 +131,11 @@ def _arg_partition(kind):
     return partition
 
 
-register("argmax", infer=_arg_infer("argmax"), partition=_arg_partition("argmax"),
+register("argmax", infer=_arg_infer("argmax"), partition=_arg_partition("argmax"), flops=operand_flops,
          numpy=lambda x, *, axis: np.argmax(x, axis=axis).astype(np.int32), rule=_arg_rule,
          jax=lambda a, attrs, out: f"jnp.argmax({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
          family="reduce")
-register("argmin", infer=_arg_infer("argmin"), partition=_arg_partition("argmin"),
+register("argmin", infer=_arg_infer("argmin"), partition=_arg_partition("argmin"), flops=operand_flops,
          numpy=lambda x, *, axis: np.argmin(x, axis=axis).astype(np.int32), rule=_arg_rule,
          jax=lambda a, attrs, out: f"jnp.argmin({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
          family="reduce")

@@ -15,6 +15,9 @@ An `OpDef` holds
   localize  (attrs, local operand types, local result shapes) -> attrs of the per-partition op,
             for ops whose attrs hold global sizes (reshape's shape, ...); None: attrs unchanged
   simulate  collectives only: (per-device arrays per operand, attrs, mesh) -> per-device results
+  flops     (operand types, result types, attrs) -> floating-point operations, on whatever shapes
+            it is given (global or local); None: one per result element
+  constraint  a sharding constraint (shard()): its `sharding` attr fixes its result's layout
   family    "elementwise" ops propagate shardings first (GSPMD/Shardy priorities)
 """
 
@@ -43,6 +46,8 @@ class OpDef:
     reduce_kind: str | None = None
     localize: Callable | None = None
     simulate: Callable | None = None
+    flops: Callable | None = None
+    constraint: bool = False
     family: str = "other"
     doc: str = ""
     local_only: bool = False  # collectives and partition indices: per-partition programs only
@@ -50,6 +55,11 @@ class OpDef:
     def infer_types(self, operand_types, attrs):
         out = self.infer(tuple(operand_types), attrs)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    def count_flops(self, operand_types, result_types, attrs) -> int:
+        if self.flops is not None:
+            return int(self.flops(tuple(operand_types), tuple(result_types), attrs))
+        return sum(t.size for t in result_types)
 
     def partial_mode(self, attrs) -> str | None:
         return self.partial(attrs) if callable(self.partial) else self.partial
@@ -69,6 +79,16 @@ def register(name: str, **fields) -> OpDef:
 
 def get(name: str) -> OpDef:
     return OPS[name]
+
+
+def no_flops(operands, results, attrs) -> int:
+    """Data movement, constants, collectives: no arithmetic."""
+    return 0
+
+
+def operand_flops(operands, results, attrs) -> int:
+    """Reductions: one operation per input element."""
+    return operands[0].size
 
 
 def py_literal(value) -> str:

@@ -8,39 +8,17 @@ The presets are rough public figures, meant for comparing plans, not for predict
 
 from __future__ import annotations
 
-from math import prod
-
 from ..ir.core import Op, Program
+from ..ops import registry
 
 PRESETS = {
     "tpu-v4": {"bandwidth_gbps": 45.0, "latency_us": 2.0},
     "gpu-nvlink": {"bandwidth_gbps": 150.0, "latency_us": 5.0},
 }
 
-_COLLECTIVES = {"all_gather", "all_reduce", "reduce_scatter", "all_to_all", "collective_permute"}
-
-
 def op_flops(op: Op) -> int:
-    """Floating-point operations of one op on its (local) shapes: 2 per multiply-add in
-    contractions, one per element elsewhere; data movement and collectives count zero."""
-    if op.kind == "einsum":
-        sizes: dict[str, int] = {}
-        ins = op.attrs["spec"].split("->")[0].split(",")
-        for letters, v in zip(ins, op.operands):
-            for c, n in zip(letters, v.type.shape):
-                sizes[c] = n
-        return (2 if len(op.operands) > 1 else 1) * prod(sizes.values())
-    if op.kind == "conv":
-        x, w = op.operands
-        out = op.result.type
-        return 2 * prod(out.shape) * prod(w.type.shape[:-1])
-    if op.kind in _COLLECTIVES or op.kind in ("reshape", "transpose", "broadcast_in_dim", "slice", "pad",
-                                              "concat", "roll", "shard", "full", "iota", "axis_index",
-                                              "shard_slice", "dynamic_slice", "cast"):
-        return 0
-    if op.kind.startswith("reduce_") or op.kind in ("argmax", "argmin"):
-        return prod(op.operands[0].type.shape)
-    return prod(op.results[0].type.shape) if op.results else 0
+    """Floating-point operations of one op on its (local) shapes, as its op-table entry counts them."""
+    return registry.get(op.kind).count_flops([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
 
 
 def flops(prog: Program) -> int:

@@ -86,7 +86,7 @@ class _State:
             for v in op.results:
                 self.dims[v] = [()] * v.type.rank
                 self.open[v] = set(range(v.type.rank))
-            if op.kind == "shard":
+            if registry.get(op.kind).constraint:
                 s: Sharding = op.attrs["sharding"]
                 v = op.result
                 self.dims[v] = list(s.dims)

@@ -160,7 +160,9 @@ class Partitioner:
                 raise AssertionError(st.kind)
             assert x.type.shape == after, (st, x.type, after)
             self.cache[(v, st.after.closed())] = x
-            self.log(st.kind, st.axes, st.bytes, st.reduce,
+            # what the emitted collective really sends (padding included), not the plan's estimate
+            sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in col.operands))
+            self.log(st.kind, st.axes, sent, st.reduce,
                      f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
         return x
 
@@ -254,7 +256,7 @@ class Partitioner:
 
     def partition_op(self, op: Op) -> None:
         opdef = registry.get(op.kind)
-        if op.kind == "shard":
+        if opdef.constraint:
             out = self.target(op.result).closed().with_partial(())
             local = self.reshard(op.operands[0], out, "for shard()")
             self.state[op.result] = (local, out)
@@ -365,7 +367,12 @@ class Partitioner:
             outs.append(out)
             want = self.target(r).closed().with_partial(())
             cost += _comm_cost(plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want))
-        work = _local_work(opdef, rule, fa, outs, op, self.mesh)
+        # local work: the op's FLOPs plus the elements it writes (so that even data movement
+        # prefers running on shards to running replicated and slicing afterwards)
+        local = lambda v, s: v.type.with_shape(s.local_shape(v.type.shape, self.mesh))  # noqa: E731
+        out_types = [local(r, s) for r, s in zip(op.results, outs)]
+        work = opdef.count_flops([local(v, s) for v, s in zip(op.operands, reqs)], out_types, op.attrs)
+        work += sum(t.size for t in out_types)
         return (cost + work / FLOPS_PER_BYTE, work), fa, reqs, outs
 
     def execute(self, op: Op, rule: FactorRule, fa, reqs, outs) -> None:
@@ -392,23 +399,6 @@ class Partitioner:
 
 def _comm_cost(steps) -> float:
     return plan_cost(steps) + LATENCY_BYTES * sum(s.is_collective for s in steps)
-
-
-def _local_work(opdef, rule: FactorRule, fa, outs, op, mesh: Mesh) -> int:
-    """FLOPs of the local op: contractions 2 x the product of their local factor sizes,
-    everything else one per local result element."""
-    if opdef.family == "contract":
-        n = 2
-        for f, size in enumerate(rule.sizes):
-            n *= -(-size // mesh.group_size(fa.get(f, ())))
-        return n
-    total = 0
-    for o, r in zip(outs, op.results):
-        n = 1
-        for x in o.local_shape(r.type.shape, mesh):
-            n *= x
-        total += n
-    return total
 
 
 def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
