@@ -1,0 +1,184 @@
+"""Ops whose output depends on neighbouring shards: conv windows, pad, slice, roll, concat, and the
+pipeline's rotation. Every case checks sim == ref (with padding poisoned) and the collective plan:
+along a split dim these move data with collective_permutes only, never by gathering the dim.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import spmdlang
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def plan(src: str, mesh=None):
+    c = spmdlang.compile(src, mesh=mesh)
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], f"{d['results']}\n{src}\n{c.spmd_ir}"
+    return Counter(e.kind for e in c.spmd.ledger), c
+
+
+def only_permutes(kinds: Counter) -> bool:
+    return set(kinds) <= {"collective_permute"}
+
+
+# ---------------------------------------------------------------------------------- conv
+
+
+@pytest.mark.parametrize("n,k,stride,padding", [
+    (32, 2, 1, '"SAME"'), (33, 2, 1, '"SAME"'), (31, 4, 2, '"SAME"'), (40, 4, 1, '"VALID"'),
+    (29, 3, 2, "[[2, 1]]"), (64, 8, 3, '"SAME"'),
+])
+def test_conv1d_split_spatially_is_only_permutes(n, k, stride, padding):
+    src = f"""mesh [t={k}]
+func main(x: f32[2, {n}, 3] {{_, t, _}}, w: f32[5, 3, 4]) -> f32[2, {{out}}, 4] {{_, t, _}} {{
+  return conv(x, w, stride={stride}, padding={padding})
+}}"""
+    out = _conv_out(n, 5, stride, padding)
+    kinds, _ = plan(src.replace("{out}", str(out)))
+    assert only_permutes(kinds) and kinds["collective_permute"] >= 1, kinds
+
+
+def _conv_out(n, window, stride, padding):
+    if padding == '"SAME"':
+        return -(-n // stride)
+    if padding == '"VALID"':
+        return (n - window) // stride + 1
+    lo, hi = (int(v) for v in padding.strip("[]").split(","))
+    return (n + lo + hi - window) // stride + 1
+
+
+@pytest.mark.parametrize("h,w,mesh", [(16, 16, "a=2, b=2"), (17, 15, "a=3, b=2"), (9, 9, "a=1, b=4")])
+def test_conv2d_split_on_both_spatial_dims_is_only_permutes(h, w, mesh):
+    kinds, _ = plan(f"""mesh [{mesh}]
+func main(x: f32[2, {h}, {w}, 3] {{_, a, b, _}}, k: f32[3, 3, 3, 5]) -> f32[2, {h}, {w}, 5] {{_, a, b, _}} {{
+  return conv(x, k)
+}}""")
+    assert only_permutes(kinds), kinds
+
+
+def test_conv_halo_sends_only_the_halo_rows():
+    _, c = plan("""mesh [a=4]
+func main(x: f32[1, 64, 8] {_, a, _}, k: f32[3, 8, 8]) -> f32[1, 64, 8] {_, a, _} {
+  return conv(x, k)
+}""")
+    # a 3-wide SAME window needs one row from each neighbour: 2 permutes of one [1, 1, 8] row
+    assert [e.kind for e in c.spmd.ledger] == ["collective_permute"] * 2
+    assert all(e.bytes_per_device == 1 * 1 * 8 * 4 for e in c.spmd.ledger)
+
+
+def test_conv_batch_and_feature_splits_are_local():
+    kinds, _ = plan("""mesh [d=2, m=2]
+func main(x: f32[4, 10, 3] {d, _, _}, k: f32[3, 3, 6] {_, _, m}) -> f32[4, 10, 6] {d, _, m} {
+  return conv(x, k)
+}""")
+    assert not kinds
+
+
+# ---------------------------------------------------------------------------------- pad / slice / roll
+
+
+@pytest.mark.parametrize("n,k,lo,hi", [(16, 4, 2, 1), (13, 4, 2, 1), (12, 3, 0, 5), (7, 2, 1, 1)])
+def test_pad_along_a_split_dim_is_only_permutes(n, k, lo, hi):
+    kinds, _ = plan(f"""mesh [x={k}]
+func main(a: f32[{n}, 3] {{x, _}}) -> f32[{n + lo + hi}, 3] {{x, _}} {{
+  return pad(a, [[{lo}, {hi}], [0, 0]], value=1.5)
+}}""")
+    assert only_permutes(kinds), kinds
+
+
+@pytest.mark.parametrize("n,k,start,stop,step", [(16, 4, 1, 16, 2), (16, 4, 3, 12, 1), (13, 3, 0, 13, 3),
+                                                 (20, 4, 5, 19, 1)])
+def test_slice_along_a_split_dim_is_only_permutes(n, k, start, stop, step):
+    m = -(-(stop - start) // step)
+    kinds, _ = plan(f"""mesh [x={k}]
+func main(a: f32[{n}, 3] {{x, _}}) -> f32[{m}, 3] {{x, _}} {{
+  return a[{start}:{stop}:{step}, :]
+}}""")
+    assert only_permutes(kinds), kinds
+
+
+@pytest.mark.parametrize("n,k,shift", [(16, 4, 1), (16, 4, 3), (16, 4, -1), (16, 4, 9), (12, 3, 4)])
+def test_roll_of_an_evenly_split_dim(n, k, shift):
+    kinds, _ = plan(f"""mesh [x={k}]
+func main(a: f32[{n}, 3] {{x, _}}) -> f32[{n}, 3] {{x, _}} {{
+  return roll(a, {shift}, 0)
+}}""")
+    assert only_permutes(kinds), kinds
+    c = n // k
+    # shard i takes its window from shards i + q, q in {floor(-s/c), that + 1 if s is not a
+    # multiple of c}; each q that is not the shard itself (mod k) is one collective_permute
+    s = shift % n
+    qs = {(-s) // c} | ({(-s) // c + 1} if s % c else set())
+    assert kinds["collective_permute"] == sum(q % k != 0 for q in qs), kinds
+
+
+@pytest.mark.parametrize("n,k,shift", [(13, 4, 1), (13, 4, 7), (7, 3, -2), (10, 3, 12)])
+def test_roll_of_an_unevenly_split_dim(n, k, shift):
+    kinds, _ = plan(f"""mesh [x={k}]
+func main(a: f32[{n}, 3] {{x, _}}) -> f32[{n}, 3] {{x, _}} {{
+  return roll(a, {shift}, 0)
+}}""")
+    assert only_permutes(kinds), kinds
+
+
+@pytest.mark.parametrize("src", [
+    "pad(a, [[3, 3], [0, 0]])",   # windows of 7 rows over shards of 4: more than the other shard
+    "roll(a, 2, 0)",              # uneven rotation: two windows, 5 rows, against 3 to gather
+])
+def test_windows_moving_more_than_the_dim_fall_back_to_one_gather(src):
+    n = 7 if "pad" in src else 5
+    out = n + 6 if "pad" in src else n
+    kinds, c = plan(f"""mesh [x=2]
+func main(a: f32[{n}, 3] {{x, _}}) -> f32[{out}, 3] {{x, _}} {{
+  return {src}
+}}""")
+    assert kinds == Counter({"all_gather": 1})
+
+
+def test_rotation_written_as_slices_and_concat_is_one_permute():
+    kinds, c = plan("""mesh [x=4]
+func main(a: f32[16, 3] {x, _}) -> f32[16, 3] {x, _} {
+  return concat([a[13:16], a[0:13]], 0)
+}""")
+    assert kinds == Counter({"collective_permute": 1})
+    assert "roll" in c.spmd_ir
+
+
+def test_concat_along_a_split_dim():
+    kinds, _ = plan("""mesh [x=4]
+func main(a: f32[10, 3] {x, _}, b: f32[7, 3] {x, _}) -> f32[17, 3] {x, _} {
+  return concat([a, b], 0)
+}""")
+    assert set(kinds) <= {"collective_permute", "all_gather"}
+
+
+# ---------------------------------------------------------------------------------- no communication
+
+
+@pytest.mark.parametrize("v,k", [(16, 4), (13, 4)])
+def test_one_hot_split_on_classes_needs_no_collective(v, k):
+    kinds, _ = plan(f"""mesh [c={k}]
+func main(ids: i32[6]) -> f32[6, {v}] {{_, c}} {{
+  return one_hot(ids, {v})
+}}""")
+    assert not kinds
+
+
+# ---------------------------------------------------------------------------------- pipeline
+
+
+def test_pipeline_is_one_permute_per_step():
+    kinds, c = plan(str(ROOT / "programs" / "pipeline.spmd"))
+    steps = 8 + 4 - 1  # M + S - 1; the last step's roll is dead and removed
+    assert kinds["collective_permute"] == steps - 1
+    assert kinds["all_reduce"] == 1 and set(kinds) == {"collective_permute", "all_reduce"}
+
+
+@pytest.mark.parametrize("mesh", [{"stage": 2, "data": 3}, {"stage": 4, "data": 1}])
+def test_pipeline_on_other_meshes(mesh):
+    plan(str(ROOT / "programs" / "pipeline.spmd"), mesh=mesh)
