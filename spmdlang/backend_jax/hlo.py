@@ -29,10 +29,15 @@ def _shape_bytes(text: str) -> int:
 
 def _group_size(line: str) -> int:
     # mesh form: replica_groups=mesh['a'=2,'b'=4][, device_ids=...] {'b'}: the braced axes form a group
+    # a sub-axis is written 'a':(pre)size: the group spans `size` of axis a's devices
     m = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line)
     if m:
         sizes = dict((k.strip("'"), int(v)) for k, v in (p.split("=") for p in m.group(1).split(",")))
-        return prod(sizes[a.strip().strip("'")] for a in m.group(2).split(",") if a.strip())
+        group = 1
+        for item in filter(None, (a.strip() for a in m.group(2).split(","))):
+            name, _, sub = item.partition(":")
+            group *= int(sub.split(")")[-1]) if sub else sizes[name.strip("'")]
+        return group
     m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
     if m:
         return len([x for x in m.group(1).split(",") if x])

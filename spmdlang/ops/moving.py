@@ -10,9 +10,9 @@ The functions here are the `partition` entries of those ops in the op table.
 from __future__ import annotations
 
 from ..partition.factors import PERMUTATION
-from ..partition.halo import Window, window_bytes
+from ..partition.halo import Window, window_bytes, window_collectives
 from ..partition.mesh import Sharding
-from ..partition.reshard import chunk, plan_cost, plan_reshard
+from ..partition.reshard import FLOPS_PER_BYTE, LATENCY_BYTES, chunk, comm_cost, plan_reshard
 
 
 def _moving_dims(ctx) -> list[int]:
@@ -36,18 +36,27 @@ def _input_layout(ctx, i: int, out: Sharding, moving, split) -> tuple[tuple[str,
     return tuple(dims)
 
 
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
 def _itemsize(v) -> int:
     return v.type.nbytes // max(v.type.size, 1) if v.type.size else 1
 
 
-def _worth_it(ctx, i: int, dims, windows) -> bool:
-    """Windows (plus any reshard into place) must move no more than gathering the moved dims."""
+def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0) -> bool:
+    """Do windows (plus any reshard into place) cost no more than gathering the moved dims, in the
+    partitioner's model: bytes, a latency charge per collective, and the extra local work
+    (`replicated_work` FLOPs) that running the op on the gathered dims would add?"""
     v = ctx.op.operands[i]
     mesh = ctx.mesh
     cur = ctx.layout(i)
     shape, isz = v.type.shape, _itemsize(v)
     want = Sharding(dims)
-    cost = plan_cost(plan_reshard(shape, isz, mesh, cur, want))
+    cost = comm_cost(plan_reshard(shape, isz, mesh, cur, want))
     local = want.local_shape(shape, mesh)
     for d, w in windows:
         if not dims[d]:
@@ -57,9 +66,10 @@ def _worth_it(ctx, i: int, dims, windows) -> bool:
         for e, n in enumerate(local):
             if e != d:
                 row *= n
-        cost += window_bytes(w, local[d], k, row)
+        cost += (window_bytes(w, local[d], k, row, shape[d])
+                 + LATENCY_BYTES * window_collectives(w, local[d], k, shape[d]))
     gathered = tuple(() if d in [d for d, _ in windows] else a for d, a in enumerate(cur.dims))
-    base = plan_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered)))
+    base = comm_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered))) + replicated_work / FLOPS_PER_BYTE
     return cost <= base
 
 
@@ -224,7 +234,15 @@ def partition_conv(ctx):
         c_out = chunk(n_out[1 + i], k)
         windows.append((1 + i, Window(a=c_out * strides[i], s=-padding[i][0],
                                       length=(c_out - 1) * strides[i] + w.type.shape[i], fill=0.0)))
-    if not _worth_it(ctx, 0, tuple(xdims), windows):
+    # gathering the spatial dims instead would run each device's conv over the whole image
+    out_t = ctx.op.result.type
+    local_out = list(Sharding(out.dims).local_shape(out_t.shape, ctx.mesh))
+    whole = [out_t.shape[d] if d in [1 + i for i in split] else n for d, n in enumerate(local_out)]
+    per_point = 2
+    for n in w.type.shape[:-1]:
+        per_point *= n
+    replicated = per_point * (_prod(whole) - _prod(local_out)) // max(1, local_out[-1]) * local_out[-1]
+    if not _worth_it(ctx, 0, tuple(xdims), windows, replicated):
         return ctx.generic()
     xl = ctx.reshard(0, Sharding(tuple(xdims)))
     wl = ctx.reshard(1, Sharding(tuple(wdims)))

@@ -34,15 +34,50 @@ def _floor_div(x: int, y: int) -> int:
     return x // y
 
 
-def parts(w: Window, c: int, k: int) -> tuple[int, int, list[tuple[int, int, int]]]:
-    """(lo, hi, [(q, start, stop)]): the window span relative to a shard's start, and the slice
-    [start, stop) of shard i+q's chunk each shard receives."""
+def _needed(w: Window, c: int, k: int, n: int) -> tuple[int, int] | None:
+    """The hull [Lo, Hi) (relative to each shard's first element) of what shards really need:
+    each shard's window clipped to [0, n) -- positions outside are `fill`, nothing to fetch.
+
+    Shard i needs [a_i, b_i) with a_i = max(i*delta + s, -i*c), b_i = min(i*delta + s + L,
+    n - i*c): a is convex and b concave in i, and the shards with a_i < b_i form an interval
+    bounded where two of those lines cross, so the extremes lie at the ends 0 and k-1 or next to
+    a crossing. Evaluating those few points keeps this O(1) in the number of devices."""
+    delta, s, length = w.a - c, w.s, w.length
+    lines = [(delta, s), (-c, 0), (delta, s + length), (-c, n)]  # slope, intercept in i
+    cands = {0, k - 1}
+    for x, (m1, b1) in enumerate(lines):
+        for m2, b2 in lines[x + 1:]:
+            if m1 != m2:
+                t = (b2 - b1) / (m1 - m2)
+                for i in (int(t) - 1, int(t), int(t) + 1):
+                    if 0 <= i < k:
+                        cands.add(i)
+    lo = hi = None
+    for i in cands:
+        a = max(i * delta + s, -i * c)
+        b = min(i * delta + s + length, n - i * c)
+        if a < b:
+            lo = a if lo is None else min(lo, a)
+            hi = b if hi is None else max(hi, b)
+    return None if lo is None else (lo, hi)
+
+
+def parts(w: Window, c: int, k: int, n: int | None = None):
+    """(lo, hi, [(q, start, stop)]): the span [lo, hi + L) of every shard's window relative to its
+    first element, and the slice [start, stop) of shard i+q's chunk each shard receives. With the
+    global size n (no wrap), only what some shard really needs inside [0, n) is fetched."""
     delta = w.a - c
     lo = w.s + min(0, (k - 1) * delta)
     hi = w.s + max(0, (k - 1) * delta)
+    fetch_lo, fetch_hi = lo, hi + w.length
+    if n is not None and not w.wrap:
+        need = _needed(w, c, k, n)
+        if need is None:
+            return lo, hi, []
+        fetch_lo, fetch_hi = max(fetch_lo, need[0]), min(fetch_hi, need[1])
     out = []
-    for q in range(_floor_div(lo, c), _floor_div(hi + w.length - 1, c) + 1):
-        start, stop = max(0, lo - q * c), min(c, hi + w.length - q * c)
+    for q in range(_floor_div(fetch_lo, c), _floor_div(fetch_hi - 1, c) + 1):
+        start, stop = max(0, fetch_lo - q * c), min(c, fetch_hi - q * c)
         if stop > start:
             out.append((q, start, stop))
     return lo, hi, out
@@ -53,12 +88,20 @@ def _sent(q: int, k: int, wrap: bool) -> bool:
     return q % k != 0 if wrap else 0 < abs(q) < k
 
 
-def window_bytes(w: Window, c: int, k: int, row_bytes: int) -> int:
+def window_bytes(w: Window, c: int, k: int, row_bytes: int, n: int | None = None) -> int:
     """Bytes one device sends for the window (every shifted part is one collective_permute)."""
     if k == 1:
         return 0
-    _, _, ps = parts(w, c, k)
+    _, _, ps = parts(w, c, k, n)
     return sum((stop - start) * row_bytes for q, start, stop in ps if _sent(q, k, w.wrap))
+
+
+def window_collectives(w: Window, c: int, k: int, n: int | None = None) -> int:
+    """How many collective_permutes the window takes (one per neighbour part that travels)."""
+    if k == 1:
+        return 0
+    _, _, ps = parts(w, c, k, n)
+    return sum(1 for q, _start, _stop in ps if _sent(q, k, w.wrap))
 
 
 def window(p, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: str) -> Value:
@@ -71,17 +114,23 @@ def window(p, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: 
     axes = in_axes
     k = p.mesh.group_size(axes)
     c = x.type.shape[dim]
-    lo, hi, ps = parts(w, c, k)
+    lo, hi, ps = parts(w, c, k, n)
     pieces = []
+    covered = ps[0][0] * c + ps[0][1] if ps else hi + w.length
+    if covered > lo:  # nobody needs real data this far back: fill
+        pieces.append(_fill(p, x, dim, covered - lo, w.fill))
     for q, start, stop in ps:
         piece = _slice(p, x, dim, start, stop)
         if _sent(q, k, w.wrap):
             piece = p.collective("collective_permute", piece, reason, axes=axes,
-                                 sizes=tuple(p.mesh.axis_size(a) for a in axes), rule=("shift", -q % k if w.wrap
-                                                                                       else -q, w.wrap))
+                                 sizes=tuple(p.mesh.axis_size(a) for a in axes),
+                                 rule=("shift", -q % k if w.wrap else -q, w.wrap))
         elif q != 0 and not w.wrap:  # beyond the last shard: all outside [0, n), masked below
-            piece = p.emit("full", dtype=piece.type.dtype, shape=piece.type.shape, value=w.fill)
+            piece = _fill(p, x, dim, stop - start, w.fill)
         pieces.append(piece)
+    end = ps[-1][0] * c + ps[-1][2] if ps else hi + w.length
+    if end < hi + w.length:  # nobody needs real data this far on: fill
+        pieces.append(_fill(p, x, dim, hi + w.length - end, w.fill))
     win = pieces[0] if len(pieces) == 1 else p.emit("concat", *pieces, axis=dim)
     idx = p.axis_index(axes)
     if not w.wrap and (lo < 0 or k * c > n or hi + w.length > c):
@@ -116,6 +165,12 @@ def _local_window(p, x: Value, dim: int, out_axes, n: int, w: Window) -> Value:
     start = p.emit("add", p.emit("mul", idx, p.emit("full", dtype="i32", shape=(), value=w.a)),
                    p.emit("full", dtype="i32", shape=(), value=w.s + lead))
     return p.emit("dynamic_slice", xp, start, dim=dim, size=w.length)
+
+
+def _fill(p, x: Value, dim: int, size: int, value) -> Value:
+    shape = list(x.type.shape)
+    shape[dim] = size
+    return p.emit("full", dtype=x.type.dtype, shape=tuple(shape), value=value)
 
 
 def _slice(p, x: Value, dim: int, start: int, stop: int) -> Value:

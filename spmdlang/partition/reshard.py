@@ -309,7 +309,7 @@ def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> l
     return p.steps
 
 
-def _drop_trivial(s: Sharding, mesh: Mesh) -> Sharding:
+def drop_trivial_axes(s: Sharding, mesh: Mesh) -> Sharding:
     """Axes of size 1 split nothing and sum nothing: layouts that differ only in them are one."""
     keep = lambda axes: tuple(a for a in axes if mesh.axis_size(a) > 1)  # noqa: E731
     partial = keep(s.partial)
@@ -318,7 +318,7 @@ def _drop_trivial(s: Sharding, mesh: Mesh) -> Sharding:
 
 def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step]:
     """The cheapest plan from `src` to `dst` (dst.partial must be a subset of src.partial)."""
-    src, dst = _drop_trivial(src, mesh), _drop_trivial(dst, mesh)
+    src, dst = drop_trivial_axes(src, mesh), drop_trivial_axes(dst, mesh)
     if not set(dst.partial) <= set(src.partial):
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
     if src.dims == dst.dims and set(src.partial) == set(dst.partial):
@@ -332,3 +332,14 @@ def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding)
 
 def plan_cost(steps) -> float:
     return sum(s.bytes for s in steps)
+
+
+# The partitioner's cost model, in bytes: what moves, a fixed charge per collective (latency: about
+# alpha * beta at 2 us and 32 GB/s), and local work at FLOPS_PER_BYTE, so that neither many tiny
+# collectives nor replicating a contraction on every device wins on bytes alone.
+LATENCY_BYTES = 64 * 1024
+FLOPS_PER_BYTE = 64
+
+
+def comm_cost(steps) -> float:
+    return plan_cost(steps) + LATENCY_BYTES * sum(s.is_collective for s in steps)

@@ -26,14 +26,9 @@ from ..ops import registry
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
 from .mesh import Mesh, Sharding
 from .propagate import Propagation, op_rule
-from .reshard import Step, plan_cost, plan_reshard, step_bytes
+from .reshard import FLOPS_PER_BYTE, Step, comm_cost, drop_trivial_axes, plan_reshard, step_bytes
 
 _MAX_CANDIDATES = 512
-# The cost of one op's plan, in bytes: what it moves, a fixed charge per collective (latency:
-# about alpha * beta at 2 us and 32 GB/s), and its local work at FLOPS_PER_BYTE, so that
-# replicating a contraction on every device to save a little communication does not pay.
-LATENCY_BYTES = 64 * 1024
-FLOPS_PER_BYTE = 64
 
 
 @dataclass
@@ -86,6 +81,7 @@ class Partitioner:
         self.current: Op | None = None
         self.produced: dict[Value, Sharding] = {}
         self.producer: dict[Value, Op] = {r: op for op in prog.ops for r in op.results}
+        self.trivial = any(size == 1 for _, size in self.mesh.axes)
 
     # ------------------------------------------------------------------ emission helpers
 
@@ -99,7 +95,10 @@ class Partitioner:
         return self.indices[axes]
 
     def target(self, v: Value) -> Sharding:
-        return self.prop.shardings[v]
+        """The planned layout of v, without mesh axes of size 1 (they split nothing; keeping them
+        would make custom steps emit collectives over groups of one)."""
+        s = self.prop.shardings[v]
+        return drop_trivial_axes(s, self.mesh) if self.trivial else s
 
     def local_type(self, t: TensorType, s: Sharding) -> TensorType:
         return t.with_shape(s.local_shape(t.shape, self.mesh))
@@ -357,7 +356,7 @@ class Partitioner:
             dims = unproject(rule.operands[i], fa, rule.sizes, self.mesh)
             req = Sharding(dims, kept if (keep and partials[i].partial) else (), frozenset(), "sum")
             reqs.append(req)
-            cost += _comm_cost(plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh,
+            cost += comm_cost(plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh,
                                             self.state[v][1], req))
         outs = []
         for j, r in enumerate(op.results):
@@ -366,7 +365,7 @@ class Partitioner:
             out = Sharding(dims, partial, frozenset(), red_op if reduced else "sum")
             outs.append(out)
             want = self.target(r).closed().with_partial(())
-            cost += _comm_cost(plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want))
+            cost += comm_cost(plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want))
         # local work: the op's FLOPs plus the elements it writes (so that even data movement
         # prefers running on shards to running replicated and slicing afterwards)
         local = lambda v, s: v.type.with_shape(s.local_shape(v.type.shape, self.mesh))  # noqa: E731
@@ -395,10 +394,6 @@ class Partitioner:
         for r, lr, o, shape in zip(op.results, results, outs, shapes):
             assert lr.type.shape == tuple(shape), (op.kind, lr.type, shape)
             self.state[r] = (lr, o)
-
-
-def _comm_cost(steps) -> float:
-    return plan_cost(steps) + LATENCY_BYTES * sum(s.is_collective for s in steps)
 
 
 def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
