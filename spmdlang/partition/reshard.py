@@ -19,7 +19,8 @@ scattered, then moves and gathers. Uneven splits nest only when m * ceil(n/(k*m)
 (or the coarse layout is whole); where they do not, the dim is gathered whole and sliced afresh.
 Where both layouts have the same shard count on every dim, one collective_permute is an option;
 so is the fallback "settle sums in place, gather whole what does not nest, slice", which bounds
-every plan by the bytes of gathering everything; the cheapest plan (bytes, then steps) wins.
+every plan by the bytes of gathering everything. The cheapest plan wins: bytes plus a latency
+charge per collective (comm_cost), then fewer steps.
 """
 
 from __future__ import annotations
@@ -327,7 +328,7 @@ def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding)
     p = _permute_plan(shape, itemsize, mesh, src, dst)
     if p is not None:
         plans.append(p)
-    return min(plans, key=lambda steps: (sum(s.bytes for s in steps), sum(s.is_collective for s in steps)))
+    return min(plans, key=lambda steps: (comm_cost(steps), sum(s.is_collective for s in steps)))
 
 
 def plan_cost(steps) -> float:
