@@ -47,10 +47,10 @@ def _itemsize(v) -> int:
     return v.type.nbytes // max(v.type.size, 1) if v.type.size else 1
 
 
-def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0) -> bool:
-    """Do windows (plus any reshard into place) cost no more than gathering the moved dims, in the
-    partitioner's model: bytes, a latency charge per collective, and the extra local work
-    (`replicated_work` FLOPs) that running the op on the gathered dims would add?"""
+def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
+    """(windows, gather): in the partitioner's model (bytes plus a latency charge per collective),
+    what operand i costs taken by windows (after any reshard into `dims`), and gathered whole on
+    the moved dims instead."""
     v = ctx.op.operands[i]
     mesh = ctx.mesh
     cur = ctx.layout(i)
@@ -68,9 +68,16 @@ def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0) -> bool:
                 row *= n
         cost += (window_bytes(w, local[d], k, row, shape[d])
                  + LATENCY_BYTES * window_collectives(w, local[d], k, shape[d]))
-    gathered = tuple(() if d in [d for d, _ in windows] else a for d, a in enumerate(cur.dims))
-    base = comm_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered))) + replicated_work / FLOPS_PER_BYTE
-    return cost <= base
+    moved = {d for d, _ in windows}
+    gathered = tuple(() if d in moved else a for d, a in enumerate(cur.dims))
+    return cost, comm_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered)))
+
+
+def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0) -> bool:
+    """Do windows cost no more than gathering the moved dims, counting the extra local work
+    (`replicated_work` FLOPs) that running the op on the gathered dims would add?"""
+    window, gather = _costs(ctx, i, dims, windows)
+    return window <= gather + replicated_work / FLOPS_PER_BYTE
 
 
 def _positions(ctx, shape, dim: int, axes, c: int):
@@ -188,13 +195,17 @@ def partition_concat(ctx):
     n = ctx.op.result.type.shape[d]
     c = chunk(n, k)
     plans, offset = [], 0
+    window_total, gathers = 0.0, {}
     for i, v in enumerate(ctx.op.operands):
         dims = _input_layout(ctx, i, out, [d], [d])
         w = Window(a=c, s=-offset, length=c)
-        if not _worth_it(ctx, i, dims, [(d, w)]):
-            return ctx.generic()
+        window, gather = _costs(ctx, i, dims, [(d, w)])
+        window_total += window
+        gathers[v] = gather  # an operand used twice is gathered once
         plans.append((i, dims, w, offset))
         offset += v.type.shape[d]
+    if window_total > sum(gathers.values()):
+        return ctx.generic()
     parts = []
     for i, dims, w, off in plans:
         local = ctx.reshard(i, Sharding(dims))
