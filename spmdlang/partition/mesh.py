@@ -8,6 +8,7 @@ replicate the tensor. `partial` axes mark a value whose shards still owe a sum o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 
 
@@ -27,7 +28,7 @@ class Mesh:
     def names(self) -> tuple[str, ...]:
         return tuple(a for a, _ in self.axes)
 
-    @property
+    @cached_property
     def shape(self) -> dict[str, int]:
         return dict(self.axes)
 
@@ -40,7 +41,10 @@ class Mesh:
 
     def group_size(self, axes) -> int:
         shape = self.shape
-        return prod(shape[a] for a in axes)
+        n = 1
+        for a in axes:
+            n *= shape[a]
+        return n
 
     def order(self, axes) -> tuple[str, ...]:
         """Axes sorted in mesh order (major first)."""

@@ -26,6 +26,7 @@ charge per collective (comm_cost), then fewer steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 from .mesh import Mesh, Sharding
@@ -317,18 +318,24 @@ def drop_trivial_axes(s: Sharding, mesh: Mesh) -> Sharding:
     return Sharding(tuple(keep(d) for d in s.dims), partial, frozenset(), s.partial_op if partial else "sum")
 
 
-def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step]:
-    """The cheapest plan from `src` to `dst` (dst.partial must be a subset of src.partial)."""
+def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> tuple[Step, ...]:
+    """The cheapest plan from `src` to `dst` (dst.partial must be a subset of src.partial).
+    Memoised: the partitioner asks the same questions many times while weighing candidates."""
+    return _plan_reshard(tuple(shape), itemsize, mesh, src.closed(), dst.closed())
+
+
+@lru_cache(maxsize=65536)
+def _plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> tuple[Step, ...]:
     src, dst = drop_trivial_axes(src, mesh), drop_trivial_axes(dst, mesh)
     if not set(dst.partial) <= set(src.partial):
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
     if src.dims == dst.dims and set(src.partial) == set(dst.partial):
-        return []
+        return ()
     plans = [_Planner(shape, itemsize, mesh, src, dst).run(), _gather_plan(shape, itemsize, mesh, src, dst)]
     p = _permute_plan(shape, itemsize, mesh, src, dst)
     if p is not None:
         plans.append(p)
-    return min(plans, key=lambda steps: (comm_cost(steps), sum(s.is_collective for s in steps)))
+    return tuple(min(plans, key=lambda steps: (comm_cost(steps), sum(s.is_collective for s in steps))))
 
 
 def plan_cost(steps) -> float:
