@@ -47,8 +47,12 @@ def _combine(prog: Program, ledger):
     ops: list[Op] = []
     merged: dict[Op, list[Op]] = {}
 
+    def combinable(op) -> bool:
+        # a product all-reduce runs as an all_gather per operand in jax: nothing to combine
+        return op.kind == "all_reduce" and op.attrs["reduce"] != "prod"
+
     def arrive(op):
-        if op.kind == "all_reduce":
+        if combinable(op):
             pending.setdefault((tuple(op.attrs["axes"]), op.attrs["reduce"]), []).append(op)
         else:
             heapq.heappush(ready, (index[op], id(op)))
@@ -71,7 +75,7 @@ def _combine(prog: Program, ledger):
     emitted: set[Op] = set()
     by_key: dict[tuple, list[Op]] = {}
     for op in prog.ops:
-        if op.kind == "all_reduce":
+        if combinable(op):
             by_key.setdefault((tuple(op.attrs["axes"]), op.attrs["reduce"]), []).append(op)
 
     def _could_grow(key, group) -> bool:

@@ -176,6 +176,10 @@ class Partitioner:
         return f"the {op.kind} result{line} ({v.type})"
 
     def log(self, kind, axes, nbytes, reduce, reason, local_op):
+        if kind == "all_reduce" and reduce == "prod":
+            # jax has no product all-reduce: it runs as an all_gather and a local product
+            kind = "all_gather"
+            nbytes = step_bytes("all_gather", self.mesh.group_size(axes), local_op.operands[0].type.nbytes)
         op = self.current
         line = op.span.line if op is not None and op.span else None
         self.ledger.append(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
@@ -189,12 +193,8 @@ class Partitioner:
         size = x.type.nbytes
         if kind in ("all_gather", "reduce_scatter", "all_to_all"):
             attrs.setdefault("group", k)
-        if kind == "all_reduce" and attrs.get("reduce") == "prod":
-            nbytes = step_bytes("all_gather", k, size)
-        else:
-            nbytes = step_bytes(kind, k, size)
         out = self.emit(kind, x, **attrs)
-        self.log(kind, axes, nbytes, attrs.get("reduce", "sum"), reason, self.b.ops[-1])
+        self.log(kind, axes, step_bytes(kind, k, size), attrs.get("reduce", "sum"), reason, self.b.ops[-1])
         return out
 
     def pad_to(self, x: Value, dim: int, n: int) -> Value:
