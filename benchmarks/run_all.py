@@ -67,24 +67,32 @@ def bench_programs(repeat: int, quick: bool) -> list[dict]:
     return rows
 
 
-def compile_sweep(layers: int, runs: int = 3) -> list[dict]:
+def compile_sweep(layers: int, runs: int = 5) -> list[dict]:
+    """Median compile time per mesh; the meshes take turns in every round, each compile after a
+    garbage collection, so drift in load or heap size does not favour one mesh."""
+    import gc
+
     text = transformer_stack(layers)
     _ = spmdlang.compile(text, filename="stack.spmd").jax_source  # warm-up: parser tables, imports
-    rows = []
-    for mesh in SWEEP:
-        times = []
-        for _ in range(runs):
+    times: dict[int, list[float]] = {i: [] for i in range(len(SWEEP))}
+    info: dict[int, tuple] = {}
+    for _ in range(runs):
+        for i, mesh in enumerate(SWEEP):
+            gc.collect()
             t = time.perf_counter()
             c = spmdlang.compile(text, mesh=mesh, filename="stack.spmd")
             _ = c.jax_source
-            times.append(time.perf_counter() - t)
+            times[i].append(time.perf_counter() - t)
+            info[i] = (len(c.program.ops), len(c.spmd.ledger))
+    rows = []
+    for i, mesh in enumerate(SWEEP):
         n = 1
         for s in mesh.values():
             n *= s
-        rows.append({"devices": n, "mesh": mesh, "ops": len(c.program.ops), "compile_s": sorted(times)[len(times) // 2],
-                     "collectives": len(c.spmd.ledger)})
-        print(f"compile sweep: {n} devices, {len(c.program.ops)} ops: {rows[-1]['compile_s']:.3f} s",
-              file=sys.stderr, flush=True)
+        ops, cols = info[i]
+        rows.append({"devices": n, "mesh": mesh, "ops": ops, "compile_s": sorted(times[i])[len(times[i]) // 2],
+                     "collectives": cols})
+        print(f"compile sweep: {n} devices, {ops} ops: {rows[-1]['compile_s']:.3f} s", file=sys.stderr, flush=True)
     return rows
 
 

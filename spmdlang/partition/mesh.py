@@ -19,6 +19,14 @@ class Mesh:
     axes: tuple[tuple[str, int], ...]
     devices: tuple[int, ...]
 
+    def __post_init__(self):
+        # hashed once: the device list has an entry per device, and meshes key the partitioner's
+        # caches, so rehashing it on every lookup would make compile time grow with the mesh
+        object.__setattr__(self, "_hash", hash((self.axes, self.devices)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     @staticmethod
     def make(axes: dict[str, int], devices=None) -> Mesh:
         n = prod(axes.values())

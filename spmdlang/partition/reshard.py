@@ -321,11 +321,14 @@ def drop_trivial_axes(s: Sharding, mesh: Mesh) -> Sharding:
 def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> tuple[Step, ...]:
     """The cheapest plan from `src` to `dst` (dst.partial must be a subset of src.partial).
     Memoised: the partitioner asks the same questions many times while weighing candidates."""
-    return _plan_reshard(tuple(shape), itemsize, mesh, src.closed(), dst.closed())
+    # keyed by the axis sizes alone: plans never depend on the device order, and comparing two
+    # meshes' device lists on every cache hit would make compile time grow with the mesh
+    return _plan_reshard(tuple(shape), itemsize, mesh.axes, src.closed(), dst.closed())
 
 
 @lru_cache(maxsize=65536)
-def _plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> tuple[Step, ...]:
+def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> tuple[Step, ...]:
+    mesh = Mesh(axes, ())  # the planner reads axis sizes only
     src, dst = drop_trivial_axes(src, mesh), drop_trivial_axes(dst, mesh)
     if not set(dst.partial) <= set(src.partial):
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
