@@ -60,13 +60,6 @@ def np_is_narrow_float(dt) -> bool:
     return np_is_float(dt) and np.dtype(dt).itemsize < 4
 
 
-def from_np(dt: np.dtype) -> str | None:
-    for name, (d, *_rest) in _DTYPES.items():
-        if d == dt:
-            return name
-    return None
-
-
 def promote(a: str, b: str) -> str:
     """jax-like promotion between two tensor dtypes: bool < int < float, wider wins; bf16+f16 -> f32."""
     if a == b:

@@ -37,10 +37,6 @@ def _with_dim(t: TensorType, dim: int, n: int) -> TensorType:
     return t.with_shape(shape)
 
 
-def _group(attrs, mesh_sizes=None):
-    return attrs["group"]
-
-
 # ---------------------------------------------------------------------------------- axis_index
 
 

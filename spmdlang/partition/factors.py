@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from math import gcd, prod
+from math import gcd
 
 from .mesh import Mesh
 
@@ -289,6 +289,3 @@ def restrict(rule: FactorRule, fa: FactorAxes, mesh: Mesh) -> FactorAxes:
                 fa = {f: axes for f, axes in fa.items() if axes}
     return fa
 
-
-def factor_shards(fa: FactorAxes, mesh: Mesh) -> dict[int, int]:
-    return {f: prod(mesh.axis_size(a) for a in axes) for f, axes in fa.items()}

@@ -98,14 +98,8 @@ class Sharding:
         """Static per-partition shape: a dim of n split k ways holds ceil(n/k)."""
         return tuple(-(-n // self.shards(mesh, i)) for i, n in enumerate(shape))
 
-    def is_replicated(self) -> bool:
-        return not any(self.dims) and not self.partial
-
     def with_partial(self, partial, op: str = "sum") -> Sharding:
         return Sharding(self.dims, tuple(partial), self.open_dims, op if partial else "sum")
-
-    def with_dims(self, dims) -> Sharding:
-        return Sharding(tuple(tuple(d) for d in dims), self.partial, self.open_dims, self.partial_op)
 
     def closed(self) -> Sharding:
         return Sharding(self.dims, self.partial, frozenset(), self.partial_op)

@@ -56,10 +56,6 @@ class SpmdProgram:
     produced: dict[Value, Sharding] = field(default_factory=dict)  # each global value as computed
 
 
-def _dim_text(dims) -> str:
-    return str(Sharding(tuple(dims)))
-
-
 class Partitioner:
     def __init__(self, prog: Program, prop: Propagation):
         self.prog = prog
