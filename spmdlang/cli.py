@@ -50,6 +50,19 @@ def _set_arg(text):
     return _assignments(text, "--set")
 
 
+def _count(minimum: int):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {v}")
+        return v
+
+    return parse
+
+
 def _positive_float(text):
     try:
         v = float(text)
@@ -88,12 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", parents=[common], help="run the program on one backend")
     r.add_argument("--backend", required=True, choices=BACKENDS)
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
-    r.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    r.add_argument("--seed", type=_count(0), default=0, help="seed for random inputs (default 0)")
     r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ...")
     d = sub.add_parser("diff", parents=[common], help="run several backends on the same inputs and compare")
     d.add_argument("--backends", type=_backends_arg, default=list(BACKENDS), metavar="B,...")
     d.add_argument("--inputs", metavar="IN.npz")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=_count(0), default=0)
     d.add_argument("--rtol", type=_positive_float, default=None)
     d.add_argument("--atol", type=_positive_float, default=None)
     e = sub.add_parser("explain", parents=[common], help="why each sharding, what each collective costs")
@@ -106,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--preset", choices=("tpu-v4", "gpu-nvlink"), default="tpu-v4",
                    help="alpha-beta defaults (default tpu-v4)")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--repeat", type=int, default=20, help="timed runs after warm-up (default 20)")
+    b.add_argument("--seed", type=_count(0), default=0)
+    b.add_argument("--repeat", type=_count(1), default=20, help="timed runs after warm-up (default 20)")
     return p
 
 
@@ -140,10 +153,15 @@ def _compile(args):
 
 def _write_atomic(path: str, data: bytes) -> None:
     """Write all or nothing: a temp file in the same directory, renamed into place."""
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write '{path}': it is a directory")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise UsageError(f"cannot write '{path}': no such directory '{directory}'")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".spmdlang-")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".spmdlang-")
+    except OSError as e:
+        raise UsageError(f"cannot write '{path}': {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

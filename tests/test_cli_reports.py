@@ -113,3 +113,21 @@ def test_compile_targets(capsys, tmp_path):
                            ("xla", "with_sharding_constraint")):
         code, out, _ = run_cli(capsys, "compile", MLP, "--target", target)
         assert code == 0 and needle in out, target
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", MLP, "--backend", "ref", "--seed", "-1"],
+    ["bench", MLP, "--repeat", "0"],
+])
+def test_bad_counts_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["dir", "missing"])
+def test_output_path_that_cannot_be_written(target, tmp_path, capsys):
+    path = str(tmp_path) if target == "dir" else str(tmp_path / "no" / "such" / "out.ir")
+    code, out, err = run_cli(capsys, "compile", MLP, "--target", "ir", "-o", path)
+    assert code == 2 and "cannot write" in err and "internal error" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written
