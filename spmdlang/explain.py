@@ -103,6 +103,7 @@ def render_explain(console, c, report, show=()) -> None:
 
 def render_layout(console, c, name: str) -> None:
     """Which block of a value each device holds, for any rank: one cell per device of the mesh."""
+    from rich.markup import escape
     from rich.table import Table
 
     from .backend_ref.sim import block_slices
@@ -138,15 +139,9 @@ def render_layout(console, c, name: str) -> None:
             text = "[" + ", ".join(":" if (a, b) == (0, n) else f"{a}:{b}"
                                    for (a, b, _), n in zip(blocks, v.type.shape)) + "]"
             color = colors.setdefault(text, palette[len(colors) % len(palette)])
-            cells.append(f"[{color}]dev {mesh.devices[pos]}\n{_esc(text)}[/{color}]")
+            cells.append(f"[{color}]dev {mesh.devices[pos]}\n{escape(text)}[/{color}]")
         table.add_row(*cells)
     console.print(table)
-
-
-def _esc(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 # ---------------------------------------------------------------------------------- diff

@@ -119,6 +119,7 @@ class Lowerer:
         self.b = Builder()
         self.names: dict[Value, str] = {}
         self.stack: list[str] = []
+        self.called: set[str] = set()  # functions reached by inlining
         self.unrolled = 0  # loop iterations unrolled so far, against MAX_UNROLLED
         self.entry_named: set[Value] = set()  # values named by an assignment in the entry function
 
@@ -219,10 +220,6 @@ class Lowerer:
                 finally:
                     self.b, self.names = saved
 
-    @property
-    def called(self) -> set[str]:
-        return getattr(self, "_called", set())
-
     def _lower_entry(self, f: A.FuncDef) -> Program:
         self._check_params(f)
         params = []
@@ -277,9 +274,7 @@ class Lowerer:
             chain = " -> ".join(self.stack + [f.name])
             raise SpmdError(f"recursive call to '{f.name}' ({chain}); functions are inlined, "
                             "so recursion is not supported", span)
-        if not hasattr(self, "_called"):
-            self._called = set()
-        self._called.add(f.name)
+        self.called.add(f.name)
         self._check_params(f)
         env: dict[str, Any] = {}
         for p, a in zip(f.params, args):

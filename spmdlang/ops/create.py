@@ -7,27 +7,18 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder, elementwise_rule
-from .registry import check, no_flops, register
+from .registry import check, no_flops, py_literal, register
 
 
 def _fresh_rule(operands, results, attrs):
     return elementwise_rule([], results[0].shape)
 
 
-def _literal(value, dtype: str) -> str:
-    if dtype == "bool":
-        return "True" if value else "False"
-    if T.is_float(dtype):
-        v = float(value)
-        return repr(v) if np.isfinite(v) else ("-jnp.inf" if v < 0 else "jnp.inf" if v > 0 else "jnp.nan")
-    return str(int(value))
-
-
 register("full", flops=no_flops, infer=lambda ops, attrs: TensorType(attrs["dtype"], tuple(attrs["shape"])),
          numpy=lambda *, dtype, shape, value: np.full(shape, value, dtype=T.np_dtype(dtype)),
          rule=_fresh_rule, family="elementwise",
          localize=lambda attrs, ops, shapes: {**attrs, "shape": tuple(shapes[0])},
-         jax=lambda a, attrs, out: (f"jnp.full({tuple(out[0].shape)}, {_literal(attrs['value'], attrs['dtype'])}, "
+         jax=lambda a, attrs, out: (f"jnp.full({tuple(out[0].shape)}, {py_literal(attrs['value'])}, "
                                     f"{T.jnp_dtype(attrs['dtype'])})"))
 
 

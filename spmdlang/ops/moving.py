@@ -9,6 +9,8 @@ The functions here are the `partition` entries of those ops in the op table.
 
 from __future__ import annotations
 
+from math import prod
+
 from ..partition.factors import PERMUTATION
 from ..partition.halo import Window, window_bytes, window_collectives
 from ..partition.mesh import Sharding
@@ -34,13 +36,6 @@ def _input_layout(ctx, i: int, out: Sharding, moving, split) -> tuple[tuple[str,
         else:
             dims.append(out.dims[d])
     return tuple(dims)
-
-
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
 
 
 def _itemsize(v) -> int:
@@ -252,7 +247,7 @@ def partition_conv(ctx):
     per_point = 2
     for n in w.type.shape[:-1]:
         per_point *= n
-    replicated = per_point * (_prod(whole) - _prod(local_out)) // max(1, local_out[-1]) * local_out[-1]
+    replicated = per_point * (prod(whole) - prod(local_out)) // max(1, local_out[-1]) * local_out[-1]
     if not _worth_it(ctx, 0, tuple(xdims), windows, replicated):
         return ctx.generic()
     xl = ctx.reshard(0, Sharding(tuple(xdims)))

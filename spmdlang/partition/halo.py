@@ -118,29 +118,28 @@ def window(p, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: 
     pieces = []
     covered = ps[0][0] * c + ps[0][1] if ps else hi + w.length
     if covered > lo:  # nobody needs real data this far back: fill
-        pieces.append(_fill(p, x, dim, covered - lo, w.fill))
+        pieces.append(p.fill_dim(x, dim, covered - lo, w.fill))
     for q, start, stop in ps:
-        piece = _slice(p, x, dim, start, stop)
+        piece = p.slice_dim(x, dim, start, stop)
         if _sent(q, k, w.wrap):
             piece = p.collective("collective_permute", piece, reason, axes=axes,
                                  sizes=tuple(p.mesh.axis_size(a) for a in axes),
                                  rule=("shift", -q % k if w.wrap else -q, w.wrap))
         elif q != 0 and not w.wrap:  # beyond the last shard: all outside [0, n), masked below
-            piece = _fill(p, x, dim, stop - start, w.fill)
+            piece = p.fill_dim(x, dim, stop - start, w.fill)
         pieces.append(piece)
     end = ps[-1][0] * c + ps[-1][2] if ps else hi + w.length
     if end < hi + w.length:  # nobody needs real data this far on: fill
-        pieces.append(_fill(p, x, dim, hi + w.length - end, w.fill))
+        pieces.append(p.fill_dim(x, dim, hi + w.length - end, w.fill))
     win = pieces[0] if len(pieces) == 1 else p.emit("concat", *pieces, axis=dim)
     idx = p.axis_index(axes)
     if not w.wrap and (lo < 0 or k * c > n or hi + w.length > c):
         win = p.emit("range_mask", win, idx, dim=dim, chunk=c, offset=lo, lo=0, hi=n, value=w.fill)
     if w.a != c:
-        start = p.emit("add", p.emit("mul", idx, p.emit("full", dtype="i32", shape=(), value=w.a - c)),
-                       p.emit("full", dtype="i32", shape=(), value=w.s - lo))
+        start = p.affine_index(axes, w.a - c, w.s - lo)
         win = p.emit("dynamic_slice", win, start, dim=dim, size=w.length)
     elif win.type.shape[dim] != w.length:
-        win = _slice(p, win, dim, w.s - lo, w.s - lo + w.length)
+        win = p.slice_dim(win, dim, w.s - lo, w.s - lo + w.length)
     return win
 
 
@@ -155,28 +154,8 @@ def _local_window(p, x: Value, dim: int, out_axes, n: int, w: Window) -> Value:
         w = Window(a=w.a, s=0, length=w.length, fill=0, wrap=False)
     lead = max(0, -w.s)
     trail = max(0, (k - 1) * w.a + w.s + w.length - n)
-    lo_pad = [0] * x.type.rank
-    hi_pad = [0] * x.type.rank
-    lo_pad[dim], hi_pad[dim] = lead, trail
-    xp = p.emit("pad", x, lo=tuple(lo_pad), hi=tuple(hi_pad), value=w.fill) if lead or trail else x
+    xp = p.pad_dim(x, dim, lead, trail, w.fill)
     if k == 1:
-        return _slice(p, xp, dim, w.s + lead, w.s + lead + w.length)
-    idx = p.axis_index(out_axes)
-    start = p.emit("add", p.emit("mul", idx, p.emit("full", dtype="i32", shape=(), value=w.a)),
-                   p.emit("full", dtype="i32", shape=(), value=w.s + lead))
+        return p.slice_dim(xp, dim, w.s + lead, w.s + lead + w.length)
+    start = p.affine_index(out_axes, w.a, w.s + lead)
     return p.emit("dynamic_slice", xp, start, dim=dim, size=w.length)
-
-
-def _fill(p, x: Value, dim: int, size: int, value) -> Value:
-    shape = list(x.type.shape)
-    shape[dim] = size
-    return p.emit("full", dtype=x.type.dtype, shape=tuple(shape), value=value)
-
-
-def _slice(p, x: Value, dim: int, start: int, stop: int) -> Value:
-    if start == 0 and stop == x.type.shape[dim]:
-        return x
-    starts = [0] * x.type.rank
-    stops = list(x.type.shape)
-    starts[dim], stops[dim] = start, stop
-    return p.emit("slice", x, starts=tuple(starts), stops=tuple(stops), steps=(1,) * x.type.rank)

@@ -193,21 +193,34 @@ class Partitioner:
         self.log(kind, axes, step_bytes(kind, k, size), attrs.get("reduce", "sum"), reason, self.b.ops[-1])
         return out
 
-    def pad_to(self, x: Value, dim: int, n: int) -> Value:
-        if x.type.shape[dim] >= n:
-            return x
-        lo = [0] * x.type.rank
-        hi = [0] * x.type.rank
-        hi[dim] = n - x.type.shape[dim]
-        return self.emit("pad", x, lo=tuple(lo), hi=tuple(hi), value=_zero(x.type.dtype))
+    # ---- local helpers on one dim (custom steps reach them through OpContext)
 
-    def trim(self, x: Value, dim: int, n: int) -> Value:
-        if x.type.shape[dim] == n:
+    def slice_dim(self, x: Value, dim: int, start: int, stop: int) -> Value:
+        if start == 0 and stop == x.type.shape[dim]:
             return x
         starts = [0] * x.type.rank
         stops = list(x.type.shape)
-        stops[dim] = n
+        starts[dim], stops[dim] = start, stop
         return self.emit("slice", x, starts=tuple(starts), stops=tuple(stops), steps=(1,) * x.type.rank)
+
+    def pad_dim(self, x: Value, dim: int, lo: int, hi: int, value=None) -> Value:
+        if not lo and not hi:
+            return x
+        los, his = [0] * x.type.rank, [0] * x.type.rank
+        los[dim], his[dim] = lo, hi
+        return self.emit("pad", x, lo=tuple(los), hi=tuple(his), value=_zero(x.type.dtype) if value is None else value)
+
+    def fill_dim(self, x: Value, dim: int, size: int, value) -> Value:
+        """A constant block shaped like x except for `size` elements on `dim`."""
+        shape = list(x.type.shape)
+        shape[dim] = size
+        return self.emit("full", dtype=x.type.dtype, shape=tuple(shape), value=value)
+
+    def pad_to(self, x: Value, dim: int, n: int) -> Value:
+        return self.pad_dim(x, dim, 0, max(0, n - x.type.shape[dim]))
+
+    def trim(self, x: Value, dim: int, n: int) -> Value:
+        return self.slice_dim(x, dim, 0, n)
 
     def mask(self, x: Value, dim: int, axes, n: int, value) -> Value:
         """Fill the padding of dim `dim` (split over `axes`, global size n) with `value`."""
@@ -216,12 +229,18 @@ class Partitioner:
             return x
         return self.emit("range_mask", x, self.axis_index(axes), dim=dim, chunk=c, offset=0, lo=0, hi=n, value=value)
 
+    def affine_index(self, axes, scale: int, shift: int = 0) -> Value:
+        """axis_index(axes) * scale + shift, as an i32 scalar."""
+        x = self.axis_index(axes)
+        if scale != 1:
+            x = self.emit("mul", x, self.emit("full", dtype="i32", shape=(), value=scale))
+        if shift:
+            x = self.emit("add", x, self.emit("full", dtype="i32", shape=(), value=shift))
+        return x
+
     def offset(self, axes, c: int) -> Value:
         """The global index of this partition's first element along a dim split over `axes`."""
-        idx = self.axis_index(axes)
-        if c == 1:
-            return idx
-        return self.emit("mul", idx, self.emit("full", dtype="i32", shape=(), value=c))
+        return self.affine_index(axes, c)
 
     # ------------------------------------------------------------------ the pass
 
@@ -412,9 +431,17 @@ class OpContext:
     planned layouts of its results, and emission helpers. It must call set_result for every
     result (or fall back to `generic`)."""
 
+    _DELEGATED = frozenset({"mesh", "emit", "axis_index", "offset", "affine_index", "mask", "slice_dim",
+                            "pad_dim", "fill_dim"})
+
     def __init__(self, p: Partitioner, op: Op):
         self.p, self.op = p, op
-        self.mesh = p.mesh
+
+    def __getattr__(self, name):
+        # plain emission helpers are the partitioner's own; what is op-specific is defined below
+        if name in OpContext._DELEGATED:
+            return getattr(self.p, name)
+        raise AttributeError(name)
 
     @property
     def attrs(self):
@@ -431,18 +458,6 @@ class OpContext:
 
     def reshard(self, i: int, want: Sharding) -> Value:
         return self.p.reshard(self.op.operands[i], want, f"for {self.op.kind}")
-
-    def emit(self, kind, *operands, **attrs) -> Value:
-        return self.p.emit(kind, *operands, **attrs)
-
-    def axis_index(self, axes) -> Value:
-        return self.p.axis_index(axes)
-
-    def offset(self, axes, c: int) -> Value:
-        return self.p.offset(axes, c)
-
-    def mask(self, x, dim, axes, n, value) -> Value:
-        return self.p.mask(x, dim, axes, n, value)
 
     def constant(self, value, dtype: str) -> Value:
         return self.p.emit("full", dtype=dtype, shape=(), value=value)
