@@ -141,20 +141,18 @@ class Compiled:
         inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
         ref = self.run(inputs, backend="ref")
         results, ok = [], True
-        tol_r = tol_a = None
+        narrowest = _narrowest_float(self.program)
         for b in backends:
             if b == "ref":
                 continue
             got = self.run(inputs, backend=b)
-            narrowest = _narrowest_float(self.program)
             for i, (r, g) in enumerate(zip(ref, got)):
-                rt, at = _tolerance(r.dtype, rtol, atol, narrowest)
-                tol_r, tol_a = rt, at
-                err, good = _compare(r, g, rt, at)
+                err, good = _compare(r, g, *_tolerance(r.dtype, rtol, atol, narrowest))
                 ok &= good
                 results.append({"backend": b, "output": i, "max_abs_err": err, "ok": good})
-        return {"ok": bool(ok), "backends": list(backends), "results": results,
-                "rtol": tol_r if rtol is None else rtol, "atol": tol_a if atol is None else atol}
+        # the float tolerance applied (integer and bool results are always compared exactly)
+        float_rtol, float_atol = _tolerance(np.float32, rtol, atol, narrowest)
+        return {"ok": bool(ok), "backends": list(backends), "results": results, "rtol": float_rtol, "atol": float_atol}
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         return random_inputs(self.program, seed)

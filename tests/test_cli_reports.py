@@ -131,3 +131,11 @@ def test_output_path_that_cannot_be_written(target, tmp_path, capsys):
     code, out, err = run_cli(capsys, "compile", MLP, "--target", "ir", "-o", path)
     assert code == 2 and "cannot write" in err and "internal error" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_diff_reports_the_float_tolerance_even_when_the_last_result_is_an_integer(tmp_path, capsys):
+    p = tmp_path / "mixed.spmd"
+    p.write_text("mesh [x=2]\nfunc main(a: f32[4] {x}) -> (f32[4], i32[]) { return a * 2.0, argmax(a, axis=0) }\n")
+    code, out, _ = run_cli(capsys, "diff", str(p), "--backends", "ref,sim", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["rtol"] == d["atol"] == 1e-4
