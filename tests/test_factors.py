@@ -19,8 +19,9 @@ from math import prod
 import numpy as np
 import pytest
 
+from spmdlang.ir import registry
+from spmdlang.ir.mesh import Mesh, Sharding
 from spmdlang.ir.types import TensorType
-from spmdlang.ops import registry
 from spmdlang.partition.factors import (
     PASS,
     project,
@@ -31,7 +32,6 @@ from spmdlang.partition.factors import (
     unproject,
     unproject_dim,
 )
-from spmdlang.partition.mesh import Mesh, Sharding
 
 KIND_CODE = {"reduction": "R", "replicate": "X", "permutation": "M"}
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

@@ -11,12 +11,12 @@ from __future__ import annotations
 import inspect
 import keyword
 
+from ..ir import registry
 from ..ir import types as T
 from ..ir.core import Program, Value
+from ..ir.mesh import Mesh, Sharding
 from ..ir.printer import Namer
-from ..ops import registry
 from ..partition import permute
-from ..partition.mesh import Mesh, Sharding
 
 _RESERVED = {"jax", "jnp", "np", "P", "Mesh", "NamedSharding", "AxisType", "main", "run", "body", "mesh",
              "make_mesh", "shard_slice", "range_mask", "permute_pairs", "args", "outs", "os"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import types as T
+from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder, elementwise_rule
 from .registry import check, no_flops, py_literal, register
@@ -83,8 +84,6 @@ def _take_partition(ctx):
     """Table split on the gathered axis (vocab split): every shard gathers the rows it owns, zeros
     the others, and the result is a pending sum over the vocab axes (one all_reduce, or a
     reduce_scatter if the consumer wants it split). Other splits are local (generic)."""
-    from ..partition.mesh import Sharding
-
     table, ids = ctx.op.operands
     axis = ctx.attrs["axis"]
     ts, ids_s = ctx.layout(0), ctx.layout(1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import types as T
+from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder
 from .registry import check, operand_flops, register
@@ -105,8 +106,6 @@ def _arg_partition(kind):
     all_reduce of the values picks the extreme and an all_reduce(min) of the indices that attain
     it picks the first, as numpy does. Otherwise local (generic)."""
     def partition(ctx):
-        from ..partition.mesh import Sharding
-
         (x,) = ctx.op.operands
         axis = ctx.attrs["axis"]
         s = ctx.layout(0)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from math import gcd
 
-from .mesh import Mesh
+from ..ir.mesh import Mesh
 
 PASS, REDUCTION, REPLICATE, PERMUTATION = "pass", "reduction", "replicate", "permutation"
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ..ir import registry
 from ..ir.core import Op, Program, Value
-from ..ops import registry
+from ..ir.mesh import Mesh, Sharding
 from .factors import REDUCTION, REPLICATE, FactorRule, project, restrict, unproject_dim
-from .mesh import Mesh, Sharding
 
 PHASES = (0, 1, 2)
 
