@@ -23,6 +23,7 @@ LAYERS = {
     "spmdlang.backend_jax": 4,
     "spmdlang.inputs": 4,
     "spmdlang.explain": 5,
+    "spmdlang.oplist": 5,
     "spmdlang.api": 6,
     "spmdlang.cli": 7,
     "spmdlang.__main__": 7,
