@@ -200,11 +200,13 @@ class Generator:
         if v.dtype == "bool":
             return self.assign(f"logical_not({v.name})", v.shape, "bool", v.exact)
         if v.dtype == "i32":
-            fn = self.ch.choice(["neg", "abs", "sign"])
+            fn = self.ch.choice(["neg", "abs", "sign", "square"])
             return self.assign(f"{fn}({v.name})", v.shape, "i32", v.exact)
         forms = ["neg({})", "abs({})", "tanh({})", "sigmoid({})", "relu({})", "gelu({})", "sin({})",
                  "cos({})",
-                 "exp(tanh({}))", "log(abs({}) + 1.0)", "sqrt(abs({}))", "rsqrt(abs({}) + 1.0)", "-{}"]
+                 "exp(tanh({}))", "log(abs({}) + 1.0)", "sqrt(abs({}))", "rsqrt(abs({}) + 1.0)", "-{}",
+                 "erf({})", "log1p(abs({}))", "expm1(tanh({}))", "square({})", "gelu({}, approximate=false)",
+                 "clip({}, -0.5, 0.5)"]
         if v.exact:
             forms += ["floor({} * 2.0)", "ceil({})", "sign({})"]
         form = self.ch.choice(forms)
@@ -246,10 +248,14 @@ class Generator:
         b, shape, exact = other
         literal = b[0].isdigit() or b[0] == "-"
         if a.dtype == "i32":
-            form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})"])
-        else:
             form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})",
-                                   "{} * {} + 1.0"] + ([] if literal else ["{} / (abs({}) + 1.0)"]))
+                                   "{} // {}", "{} % {}"])
+        else:
+            # floor division of exact f32 values only: a rounding difference must not move a floor
+            floors = ["{} // (abs({}) + 0.5)", "{} % (abs({}) + 0.5)"] \
+                if a.dtype == "f32" and a.exact and exact and not literal else []
+            form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})",
+                                   "{} * {} + 1.0"] + ([] if literal else ["{} / (abs({}) + 1.0)"]) + floors)
         if self.ch.chance(0.3):
             x, y = form.format(b, a.name), shape  # operands swapped: scalar on the left too
             return self.assign(x, y, a.dtype, a.exact and exact)

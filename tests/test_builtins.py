@@ -182,7 +182,21 @@ _UNARY_F = [
     ("floor", np.floor, None),
     ("ceil", np.ceil, None),
     ("sign", np.sign, None),
+    ("erf", lambda x: erf(x), None),
+    ("log1p", np.log1p, (3, 5)),
+    ("expm1", np.expm1, None),
+    ("square", np.square, None),
 ]
+
+
+def erf(x):
+    import math
+
+    return np.vectorize(math.erf)(np.asarray(x, np.float64))
+
+
+def gelu_exact(x):
+    return 0.5 * x * (1 + erf(x / np.sqrt(2)))
 
 
 def _unary_cases():
@@ -207,6 +221,7 @@ def _unary_cases():
         ("abs", np.abs),
         ("sign", np.sign),
         ("relu", lambda x: np.maximum(x, 0)),
+        ("square", np.square),
     ]:
         out.append(Case(f"{name}-i32", "x: i32[7]", f"{name}(x)", lambda x, fn=fn: fn(x).astype(np.int32)))
     # float functions of ints compute in f32 (numpy would give f64)
@@ -215,6 +230,19 @@ def _unary_cases():
         Case("sqrt-i32", "x: i32[5]", "sqrt(x)", lambda x: np.sqrt(x.astype(f32)), {"x": ints(0, 50, 5)})
     )
     out.append(Case("logical_not", "x: bool[3, 5]", "logical_not(x)", np.logical_not))
+    out.append(Case("gelu-exact", "x: f32[3, 5]", "gelu(x, approximate=false)", lambda x: gelu_exact(x).astype(f32)))
+    out.append(Case("gelu-exact-bf16", "x: bf16[7]", "gelu(x, false)", in_f32(gelu_exact)))
+    out.append(Case("gelu-approximate-kw", "x: f32[5]", "gelu(x, approximate=true)",
+                    lambda x: gelu_tanh(x).astype(f32)))
+    out.append(Case("erf-i32", "x: i32[5]", "erf(x)", lambda x: erf(x).astype(f32)))
+    out.append(Case("log1p-tiny", "x: f32[3]", "log1p(x)", lambda x: np.log1p(x), {"x": lambda r: [1e-10, 0, 1e-7]},
+                    tol=(1e-6, 0)))
+    out.append(Case("expm1-tiny", "x: f32[3]", "expm1(x)", lambda x: np.expm1(x), {"x": lambda r: [1e-10, 0, -1e-7]},
+                    tol=(1e-6, 0)))
+    out.append(Case("clip", "x: f32[3, 5]", "clip(x, -0.5, 0.5)", lambda x: np.clip(x, -0.5, 0.5)))
+    out.append(Case("clip-tensor-bounds", "x: f32[3, 5], lo: f32[5], hi: f32[3, 1]", "clip(x, lo, hi)",
+                    lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi)))
+    out.append(Case("clip-i32", "x: i32[7]", "clip(x, -2, 3)", lambda x: np.clip(x, -2, 3).astype(np.int32)))
     out.append(Case("unary-minus", "x: f32[3, 5]", "-x", lambda x: -x))
     out.append(Case("unary-minus-i32", "x: i32[3]", "-x", lambda x: -x))
     out.append(
@@ -366,6 +394,22 @@ def _binary_cases():
         )
         B.append(Case(f"cmp{op}-i32-literal", "a: i32[7]", f"a {op} 1", lambda a, fn=fn: fn(a, 1)))
     B.append(Case("cmp-bool", "a: bool[5], b: bool[5]", "a == b", np.equal))
+    # // and %: numpy's floor semantics (the sign of % follows the divisor); ints by 0 give 0
+    for op, fn in [("//", np.floor_divide), ("%", np.mod)]:
+        B.append(Case(f"{op}-i32", "a: i32[3, 5], b: i32[5]", f"a {op} b", fn, {"b": ints(1, 4, 5)}))
+        B.append(Case(f"{op}-i32-negative", "a: i32[6], b: i32[6]", f"a {op} b", fn,
+                      {"a": lambda r: [7, -7, 7, -7, 0, -1], "b": lambda r: [2, 2, -2, -2, 3, 5]}))
+        B.append(Case(f"{op}-i32-by-zero", "a: i32[3], b: i32[3]", f"a {op} b", lambda a, b: np.zeros(3, np.int32),
+                      {"a": lambda r: [-3, 0, 4], "b": lambda r: [0, 0, 0]}))
+        B.append(Case(f"{op}-f32", "a: f32[3, 5], b: f32[3, 5]", f"a {op} b",
+                      lambda a, b, fn=fn: fn(a, b), {"b": lambda r: r.choice([-1.5, -0.5, 0.75, 2.0], (3, 5))}))
+        B.append(Case(f"{op}-literal", "a: f32[5]", f"a {op} 0.5", lambda a, fn=fn: fn(a, f32(0.5))))
+        B.append(Case(f"{op}-bf16", "a: bf16[7], b: bf16[7]", f"a {op} b", in_f32(lambda a, b, fn=fn: fn(a, b)),
+                      {"b": lambda r: r.choice([-2.0, 0.5, 4.0], 7)}))
+    B.append(Case("floordiv-static-slice", "x: f32[3, 7]", "x[:, 0:N // 2]", lambda x: x[:, 0:3],
+                  prelude="const N = 7"))
+    B.append(Case("mod-static-negative", "x: f32[3, 7]", "x[:, 0:(0 - 8) % 3]", lambda x: x[:, 0:1]))
+    B.append(Case("floordiv-precedence", "a: i32[5]", "a + a // 2 * 3 % 4", lambda a: a + a // 2 * 3 % 4))
     # an int literal meets a bool tensor: i32, as numpy and jax promote (bool + bool stays an error)
     B.append(Case("bool-times-int-literal", "a: bool[5]", "a * 2", lambda a: (a * 2).astype(np.int32)))
     B.append(Case("bool-plus-float-literal", "a: bool[5]", "a + 1.5", lambda a: (a + 1.5).astype(f32)))
@@ -1418,7 +1462,7 @@ CONTRACT_BUILTINS = (
     "shard neg abs exp log sqrt rsqrt tanh sigmoid relu gelu sin cos floor ceil sign logical_not "
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
-    "take one_hot conv iota zeros ones full"
+    "take one_hot conv iota zeros ones full erf log1p expm1 square clip"
 ).split()
 
 

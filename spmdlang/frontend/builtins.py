@@ -196,25 +196,38 @@ def _shard(ctx, span, args):
 
 # ---------------------------------------------------------------------------------- elementwise
 
-_UNARY = ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "sin", "cos",
-          "floor", "ceil", "sign", "logical_not"]
-_FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "sin", "cos", "floor", "ceil"}
+# a new elementwise op is one entry in ops/elementwise.py and its name here
+_UNARY = ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "sin", "cos",
+          "floor", "ceil", "sign", "logical_not", "erf", "log1p", "expm1", "square"]
+_FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "gelu_erf", "sin", "cos", "floor", "ceil",
+               "erf", "log1p", "expm1"}
 
 
 def _unary(name):
     def lower(ctx, span, args):
         x = args["x"]
+        prim = name
+        if name == "gelu" and not args["approximate"]:
+            prim = "gelu_erf"
         if not isinstance(x, Value):
-            x = ctx.materialize(x, args.span("x"), "f32" if name in _FLOAT_ONLY else None)
-        if name in _FLOAT_ONLY and T.is_int(x.type.dtype):
+            x = ctx.materialize(x, args.span("x"), "f32" if prim in _FLOAT_ONLY else None)
+        if prim in _FLOAT_ONLY and T.is_int(x.type.dtype):
             x = ctx.cast(x, float_for(x.type.dtype), span)  # numpy computes float functions of ints in floats
-        return ctx.b.emit(name, x, span=span)
+        return ctx.b.emit(prim, x, span=span)
 
     return lower
 
 
 for _n in _UNARY:
     builtin(_n, "x:tensor")(_unary(_n))
+builtin("gelu", "x:tensor", "approximate:bool=true",
+        doc="GELU; approximate=true is the tanh form, false the exact erf form")(_unary("gelu"))
+
+
+@builtin("clip", "x:tensor", "lo:tensor", "hi:tensor", doc="minimum(maximum(x, lo), hi), as numpy")
+def _clip(ctx, span, args):
+    low = ctx.binary("maximum", args["x"], args["lo"], span, args.span("x"), args.span("lo"))
+    return ctx.binary("minimum", low, args["hi"], span, span, args.span("hi"))
 
 
 def _binary(name):
