@@ -3,7 +3,7 @@
 `Generator(chooser).program()` returns the .spmd source text of one program: a mesh of 1-3 axes
 (sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
-contracting dims, reductions, arg-reductions, softmax/logsumexp, layout ops, slicing, concat, pad,
+contracting dims, reductions, arg-reductions, scans, softmax/logsumexp, layout ops, slicing, concat, pad,
 roll, take, one_hot, iota, where, cast) and random `shard()` constraints, open `?` dims included.
 Dims are mostly small primes so uneven sharding is the common case.
 
@@ -401,6 +401,18 @@ class Generator:
         keep_arg = ", keepdims=true" if keep else ""
         return self.assign(f"logsumexp({a.name}{arg}{keep_arg})", shape, a.dtype, False)
 
+    def op_scan(self):
+        a = self.pick(lambda v: v.shape and v.dtype != "bf16")
+        if a is None:
+            return None
+        kind = self.ch.choice(["cumsum", "cumprod", "cummax"])
+        ax = self.ch.int(-len(a.shape), len(a.shape) - 1)
+        rev = ", reverse=true" if self.ch.chance(0.4) else ""
+        src = f"(1.0 + 0.1 * tanh({a.name}))" if kind == "cumprod" and a.is_float else a.name
+        dtype = "i32" if a.dtype == "bool" and kind != "cummax" else a.dtype
+        exact = a.exact and (kind == "cummax" or not a.is_float)
+        return self.assign(f"{kind}({src}, {ax}{rev})", a.shape, dtype, exact)
+
     def op_transpose(self):
         a = self.pick(lambda v: len(v.shape) >= 2)
         if a is None:
@@ -601,7 +613,7 @@ class Generator:
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
-           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4))
+           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("scan", 2))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]

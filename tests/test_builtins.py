@@ -619,6 +619,41 @@ def _reduction_cases():
     return R
 
 
+def _scan_ref(fn, axis, reverse=False, dtype=None):
+    def ref(x):
+        y = np.flip(x, axis) if reverse else x
+        y = fn(y, axis=axis, dtype=dtype or (np.int32 if x.dtype == bool else x.dtype))
+        return np.flip(y, axis) if reverse else y
+
+    return ref
+
+
+def _scan_cases():
+    out = []
+    acc = {"cumsum": np.add.accumulate, "cumprod": np.multiply.accumulate, "cummax": np.maximum.accumulate}
+    for kind, fn in acc.items():
+        out += [
+            Case(f"{kind}-axis1", "x: f32[3, 5]", f"{kind}(x, 1)", _scan_ref(fn, 1)),
+            Case(f"{kind}-axis0-reverse", "x: f32[4, 3]", f"{kind}(x, 0, reverse=true)", _scan_ref(fn, 0, True)),
+            Case(f"{kind}-negative-axis", "x: f32[2, 3, 4]", f"{kind}(x, -2)", _scan_ref(fn, 1)),
+            Case(f"{kind}-i32", "x: i32[7]", f"{kind}(x, 0)", _scan_ref(fn, 0)),
+            Case(f"{kind}-bf16", "x: bf16[6]", f"{kind}(x, 0, true)",
+                 in_f32(_scan_ref(fn, 0, True)), tol=(3e-2, 3e-2)),
+        ]
+    out += [
+        Case("cumsum-bool-counts-i32", "b: bool[3, 5]", "cumsum(b, 1)", _scan_ref(np.add.accumulate, 1)),
+        Case("cumprod-bool-i32", "b: bool[5]", "cumprod(b, 0)", _scan_ref(np.multiply.accumulate, 0)),
+        Case("cummax-bool-stays-bool", "b: bool[5]", "cummax(b, 0, reverse=true)",
+             _scan_ref(np.maximum.accumulate, 0, True, bool)),
+    ]
+    return out
+
+
+@cases(*_scan_cases())
+def test_scans(case):
+    check_case(case)
+
+
 @cases(*_reduction_cases())
 def test_reductions(case):
     check_case(case)
@@ -1462,7 +1497,7 @@ CONTRACT_BUILTINS = (
     "shard neg abs exp log sqrt rsqrt tanh sigmoid relu gelu sin cos floor ceil sign logical_not "
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
-    "take one_hot conv iota zeros ones full erf log1p expm1 square clip"
+    "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax"
 ).split()
 
 
@@ -1476,6 +1511,7 @@ def test_every_contract_builtin_exists_and_is_tested():
             _unary_cases(),
             _binary_cases(),
             _reduction_cases(),
+            _scan_cases(),
             *(m.args[1] for f in list(globals().values()) for m in getattr(f, "pytestmark", []) if m.args),
         )
         for c in group

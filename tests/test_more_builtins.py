@@ -102,3 +102,62 @@ def test_static_division_by_zero_is_a_located_error(expr):
     with pytest.raises(spmdlang.SpmdError, match="static division by zero") as e:
         spmdlang.compile(src)
     assert ":4:" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------- scans
+
+
+def _scan(fn, x, axis, reverse):
+    y = np.flip(x, axis) if reverse else x
+    y = fn(y, axis=axis, dtype=x.dtype)
+    return np.flip(y, axis) if reverse else y
+
+
+@pytest.mark.parametrize("k, n, spec", LAYOUTS)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scans_sharded(k, n, spec, reverse):
+    rng = np.random.default_rng(k * n + reverse)
+    x = rng.standard_normal((n, 5)).astype(f32)
+    i = rng.integers(-3, 4, (n, 5)).astype(np.int32)
+    b = rng.random((n, 5)) < 0.5
+    r = "true" if reverse else "false"
+    src = f"""mesh [p={k}]
+func main(x: f32[{n}, 5] {spec}, i: i32[{n}, 5] {spec}, b: bool[{n}, 5] {spec})
+    -> (f32[{n}, 5] {spec}, f32[{n}, 5], i32[{n}, 5] {spec}, i32[{n}, 5], f32[{n}, 5] {spec}, i32[{n}, 5]) {{
+  return cumsum(x, 0, {r}), cumprod(1.0 + 0.1 * x, 0, {r}), cumprod(i, 0, {r}), cummax(i, 0, {r}), \\
+    cummax(x, 1, {r}), cumsum(b, 0, {r})
+}}
+""".replace("\\\n    ", "")
+    want = (_scan(np.add.accumulate, x, 0, reverse), _scan(np.multiply.accumulate, 1 + f32(0.1) * x, 0, reverse),
+            _scan(np.multiply.accumulate, i, 0, reverse), _scan(np.maximum.accumulate, i, 0, reverse),
+            _scan(np.maximum.accumulate, x, 1, reverse), _scan(np.add.accumulate, b.astype(np.int32), 0, reverse))
+    run_sharded(src, {"x": x, "i": i, "b": b}, want)
+
+
+@pytest.mark.parametrize("n", [64, 255])
+@pytest.mark.parametrize("kind", ["cumsum", "cumprod", "cummax"])
+def test_scan_along_a_split_dim_gathers_one_total_per_row_and_shard(n, kind):
+    """One all_gather of k totals per row: the bytes grow with the shards, never with the row."""
+    from spmdlang.partition.reshard import step_bytes
+
+    src = f"""mesh [p=4]
+func main(x: f32[6, {n}] {{_, p}}) -> f32[6, {n}] {{_, p}} {{
+  return {kind}(x, 1)
+}}
+"""
+    c = spmdlang.compile(src)
+    verify(c.spmd.program)
+    assert kinds(c) == ["all_gather"]
+    assert c.spmd.ledger[0].axes == ("p",)
+    assert total_bytes(c) == step_bytes("all_gather", 4, 6 * 1 * 4)
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], d["results"]
+
+
+def test_scan_along_an_unsplit_dim_is_local():
+    c = spmdlang.compile("""mesh [p=3]
+func main(x: f32[7, 9] {p, _}) -> f32[7, 9] {p, _} {
+  return cumsum(x, 1) + cummax(x, -1, reverse=true)
+}
+""")
+    assert kinds(c) == []

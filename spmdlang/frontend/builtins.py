@@ -333,6 +333,26 @@ builtin("argmax", "x:tensor", "axis:axes=None", "keepdims:bool=false")(_arg("arg
 builtin("argmin", "x:tensor", "axis:axes=None", "keepdims:bool=false")(_arg("argmin"))
 
 
+def _scan(kind):
+    def lower(ctx, span, args):
+        x = tensor(ctx, args, "x")
+        if x.type.rank == 0:
+            raise SpmdError(f"{kind} needs a tensor of rank >= 1, got {x.type}", args.span("x"))
+        axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
+        dt = x.type.dtype
+        if dt == "bool":  # counts (and products) of bools are i32, as numpy's are ints
+            x = ctx.cast(x, "i32", span)
+        out = ctx.b.emit(kind, x, span=span, axis=axis, reverse=args["reverse"])
+        return ctx.cast(out, "bool", span) if dt == "bool" and kind == "cummax" else out
+
+    return lower
+
+
+for _k in ("cumsum", "cumprod", "cummax"):
+    builtin(_k, "x:tensor", "axis:int", "reverse:bool=false",
+            doc=f"inclusive {_k[3:]} scan along `axis`")(_scan(_k))
+
+
 def _expand_back(ctx, v, shape, axes, span):
     """A reduction's result broadcast back over the reduced axes (keepdims + broadcast in one op)."""
     kept = tuple(i for i in range(len(shape)) if i not in axes)
