@@ -3,8 +3,9 @@
 `Generator(chooser).program()` returns the .spmd source text of one program: a mesh of 1-3 axes
 (sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
-contracting dims, reductions, arg-reductions, scans, softmax/logsumexp, layout ops, slicing, concat, pad,
-roll, take, one_hot, iota, where, cast) and random `shard()` constraints, open `?` dims included.
+contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
+ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast) and
+random `shard()` constraints, open `?` dims included.
 Dims are mostly small primes so uneven sharding is the common case.
 
 The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
@@ -413,6 +414,51 @@ class Generator:
         exact = a.exact and (kind == "cummax" or not a.is_float)
         return self.assign(f"{kind}({src}, {ax}{rev})", a.shape, dtype, exact)
 
+    def op_top_k(self):
+        a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
+        if a is None:
+            return None
+        k = self.ch.int(1, min(a.shape[-1], 4))
+        shape = a.shape[:-1] + (k,)
+        v, i = self.fresh_name(), self.fresh_name()
+        self.lines.append(f"  {v}, {i} = top_k({a.name}, {k})")
+        self.pool.append(Val(v, shape, a.dtype, True))
+        self.pool.append(Val(i, shape, "i32", True))
+        return self.pool[-1]
+
+    def op_sort(self):
+        a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
+        if a is None:
+            return None
+        kind = self.ch.choice(["sort", "argsort"])
+        ax = self.ch.int(-len(a.shape), len(a.shape) - 1)
+        arg = "" if ax == -1 and self.ch.chance(0.5) else f", {ax}"
+        return self.assign(f"{kind}({a.name}{arg})", a.shape, a.dtype if kind == "sort" else "i32", True)
+
+    def op_take_along(self):
+        a = self.pick(lambda v: v.shape and v.dtype != "bool")
+        if a is None:
+            return None
+        ax = self.ch.int(0, len(a.shape) - 1)
+        shape = a.shape[:ax] + (self.dim(),) + a.shape[ax + 1:]
+        if not self.small(shape):
+            return None
+        ids = self.param(shape, "i32")
+        return self.assign(f"take_along_axis({a.name}, {ids.name}, {ax})", shape, a.dtype, a.exact)
+
+    def op_scatter(self):
+        a = self.pick(lambda v: v.shape and v.dtype in ("f32", "i32"))
+        if a is None:
+            return None
+        ax = self.ch.int(0, len(a.shape) - 1)
+        ids = self.param(self.shape(self.ch.int(0, 2)), "i32")
+        ushape = a.shape[:ax] + ids.shape + a.shape[ax + 1:]
+        if not self.small(ushape):
+            return None
+        upd = self.param(ushape, a.dtype)
+        return self.assign(f"scatter_add({a.name}, {ids.name}, {upd.name}, axis={ax})", a.shape, a.dtype,
+                           a.exact and a.dtype == "i32")
+
     def op_transpose(self):
         a = self.pick(lambda v: len(v.shape) >= 2)
         if a is None:
@@ -613,7 +659,8 @@ class Generator:
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
-           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("scan", 2))
+           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("scan", 2),
+           ("top_k", 1))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]
@@ -635,8 +682,12 @@ class Generator:
             self.step()
         # return the last value and maybe other values nothing used (so no op is dead code)
         body = "\n".join(self.lines)
+        def after_definition(name: str) -> str:  # the body after `name = ...` (or `a, name = ...`)
+            m = re.search(rf"^  [\w, ]*\b{name}\b[\w, ]* = ", body, re.M)
+            return body[m.end():]
+
         unused = [v for v in self.pool[:-1] if v.name.startswith("v")
-                  and not re.search(rf"\b{v.name}\b", body.split(f"{v.name} = ", 1)[1])]
+                  and not re.search(rf"\b{v.name}\b", after_definition(v.name))]
         results = [self.pool[-1]] + [v for v in unused if self.ch.chance(0.7)][:2]
         outs = []
         for v in results:

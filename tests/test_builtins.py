@@ -649,6 +649,46 @@ def _scan_cases():
     return out
 
 
+def _topk_ref(k):
+    def ref(x):
+        key = -(x.astype(np.float64) if x.dtype.kind == "f" else x.astype(np.int64))
+        order = np.argsort(key, axis=-1, kind="stable")[..., :k]
+        return np.take_along_axis(x, order, -1), order.astype(np.int32)
+
+    return ref
+
+
+def _scatter_ref(axis=0):
+    def ref(x, ids, u):
+        out = np.moveaxis(x.copy(), axis, 0)
+        flat = ids.reshape(-1)
+        uu = np.moveaxis(u.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 1:]), axis, 0)
+        keep = (flat >= 0) & (flat < x.shape[axis])
+        np.add.at(out, flat[keep], uu[keep])
+        return np.moveaxis(out, 0, axis)
+
+    return ref
+
+
+def _select_cases():
+    return [
+        Case("top_k", "x: f32[3, 9]", "v, j = top_k(x, 3)\n  return v, j", _topk_ref(3)),
+        Case("top_k-ties-lower-index", "x: f32[2, 6]", "v, j = top_k(x, 4)\n  return v, j", _topk_ref(4),
+             {"x": lambda r: [[1, 3, 3, 1, 3, 0], [2, 2, 2, 2, 2, 2]]}),
+        Case("top_k-i32-extremes", "x: i32[5]", "v, j = top_k(x, 5)\n  return v, j", _topk_ref(5),
+             {"x": lambda r: [-2147483648, 7, 2147483647, 7, -2147483648]}),
+        Case("top_k-1d-k1", "x: f32[7]", "v, j = top_k(x, 1)\n  return v, j", _topk_ref(1)),
+        Case("top_k-bool", "x: bool[6]", "v, j = top_k(x, 2)\n  return v, j",
+             lambda x: tuple(a.astype(b) for a, b in zip(_topk_ref(2)(x.astype(np.int32)), (bool, np.int32))),
+             {"x": lambda r: [False, True, False, True, True, False]}),
+    ]
+
+
+@cases(*_select_cases())
+def test_selection(case):
+    check_case(case)
+
+
 @cases(*_scan_cases())
 def test_scans(case):
     check_case(case)
@@ -1497,7 +1537,8 @@ CONTRACT_BUILTINS = (
     "shard neg abs exp log sqrt rsqrt tanh sigmoid relu gelu sin cos floor ceil sign logical_not "
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
-    "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax"
+    "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax "
+    "top_k"
 ).split()
 
 
@@ -1512,6 +1553,7 @@ def test_every_contract_builtin_exists_and_is_tested():
             _binary_cases(),
             _reduction_cases(),
             _scan_cases(),
+            _select_cases(),
             *(m.args[1] for f in list(globals().values()) for m in getattr(f, "pytestmark", []) if m.args),
         )
         for c in group

@@ -603,6 +603,20 @@ def _take(ctx, span, args):
     return ctx.b.emit("take", table, ids, span=span, axis=axis)
 
 
+@builtin("top_k", "x:tensor", "k:int", doc="values and i32 indices of the k largest along the last axis")
+def _top_k(ctx, span, args):
+    x = tensor(ctx, args, "x")
+    if x.type.rank == 0:
+        raise SpmdError(f"top_k needs a tensor of rank >= 1, got {x.type}", args.span("x"))
+    if not 1 <= args["k"] <= x.type.shape[-1]:
+        raise SpmdError(f"top_k: k = {args['k']} must be in [1, {x.type.shape[-1]}] for {x.type}", args.span("k"))
+    dt = x.type.dtype
+    if dt == "bool":
+        x = ctx.cast(x, "i32", span)
+    vals, ids = ctx.b.emit_op("top_k", [x], {"k": args["k"]}, span)
+    return ctx.cast(vals, "bool", span) if dt == "bool" else vals, ids
+
+
 @builtin("one_hot", "ids:tensor", "n:int", "dtype:dtype=f32")
 def _one_hot(ctx, span, args):
     ids = tensor(ctx, args, "ids", "i32")

@@ -1,0 +1,156 @@
+"""Selection along one axis: top_k, sort and argsort, take_along_axis, scatter_add.
+
+top_k along a split last dim never gathers the row: each shard takes its own top k (padding masked
+with the smallest value), one all_gather per result moves k candidates per shard (values and their
+global indices), and a final top k over those picks the answer; equal values keep the order of
+their global indices because shards gather in index order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import types as T
+from ..ir.mesh import Sharding
+from ..ir.types import TensorType
+from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
+from .reduce import _fill
+from .registry import Family, check, no_flops, operand_flops, register
+
+
+def _sort_key(x: np.ndarray) -> np.ndarray:
+    """Values whose ascending stable order is x's descending order, ties by index (ints widened so
+    that negating the smallest does not wrap)."""
+    return -(x.astype(np.float64) if T.np_is_float(x.dtype) else x.astype(np.int64))
+
+
+def _zeros_equal(x: str) -> str:
+    """jax sorts floats in total order (-0.0 before 0.0); numpy treats them as equal, so that a
+    stable order keeps their index order. Make every zero +0.0 first (a no-op on ints)."""
+    return f"jnp.where({x} == 0, jnp.zeros((), {x}.dtype), {x})"
+
+
+# ---------------------------------------------------------------------------------- top_k
+
+
+def _top_k_infer(operands, attrs):
+    (x,) = operands
+    k = attrs["k"]
+    check(T.kind(x.dtype) in ("float", "int"), f"top_k needs a numeric operand, got {x}; cast it first")
+    check(x.rank >= 1, f"top_k needs a tensor of rank >= 1, got {x}")
+    check(1 <= k <= x.shape[-1], f"top_k: k = {k} must be in [1, {x.shape[-1]}] for {x}")
+    shape = x.shape[:-1] + (k,)
+    return TensorType(x.dtype, shape), TensorType("i32", shape)
+
+
+def _top_k_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    lead = [(b.factor(n, PASS),) for n in x.shape[:-1]]
+    row = b.factor(x.shape[-1], PERMUTATION)  # split: the custom step's candidates
+    k = b.factor(attrs["k"], REPLICATE)
+    return b.build([lead + [(row,)]], [lead + [(k,)], lead + [(k,)]])
+
+
+def _top_k_numpy(x, *, k):
+    order = np.argsort(_sort_key(x), axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, order, axis=-1), order.astype(np.int32)
+
+
+def _top_k_partition(ctx):
+    (x,) = ctx.op.operands
+    k = ctx.attrs["k"]
+    s = ctx.layout(0)
+    axes = s.dims[-1]
+    if not axes:
+        return ctx.generic()
+    dims = s.dims
+    local = ctx.reshard(0, Sharding(dims))
+    n, c = x.type.shape[-1], local.type.shape[-1]
+    last = x.type.rank - 1
+    local = ctx.mask(local, last, axes, n, _fill("max")(x.type.dtype))
+    kk = min(k, c)
+    vals, idx = ctx.p.b.emit_op("top_k", [local], {"k": kk}, ctx.p.span)
+    idx = ctx.emit("add", idx, ctx.offset(axes, c))
+    vals = ctx.collective("all_gather", vals, "each shard's top k values", axes=axes, dim=last)
+    idx = ctx.collective("all_gather", idx, "their global indices", axes=axes, dim=last)
+    best, pos = ctx.p.b.emit_op("top_k", [vals], {"k": k}, ctx.p.span)
+    ids = ctx.emit("take_along_axis", idx, pos, axis=last)
+    out = Sharding(dims[:-1] + ((),))
+    ctx.set_result(best, out, 0)
+    ctx.set_result(ids, out, 1)
+
+
+register("top_k", doc="the k largest along the last axis, descending, and their i32 indices (ties: lower index)",
+         example=(("f32[8, 16]",), {"k": 3}), infer=_top_k_infer, numpy=_top_k_numpy, rule=_top_k_rule,
+         partition=_top_k_partition, flops=operand_flops, family=Family.reduce,
+         jax=lambda a, attrs, out: f"jax.lax.top_k({_zeros_equal(a[0])}, {attrs['k']})")
+
+
+# ---------------------------------------------------------------------------------- take_along_axis
+
+
+def _taa_infer(operands, attrs):
+    x, ids = operands
+    axis = attrs["axis"]
+    check(0 <= axis < x.rank, f"take_along_axis: bad axis {axis} for {x}")
+    check(T.is_int(ids.dtype), f"take_along_axis: ids must be integers, got {ids}")
+    check(ids.rank == x.rank and all(a == b for i, (a, b) in enumerate(zip(x.shape, ids.shape)) if i != axis),
+          f"take_along_axis: ids {ids} must match {x} outside axis {axis}")
+    check(x.shape[axis] > 0, "take_along_axis: cannot gather from an empty axis")
+    return TensorType(x.dtype, ids.shape)
+
+
+def _taa_rule(operands, results, attrs):
+    """Dims other than `axis` pass through all three; x's axis is a reduction factor (a shard looks
+    up the ids it owns, zeros the rest, and the shards are summed), the ids' axis passes to the result."""
+    x, ids = operands
+    axis = attrs["axis"]
+    b = RuleBuilder()
+    shared = [b.factor(n) if i != axis else None for i, n in enumerate(x.shape)]
+    xf = b.factor(x.shape[axis], REPLICATE if x.dtype == "bool" else REDUCTION)
+    jf = b.factor(ids.shape[axis])
+    xd = [(f,) if f is not None else (xf,) for f in shared]
+    jd = [(f,) if f is not None else (jf,) for f in shared]
+    return b.build([xd, jd], [jd])
+
+
+def _taa_numpy(x, ids, *, axis):
+    return np.take_along_axis(x, np.clip(ids, 0, x.shape[axis] - 1).astype(np.intp), axis=axis)
+
+
+def _taa_partition(ctx):
+    """Split along the taken axis: each shard looks up the ids in its range (clamped first), zeros
+    the others, and the result is a pending sum over those axes, like a vocab-split take. Else local."""
+    x, ids = ctx.op.operands
+    axis = ctx.attrs["axis"]
+    xs, js = ctx.layout(0), ctx.layout(1)
+    axes = xs.dims[axis]
+    if not axes or x.type.dtype == "bool" or xs.partial:
+        return ctx.generic()
+    taken = set(axes)
+    dims = [tuple(a for a in d if a not in taken) for d in js.dims]
+    # x's other dims follow the ids' layout (those are the dims the result keeps)
+    xdims = list(dims)
+    xdims[axis] = axes
+    x_local = ctx.reshard(0, Sharding(tuple(xdims)))
+    j_local = ctx.reshard(1, Sharding(tuple(dims)))
+    c, dt = x_local.type.shape[axis], ids.type.dtype
+    clamped = ctx.emit("minimum", ctx.emit("maximum", j_local, ctx.constant(0, dt)),
+                       ctx.constant(x.type.shape[axis] - 1, dt))
+    off = ctx.offset(axes, c)
+    local_ids = ctx.emit("sub", clamped, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
+    valid = ctx.emit("logical_and", ctx.emit("ge", local_ids, ctx.constant(0, dt)),
+                     ctx.emit("lt", local_ids, ctx.constant(c, dt)))
+    safe = ctx.emit("select", valid, local_ids, ctx.constant(0, dt))
+    got = ctx.emit("take_along_axis", x_local, safe, axis=axis)
+    zero = ctx.emit("full", dtype=x.type.dtype, shape=got.type.shape, value=0.0 if T.is_float(x.type.dtype) else 0)
+    pending = Sharding(tuple(dims), ctx.mesh.order(axes), frozenset(), "sum")
+    ctx.set_result(ctx.emit("select", valid, got, zero), pending)
+
+
+register("take_along_axis", doc="x's elements at `ids` along `axis` (numpy's take_along_axis, ids clamped)",
+         example=(("f32[8, 16]", "i32[8, 3]"), {"axis": 1}), infer=_taa_infer, numpy=_taa_numpy, rule=_taa_rule,
+         partition=_taa_partition, flops=no_flops, family=Family.gather,
+         jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, jnp.clip({a[1]}, 0, None), axis={attrs['axis']}, "
+                                    f"mode='clip')"))
