@@ -681,6 +681,13 @@ def _select_cases():
         Case("top_k-bool", "x: bool[6]", "v, j = top_k(x, 2)\n  return v, j",
              lambda x: tuple(a.astype(b) for a, b in zip(_topk_ref(2)(x.astype(np.int32)), (bool, np.int32))),
              {"x": lambda r: [False, True, False, True, True, False]}),
+        Case("sort", "x: f32[3, 9]", "sort(x)", lambda x: np.sort(x, axis=-1)),
+        Case("sort-axis0-i32", "x: i32[6, 2]", "sort(x, 0)", lambda x: np.sort(x, axis=0)),
+        Case("argsort-stable", "x: i32[2, 7]", "argsort(x)", lambda x: np.argsort(x, kind="stable").astype(np.int32),
+             {"x": ints(0, 3, (2, 7))}),
+        Case("argsort-axis0", "x: f32[5, 3]", "argsort(x, axis=0)",
+             lambda x: np.argsort(x, 0, kind="stable").astype(np.int32)),
+        Case("sort-bool", "x: bool[5]", "sort(x)", np.sort, {"x": lambda r: [True, False, True, False, False]}),
     ]
 
 
@@ -1538,7 +1545,7 @@ CONTRACT_BUILTINS = (
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
     "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax "
-    "top_k"
+    "top_k sort argsort"
 ).split()
 
 

@@ -617,6 +617,25 @@ def _top_k(ctx, span, args):
     return ctx.cast(vals, "bool", span) if dt == "bool" else vals, ids
 
 
+def _sort(kind):
+    def lower(ctx, span, args):
+        x = tensor(ctx, args, "x")
+        if x.type.rank == 0:
+            raise SpmdError(f"{kind} needs a tensor of rank >= 1, got {x.type}", args.span("x"))
+        axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
+        dt = x.type.dtype
+        if dt == "bool":
+            x = ctx.cast(x, "i32", span)
+        out = ctx.b.emit(kind, x, span=span, axis=axis)
+        return ctx.cast(out, "bool", span) if dt == "bool" and kind == "sort" else out
+
+    return lower
+
+
+builtin("sort", "x:tensor", "axis:int=-1", doc="ascending along axis, stable")(_sort("sort"))
+builtin("argsort", "x:tensor", "axis:int=-1", doc="i32 indices that sort along axis, stable")(_sort("argsort"))
+
+
 @builtin("one_hot", "ids:tensor", "n:int", "dtype:dtype=f32")
 def _one_hot(ctx, span, args):
     ids = tensor(ctx, args, "ids", "i32")

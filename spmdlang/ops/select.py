@@ -154,3 +154,47 @@ register("take_along_axis", doc="x's elements at `ids` along `axis` (numpy's tak
          partition=_taa_partition, flops=no_flops, family=Family.gather,
          jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, jnp.clip({a[1]}, 0, None), axis={attrs['axis']}, "
                                     f"mode='clip')"))
+
+
+# ---------------------------------------------------------------------------------- sort / argsort
+
+
+def _sort_infer(name):
+    def infer(operands, attrs):
+        (x,) = operands
+        check(T.kind(x.dtype) in ("float", "int"), f"{name} needs a numeric operand, got {x}; cast it first")
+        check(0 <= attrs["axis"] < x.rank, f"{name}: bad axis {attrs['axis']} for {x}")
+        return x if name == "sort" else x.with_dtype("i32")
+
+    return infer
+
+
+def _sort_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    fs = [b.factor(n, REPLICATE if i == attrs["axis"] else PASS) for i, n in enumerate(x.shape)]
+    return b.build([[(f,) for f in fs]], [[(f,) for f in fs]])
+
+
+def _sort_partition(ctx):
+    """A split sorted dim is gathered (as GSPMD does); the other dims keep their splits."""
+    (x,) = ctx.op.operands
+    axis = ctx.attrs["axis"]
+    cur = ctx.layout(0)
+    if not cur.dims[axis]:
+        return ctx.generic()
+    dims = tuple(() if d == axis else a for d, a in enumerate(cur.dims))
+    local = ctx.p.reshard(x, Sharding(dims), f"for {ctx.op.kind}: a split sorted dim is gathered whole")
+    ctx.set_result(ctx.emit(ctx.op.kind, local, axis=axis), Sharding(dims))
+
+
+register("sort", doc="ascending along `axis` (stable)", example=(("f32[8, 16]",), {"axis": 1}),
+         infer=_sort_infer("sort"), numpy=lambda x, *, axis: np.sort(x, axis=axis, kind="stable"), rule=_sort_rule,
+         partition=_sort_partition, flops=operand_flops, family=Family.layout,
+         jax=lambda a, attrs, out: f"jnp.sort({a[0]}, axis={attrs['axis']}, stable=True)")
+register("argsort", doc="i32 indices that sort along `axis`, ascending and stable",
+         example=(("f32[8, 16]",), {"axis": 1}), infer=_sort_infer("argsort"),
+         numpy=lambda x, *, axis: np.argsort(x, axis=axis, kind="stable").astype(np.int32), rule=_sort_rule,
+         partition=_sort_partition, flops=operand_flops, family=Family.layout,
+         jax=lambda a, attrs, out: (f"jnp.argsort({_zeros_equal(a[0])}, "
+                                    f"axis={attrs['axis']}, stable=True).astype(jnp.int32)"))
