@@ -688,6 +688,10 @@ def _select_cases():
         Case("argsort-axis0", "x: f32[5, 3]", "argsort(x, axis=0)",
              lambda x: np.argsort(x, 0, kind="stable").astype(np.int32)),
         Case("sort-bool", "x: bool[5]", "sort(x)", np.sort, {"x": lambda r: [True, False, True, False, False]}),
+        Case("take_along_axis", "x: f32[3, 5], i: i32[3, 4]", "take_along_axis(x, i, 1)",
+             lambda x, i: np.take_along_axis(x, np.clip(i, 0, 4), 1), {"i": ints(-2, 7, (3, 4))}),
+        Case("take_along_axis-axis0", "x: i32[4, 3], i: i32[2, 3]", "take_along_axis(x, i, axis=0)",
+             lambda x, i: np.take_along_axis(x, np.clip(i, 0, 3), 0), {"i": ints(-1, 5, (2, 3))}),
     ]
 
 
@@ -1545,7 +1549,7 @@ CONTRACT_BUILTINS = (
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
     "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax "
-    "top_k sort argsort"
+    "top_k sort argsort take_along_axis"
 ).split()
 
 

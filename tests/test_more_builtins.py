@@ -237,6 +237,50 @@ func main(x: f32[8, 9] {p, q}) -> f32[8, 9] {p, _} {
     assert "a split sorted dim is gathered whole" in json.dumps(c.explain_report())
 
 
+# ---------------------------------------------------------------------------------- take_along_axis
+
+
+@pytest.mark.parametrize("k, n, spec", LAYOUTS)
+def test_take_along_axis_sharded(k, n, spec):
+    rng = np.random.default_rng(n + k)
+    x = rng.standard_normal((n, 6)).astype(f32)
+    i0 = rng.integers(-2, n + 2, (4, 6)).astype(np.int32)
+    i1 = rng.integers(-2, 8, (n, 3)).astype(np.int32)
+    src = f"""mesh [p={k}]
+func main(x: f32[{n}, 6] {spec}, i0: i32[4, 6], i1: i32[{n}, 3] {spec}) -> (f32[4, 6], f32[{n}, 3] {spec}) {{
+  return take_along_axis(x, i0, 0), take_along_axis(x, i1, 1)
+}}
+"""
+    want = (np.take_along_axis(x, np.clip(i0, 0, n - 1), 0), np.take_along_axis(x, np.clip(i1, 0, 5), 1))
+    run_sharded(src, {"x": x, "i0": i0, "i1": i1}, want)
+
+
+@pytest.mark.parametrize("n", [60, 240])
+def test_take_along_a_split_axis_is_a_masked_lookup_and_one_all_reduce(n):
+    """Like a vocab-split take: no gather of x, one all_reduce of the (small) result."""
+    from spmdlang.partition.reshard import step_bytes
+
+    c = spmdlang.compile(f"""mesh [p=4]
+func main(x: f32[8, {n}] {{_, p}}, i: i32[8, 2]) -> f32[8, 2] {{
+  return take_along_axis(x, i, 1)
+}}
+""")
+    verify(c.spmd.program)
+    assert kinds(c) == ["all_reduce"]
+    assert total_bytes(c) == step_bytes("all_reduce", 4, 8 * 2 * 4)
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], d["results"]
+
+
+def test_take_along_an_unsplit_axis_is_local():
+    c = spmdlang.compile("""mesh [p=3]
+func main(x: f32[7, 9] {p, _}, i: i32[7, 4] {p, _}) -> f32[7, 4] {p, _} {
+  return take_along_axis(x, i, 1)
+}
+""")
+    assert kinds(c) == []
+
+
 def test_jax_module_names_never_collide_with_a_parameter_named_like_a_temporary():
     src = """mesh [p=2]
 func main(t2: f32[4, 6] {p, _}, t1: f32[4, 6]) -> f32[4, 6] {

@@ -617,6 +617,22 @@ def _top_k(ctx, span, args):
     return ctx.cast(vals, "bool", span) if dt == "bool" else vals, ids
 
 
+@builtin("take_along_axis", "x:tensor", "ids:tensor", "axis:int")
+def _take_along_axis(ctx, span, args):
+    x, ids = tensor(ctx, args, "x"), tensor(ctx, args, "ids")
+    if not T.is_int(ids.type.dtype):
+        raise SpmdError(f"take_along_axis: ids must be integers, got {ids.type}", args.span("ids"))
+    if x.type.rank == 0 or ids.type.rank != x.type.rank:
+        raise SpmdError(f"take_along_axis: ids {ids.type} must have the rank of {x.type} (>= 1)", args.span("ids"))
+    axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
+    for d, (a, b) in enumerate(zip(x.type.shape, ids.type.shape)):
+        if d != axis and a != b:
+            raise SpmdError(f"take_along_axis: ids {ids.type} and {x.type} differ in dim {d}", args.span("ids"))
+    if x.type.shape[axis] == 0:
+        raise SpmdError("take_along_axis: cannot gather from an empty dimension", args.span("x"))
+    return ctx.b.emit("take_along_axis", x, ids, span=span, axis=axis)
+
+
 def _sort(kind):
     def lower(ctx, span, args):
         x = tensor(ctx, args, "x")
