@@ -660,7 +660,7 @@ class Generator:
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("scan", 2),
-           ("top_k", 1), ("sort", 1), ("take_along", 1))
+           ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]

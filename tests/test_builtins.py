@@ -692,6 +692,14 @@ def _select_cases():
              lambda x, i: np.take_along_axis(x, np.clip(i, 0, 4), 1), {"i": ints(-2, 7, (3, 4))}),
         Case("take_along_axis-axis0", "x: i32[4, 3], i: i32[2, 3]", "take_along_axis(x, i, axis=0)",
              lambda x, i: np.take_along_axis(x, np.clip(i, 0, 3), 0), {"i": ints(-1, 5, (2, 3))}),
+        Case("scatter_add", "x: f32[6, 3], i: i32[4], u: f32[4, 3]", "scatter_add(x, i, u)", _scatter_ref(),
+             {"i": lambda r: [1, 1, -1, 6]}),
+        Case("scatter_add-2d-ids", "x: f32[6, 3], i: i32[2, 4], u: f32[2, 4, 3]", "scatter_add(x, i, u)",
+             _scatter_ref(), {"i": ints(-2, 8, (2, 4))}),
+        Case("scatter_add-axis1-i32", "x: i32[2, 5], i: i32[3], u: i32[2, 3]", "scatter_add(x, i, u, axis=1)",
+             _scatter_ref(1), {"i": lambda r: [4, 0, 4]}),
+        Case("scatter_add-scalar-update", "x: f32[5], i: i32[3]", "scatter_add(x, i, 1.0)",
+             lambda x, i: _scatter_ref()(x, i, np.ones(3, f32)), {"i": lambda r: [2, 2, 9]}),
     ]
 
 
@@ -1549,7 +1557,7 @@ CONTRACT_BUILTINS = (
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
     "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax "
-    "top_k sort argsort take_along_axis"
+    "top_k sort argsort take_along_axis scatter_add"
 ).split()
 
 

@@ -198,3 +198,90 @@ register("argsort", doc="i32 indices that sort along `axis`, ascending and stabl
          partition=_sort_partition, flops=operand_flops, family=Family.layout,
          jax=lambda a, attrs, out: (f"jnp.argsort({_zeros_equal(a[0])}, "
                                     f"axis={attrs['axis']}, stable=True).astype(jnp.int32)"))
+
+
+# ---------------------------------------------------------------------------------- scatter_add
+
+
+def _scatter_infer(operands, attrs):
+    x, ids, upd = operands
+    axis = attrs["axis"]
+    check(T.kind(x.dtype) in ("float", "int"), f"scatter_add needs a numeric table, got {x}")
+    check(0 <= axis < x.rank, f"scatter_add: bad axis {axis} for {x}")
+    check(T.is_int(ids.dtype), f"scatter_add: ids must be integers, got {ids}")
+    want = x.shape[:axis] + ids.shape + x.shape[axis + 1:]
+    check(upd.dtype == x.dtype and upd.shape == want,
+          f"scatter_add: updates must be {TensorType(x.dtype, want)}, got {upd}")
+    return x
+
+
+def _scatter_rule(operands, results, attrs):
+    """x's dims pass to the result; the scattered axis is a permutation factor (the custom step keeps
+    it split, each shard adding the ids in its range); id dims are summed away (reduction)."""
+    x, ids, upd = operands
+    axis = attrs["axis"]
+    b = RuleBuilder()
+    xd = [(b.factor(n, PERMUTATION if i == axis else PASS),) for i, n in enumerate(x.shape)]
+    idd = [(b.factor(n, REDUCTION),) for n in ids.shape]
+    return b.build([xd, idd, xd[:axis] + idd + xd[axis + 1:]], [xd])
+
+
+def _scatter_numpy(x, ids, upd, *, axis):
+    n = x.shape[axis]
+    wide = x.astype(np.float32) if T.np_is_narrow_float(x.dtype) else x.copy()
+    pre, post = x.shape[:axis], x.shape[axis + 1:]
+    flat = ids.reshape(-1)
+    u = np.moveaxis(upd.reshape(pre + (flat.size,) + post), axis, 0).astype(wide.dtype)
+    keep = (flat >= 0) & (flat < n)
+    np.add.at(np.moveaxis(wide, axis, 0), flat[keep], u[keep])
+    return wide.astype(x.dtype)
+
+
+def _scatter_jax(args, attrs, out):
+    x, ids, upd = args
+    axis, t = attrs["axis"], out[0]
+    n = t.shape[axis]
+    pre, post = t.shape[:axis], t.shape[axis + 1:]
+    flat = f"{ids}.reshape(-1)"
+    flat = f"jnp.where(({flat} >= 0) & ({flat} < {n}), {flat}, {n})"  # out of range (negatives too) drops
+    u = f"jnp.moveaxis({upd}.reshape({tuple(pre) + (-1,) + tuple(post)!r}), {axis}, 0)"
+    return f"jnp.moveaxis(jnp.moveaxis({x}, {axis}, 0).at[{flat}].add({u}, mode='drop'), 0, {axis})"
+
+
+def _scatter_partition(ctx):
+    """The table keeps its splits: along the scattered axis each shard adds the ids in its own range
+    and drops the rest (no communication). Ids and updates keep their splits on id dims: then each
+    shard scatters its own updates (the table counted on one shard of them) and the result is a
+    pending sum over those axes, settled by the consumer."""
+    x, ids, upd = ctx.op.operands
+    axis = ctx.attrs["axis"]
+    xs, js = ctx.layout(0), ctx.layout(1)
+    xdims = xs.dims
+    used = {a for d in xdims for a in d}
+    jdims = tuple(tuple(a for a in d if a not in used) for d in js.dims)
+    summed = ctx.mesh.order({a for d in jdims for a in d})
+    if not xdims[axis] and not summed:
+        return ctx.generic()
+    x_local = ctx.reshard(0, Sharding(xdims))
+    j_local = ctx.reshard(1, Sharding(jdims))
+    u_local = ctx.reshard(2, Sharding(xdims[:axis] + jdims + xdims[axis + 1:]))
+    dt = ids.type.dtype
+    for d, a in enumerate(jdims):  # padding of split id dims must add nothing
+        j_local = ctx.mask(j_local, d, a, ids.type.shape[d], -1)
+    if xdims[axis]:
+        off = ctx.offset(xdims[axis], x_local.type.shape[axis])
+        j_local = ctx.emit("sub", j_local, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
+    if summed:
+        first = ctx.emit("eq", ctx.axis_index(summed), ctx.constant(0, "i32"))
+        zero = ctx.emit("full", dtype=x.type.dtype, shape=x_local.type.shape,
+                        value=0.0 if T.is_float(x.type.dtype) else 0)
+        x_local = ctx.emit("select", ctx.emit("broadcast_in_dim", first, shape=x_local.type.shape, dims=()),
+                           x_local, zero)
+    out = ctx.emit("scatter_add", x_local, j_local, u_local, axis=axis)
+    ctx.set_result(out, Sharding(xdims, summed, frozenset(), "sum") if summed else Sharding(xdims))
+
+
+register("scatter_add", doc="x with `updates` added at `ids` along `axis` (ids outside the axis are dropped)",
+         example=(("f32[10, 4]", "i32[3, 2]", "f32[3, 2, 4]"), {"axis": 0}), infer=_scatter_infer,
+         numpy=_scatter_numpy, rule=_scatter_rule, partition=_scatter_partition, family=Family.gather,
+         flops=lambda ops, res, attrs: ops[2].size, jax=_scatter_jax)
