@@ -414,6 +414,18 @@ class Generator:
         exact = a.exact and (kind == "cummax" or not a.is_float)
         return self.assign(f"{kind}({src}, {ax}{rev})", a.shape, dtype, exact)
 
+    def op_einsum3(self):
+        """A three-operand chain: the frontend picks the pairwise order."""
+        a = self.pick(lambda v: len(v.shape) == 2 and v.dtype == "f32")
+        if a is None:
+            return None
+        n, p = self.dim(), self.dim()
+        b = self.param((a.shape[1], n))
+        c = self.param((n, p))
+        spec = self.ch.choice(["ij,jk,kl->il", "ij,jk,kl->li", "ij,jk,kl->ik"])
+        out = {"il": (a.shape[0], p), "li": (p, a.shape[0]), "ik": (a.shape[0], n)}[spec[-2:]]
+        return self.assign(f'einsum("{spec}", {a.name}, {b.name}, {c.name})', out, "f32", False)
+
     def op_top_k(self):
         a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
         if a is None:
@@ -660,7 +672,7 @@ class Generator:
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("scan", 2),
-           ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1))
+           ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]

@@ -703,6 +703,26 @@ def _select_cases():
     ]
 
 
+def _einsum_many_cases():
+    return [
+        Case("einsum-3-gshard-dispatch", "x: f32[8, 6], d: f32[8, 4, 3], w: f32[4, 6, 5]",
+             'einsum("sm,sec,emh->ech", x, d, w)', lambda x, d, w: np.einsum("sm,sec,emh->ech", x, d, w),
+             tol=(1e-4, 1e-4)),
+        Case("einsum-4-chain", "a: f32[3, 4], b: f32[4, 5], c: f32[5, 2], e: f32[2, 6]",
+             'einsum("ij,jk,kl,lm->im", a, b, c, e)', lambda a, b, c, e: a @ b @ c @ e, tol=(1e-4, 1e-4)),
+        Case("einsum-3-outer-and-trace-of-sums", "a: f32[3], b: f32[4], c: f32[3, 4]",
+             'einsum("i,j,ij->", a, b, c)', lambda a, b, c: np.einsum("i,j,ij->", a, b, c), tol=(1e-4, 1e-4)),
+        Case("einsum-3-mixed-dtypes", "a: i32[3, 4], b: f32[4], c: f32[4, 2]",
+             'einsum("ij,j,jk->ik", a, b, c)', lambda a, b, c: np.einsum("ij,j,jk->ik", a.astype(f32), b, c),
+             tol=(1e-4, 1e-4)),
+    ]
+
+
+@cases(*_einsum_many_cases())
+def test_einsum_many_operands(case):
+    check_case(case)
+
+
 @cases(*_select_cases())
 def test_selection(case):
     check_case(case)
@@ -1573,6 +1593,7 @@ def test_every_contract_builtin_exists_and_is_tested():
             _reduction_cases(),
             _scan_cases(),
             _select_cases(),
+            _einsum_many_cases(),
             *(m.args[1] for f in list(globals().values()) for m in getattr(f, "pytestmark", []) if m.args),
         )
         for c in group

@@ -348,3 +348,36 @@ func main(t2: f32[4, 6] {p, _}, t1: f32[4, 6]) -> f32[4, 6] {
 """
     a = np.arange(24, dtype=f32).reshape(4, 6)
     run_sharded(src, {"t2": a, "t1": -a}, np.sort(a, 0), backends=("ref", "jax"))
+
+
+# ---------------------------------------------------------------------------------- many-operand einsum
+
+
+def test_three_operand_einsum_contracts_the_cheapest_pair_first():
+    """GShard's dispatch: x[s, m] d[s, e, c] w[e, m, h] -> [e, c, h]. The FLOP-cheapest pair is x with
+    d (s*m*e*c), not d with w; each pairwise step partitions on its own: data-parallel s becomes
+    one all_reduce of the (e, c, h) result over data."""
+    src = """mesh [data=2, expert=2]
+func main(x: f32[8, 6] {data, _}, d: f32[8, 4, 3] {data, expert, _}, w: f32[4, 6, 5] {expert, _, _})
+    -> f32[4, 3, 5] {expert, _, _} {
+  return einsum("sm,sec,emh->ech", x, d, w)
+}
+"""
+    rng = np.random.default_rng(0)
+    x, d, w = (rng.standard_normal(s).astype(f32) for s in ((8, 6), (8, 4, 3), (4, 6, 5)))
+    c = run_sharded(src, {"x": x, "d": d, "w": w}, np.einsum("sm,sec,emh->ech", x, d, w), tol=1e-4)
+    specs = [op.attrs["spec"] for op in c.program.ops if op.kind == "einsum"]
+    assert specs == ["sm,sec->mec", "emh,mec->ech"]
+    assert [(e.kind, e.axes) for e in c.spmd.ledger] == [("all_reduce", ("data",))]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_many_operand_einsum_sharded(k):
+    rng = np.random.default_rng(k)
+    a, b, cc, e = (rng.standard_normal(s).astype(f32) for s in ((7, 4), (4, 5), (5, 6), (6, 3)))
+    src = f"""mesh [p={k}]
+func main(a: f32[7, 4] {{p, _}}, b: f32[4, 5] {{_, p}}, c: f32[5, 6], e: f32[6, 3] {{p, _}}) -> f32[7, 3] {{p, _}} {{
+  return einsum("ij,jk,kl,lm->im", a, b, c, e)
+}}
+"""
+    run_sharded(src, {"a": a, "b": b, "c": cc, "e": e}, a @ b @ cc @ e, tol=1e-4)

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Span, SpmdError
+from ..errors import ShapeError, Span, SpmdError
 from ..ir import types as T
 from ..ir.core import Value
 from ..ir.types import TensorType
-from ..ops.contract import conv_output_size
+from ..ops.contract import conv_output_size, parse_einsum
 from . import ast as A
 from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
 
@@ -394,8 +394,6 @@ def _logsumexp(ctx, span, args):
 @builtin("einsum", "spec:str", "operands:tensors*")
 def _einsum(ctx, span, args):
     ops = args["operands"]
-    if len(ops) not in (1, 2):
-        raise SpmdError(f"einsum takes one or two operands, got {len(ops)}", span)
     for v in ops:
         if not isinstance(v, Value):
             raise SpmdError(f"einsum operands must be tensors, got {describe(v)}", span)
@@ -403,7 +401,48 @@ def _einsum(ctx, span, args):
     for v in ops[1:]:
         dt = T.promote(dt, v.type.dtype)
     ops = [ctx.cast(v, dt, span) for v in ops]
-    return ctx.b.emit("einsum", *ops, span=span, spec=args["spec"].replace(" ", ""))
+    spec = args["spec"].replace(" ", "")
+    if len(ops) <= 2:
+        return ctx.b.emit("einsum", *ops, span=span, spec=spec)
+    try:
+        ins, out = parse_einsum(spec, [v.type.rank for v in ops])
+    except ShapeError as e:
+        raise SpmdError(str(e), span) from None
+    sizes: dict[str, int] = {}
+    for letters, v in zip(ins, ops):
+        for c, n in zip(letters, v.type.shape):
+            if sizes.setdefault(c, n) != n:
+                raise SpmdError(f'einsum "{spec}": index {c} is {sizes[c]} in one operand and {n} in another', span)
+    return _einsum_pairwise(ctx, span, list(zip(ins, ops)), out, sizes)
+
+
+def _einsum_pairwise(ctx, span, terms, out: str, sizes) -> Value:
+    """Contract many operands two at a time, cheapest pair first (opt_einsum's greedy order): a
+    pair costs the product of the sizes of all its indices (its FLOPs), ties broken by the size of
+    what it leaves; each step keeps only the indices the output or a remaining operand still needs.
+    Each pairwise einsum is then partitioned on its own, so its communication is planned there."""
+    def size(letters):
+        n = 1
+        for c in letters:
+            n *= sizes[c]
+        return n
+
+    while len(terms) > 2:
+        best = None
+        for i in range(len(terms)):
+            for j in range(i + 1, len(terms)):
+                rest = set(out).union(*(set(t[0]) for k, t in enumerate(terms) if k not in (i, j)))
+                both = terms[i][0] + "".join(c for c in terms[j][0] if c not in terms[i][0])
+                keep = "".join(c for c in both if c in rest)
+                key = (size(both), size(keep), i, j)
+                if best is None or key < best[0]:
+                    best = (key, i, j, keep)
+        _, i, j, keep = best
+        (a, x), (b, y) = terms[i], terms[j]
+        v = ctx.b.emit("einsum", x, y, span=span, spec=f"{a},{b}->{keep}")
+        terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [(keep, v)]
+    (a, x), (b, y) = terms
+    return ctx.b.emit("einsum", x, y, span=span, spec=f"{a},{b}->{out}")
 
 
 @builtin("conv", "x:tensor", "w:tensor", "stride:any=1", "padding:any=SAME")
