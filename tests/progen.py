@@ -4,8 +4,8 @@
 (sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
 contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
-ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast) and
-random `shard()` constraints, open `?` dims included.
+ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
+max_pool/avg_pool) and random `shard()` constraints, open `?` dims included.
 Dims are mostly small primes so uneven sharding is the common case.
 
 The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
@@ -426,6 +426,26 @@ class Generator:
         out = {"il": (a.shape[0], p), "li": (p, a.shape[0]), "ik": (a.shape[0], n)}[spec[-2:]]
         return self.assign(f'einsum("{spec}", {a.name}, {b.name}, {c.name})', out, "f32", False)
 
+    def op_pool(self):
+        a = self.pick(lambda v: len(v.shape) in (3, 4) and v.dtype in ("f32", "i32"))
+        if a is None:
+            return None
+        kind = self.ch.choice(["max", "avg"])
+        win, stride = self.ch.int(1, 3), self.ch.int(1, 3)
+        pad = self.ch.choice(["VALID", "SAME"])
+        out = []
+        for n in a.shape[1:-1]:
+            if pad == "VALID":
+                if n < win:
+                    return None
+                out.append((n - win) // stride + 1)
+            else:
+                out.append(-(-n // stride))
+        shape = (a.shape[0], *out, a.shape[-1])
+        dtype = "f32" if kind == "avg" else a.dtype
+        return self.assign(f'{kind}_pool({a.name}, {win}, {stride}, "{pad}")', shape, dtype,
+                           a.exact and kind == "max")
+
     def op_top_k(self):
         a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
         if a is None:
@@ -672,7 +692,8 @@ class Generator:
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("scan", 2),
-           ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1))
+           ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1),
+           ("pool", 1))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]

@@ -723,6 +723,47 @@ def test_einsum_many_operands(case):
     check_case(case)
 
 
+def pool_ref(x, window, stride, padding, kind):
+    nsp = x.ndim - 2
+    fill = 0 if kind == "avg" else (-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min)
+    xp = np.pad(x.astype(np.float64) if kind == "avg" else x, [(0, 0)] + padding + [(0, 0)], constant_values=fill)
+    out_sp = [(n + lo + hi - k) // s + 1 for n, k, s, (lo, hi) in zip(x.shape[1:-1], window, stride, padding)]
+    out = np.empty((x.shape[0], *out_sp, x.shape[-1]), xp.dtype)
+    for idx in np.ndindex(*out_sp):
+        sl = tuple(slice(i * s, i * s + k) for i, s, k in zip(idx, stride, window))
+        block = xp[(slice(None),) + sl + (slice(None),)]
+        axes = tuple(range(1, nsp + 1))
+        out[(slice(None),) + idx + (slice(None),)] = block.max(axes) if kind == "max" else block.sum(axes) / np.prod(
+            window)
+    return out.astype(x.dtype if kind == "max" else (f32 if x.dtype.kind != "f" else x.dtype))
+
+
+def _pool_cases():
+    return [
+        Case("max_pool-2x2", "x: f32[2, 6, 4, 3]", "max_pool(x, 2)",
+             lambda x: pool_ref(x, [2, 2], [2, 2], [(0, 0)] * 2, "max")),
+        Case("avg_pool-2x2", "x: f32[2, 6, 4, 3]", "avg_pool(x, 2)",
+             lambda x: pool_ref(x, [2, 2], [2, 2], [(0, 0)] * 2, "avg")),
+        Case("max_pool-3x3-s1-same-overlapping", "x: f32[1, 7, 5, 2]", 'max_pool(x, 3, 1, "SAME")',
+             lambda x: pool_ref(x, [3, 3], [1, 1], [(1, 1)] * 2, "max")),
+        Case("avg_pool-same-pads-count-as-zero", "x: f32[1, 5, 5, 1]", 'avg_pool(x, [3, 3], 2, "SAME")',
+             lambda x: pool_ref(x, [3, 3], [2, 2], [(1, 1)] * 2, "avg")),
+        Case("max_pool-explicit-padding-i32", "x: i32[2, 5, 3]", "max_pool(x, [2], padding=[[1, 0]])",
+             lambda x: pool_ref(x, [2], [2], [(1, 0)], "max")),
+        Case("avg_pool-1d-i32-is-float", "x: i32[2, 7, 3]", "avg_pool(x, 3, stride=2)",
+             lambda x: pool_ref(x, [3], [2], [(0, 0)], "avg")),
+        Case("max_pool-3d", "x: f32[1, 4, 6, 5, 2]", "max_pool(x, [2, 3, 2], [2, 3, 1])",
+             lambda x: pool_ref(x, [2, 3, 2], [2, 3, 1], [(0, 0)] * 3, "max")),
+        Case("avg_pool-3d-same", "x: f32[1, 4, 4, 4, 2]", 'avg_pool(x, 2, 1, "SAME")',
+             lambda x: pool_ref(x, [2, 2, 2], [1, 1, 1], [(0, 1)] * 3, "avg")),
+    ]
+
+
+@cases(*_pool_cases())
+def test_pooling(case):
+    check_case(case)
+
+
 @cases(*_select_cases())
 def test_selection(case):
     check_case(case)
@@ -1577,7 +1618,7 @@ CONTRACT_BUILTINS = (
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
     "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax "
-    "top_k sort argsort take_along_axis scatter_add"
+    "top_k sort argsort take_along_axis scatter_add max_pool avg_pool"
 ).split()
 
 
@@ -1594,6 +1635,7 @@ def test_every_contract_builtin_exists_and_is_tested():
             _scan_cases(),
             _select_cases(),
             _einsum_many_cases(),
+            _pool_cases(),
             *(m.args[1] for f in list(globals().values()) for m in getattr(f, "pytestmark", []) if m.args),
         )
         for c in group

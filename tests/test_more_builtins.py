@@ -381,3 +381,61 @@ func main(a: f32[7, 4] {{p, _}}, b: f32[4, 5] {{_, p}}, c: f32[5, 6], e: f32[6, 
 }}
 """
     run_sharded(src, {"a": a, "b": b, "c": cc, "e": e}, a @ b @ cc @ e, tol=1e-4)
+
+
+# ---------------------------------------------------------------------------------- pooling
+
+
+def _pool(x, window, stride, padding, kind):
+    from test_builtins import pool_ref
+
+    return pool_ref(x, window, stride, padding, kind)
+
+
+@pytest.mark.parametrize("k, h, spec", [(2, 8, "{_, p, _, _}"), (3, 11, "{_, p, _, _}"), (3, 11, "{p, _, _, _}"),
+                                        (4, 9, "{_, _, p, _}"), (2, 10, "{_, _, _, p}")])
+def test_pools_sharded(k, h, spec):
+    rng = np.random.default_rng(k * h)
+    x = rng.standard_normal((3, h, 6, 2)).astype(f32)
+    out1 = (3, h, 6, 2)
+    m2 = (h + 2 - 3) // 2 + 1
+    src = f"""mesh [p={k}]
+func main(x: f32[3, {h}, 6, 2] {spec})
+    -> (f32[3, {h}, 6, 2] {spec}, f32[3, {m2}, 3, 2] {spec}, f32[3, {h // 2}, 3, 2]) {{
+  return max_pool(x, 3, 1, "SAME"), avg_pool(x, 3, 2, [[1, 1], [1, 0]]), avg_pool(x, 2)
+}}
+"""
+    want = (_pool(x, [3, 3], [1, 1], [(1, 1), (1, 1)], "max"), _pool(x, [3, 3], [2, 2], [(1, 1), (1, 0)], "avg"),
+            _pool(x, [2, 2], [2, 2], [(0, 0), (0, 0)], "avg"))
+    assert want[0].shape == out1
+    run_sharded(src, {"x": x}, want, tol=1e-5)
+
+
+def test_overlapping_max_pool_on_a_split_image_exchanges_only_halo_rows():
+    """A 3x3 stride-1 window over H split 4 ways: one row from each neighbour (collective_permutes
+    of one [N, 1, W, C] row each), never the image; -inf past the edges."""
+    c = spmdlang.compile("""mesh [h=4]
+func main(x: f32[4, 256, 64, 16] {_, h, _, _}) -> f32[4, 256, 64, 16] {_, h, _, _} {
+  return max_pool(x, 3, 1, "SAME")
+}
+""")
+    verify(c.spmd.program)
+    row = 4 * 64 * 16 * 4
+    assert kinds(c) == ["collective_permute"] * 2
+    assert total_bytes(c) == 2 * row
+    small = spmdlang.compile("""mesh [h=4]
+func main(x: f32[2, 16, 6, 3] {_, h, _, _}) -> f32[2, 16, 6, 3] {_, h, _, _} {
+  return max_pool(x, 3, 1, "SAME")
+}
+""")
+    d = small.diff(backends=["ref", "sim", "jax"])
+    assert d["ok"], d["results"]
+
+
+def test_non_overlapping_pool_on_a_split_image_is_local():
+    c = spmdlang.compile("""mesh [h=4]
+func main(x: f32[2, 64, 16, 8] {_, h, _, _}) -> f32[2, 32, 8, 8] {_, h, _, _} {
+  return avg_pool(x, 2) + max_pool(x, [2, 2])
+}
+""")
+    assert kinds(c) == []

@@ -485,6 +485,58 @@ def _conv(ctx, span, args):
     return ctx.b.emit("conv", x, w, span=span, strides=tuple(strides), padding=tuple(padding))
 
 
+def _pool(kind):
+    def lower(ctx, span, args):
+        x = tensor(ctx, args, "x")
+        nsp = x.type.rank - 2
+        name = f"{kind}_pool"
+        if nsp < 1 or x.type.dtype == "bool":
+            raise SpmdError(f"{name} needs a numeric [N, spatial..., C] input, got {x.type}", args.span("x"))
+
+        def per_dim(v, what):
+            items = v if isinstance(v, list) else [v] * nsp
+            if len(items) != nsp or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in items):
+                raise SpmdError(f"{name} {what} must be a positive integer or a list of {nsp}", args.span(what))
+            return items
+
+        window = per_dim(args["window"], "window")
+        strides = per_dim(window if args["stride"] is None else args["stride"], "stride")
+        pad = args["padding"]
+        shape = x.type.shape[1:-1]
+        if pad in ("SAME", "VALID"):
+            padding = []
+            for n, k, s in zip(shape, window, strides):
+                total = 0 if pad == "VALID" else max((-(-n // s) - 1) * s + k - n, 0)
+                padding.append((total // 2, total - total // 2))
+        elif isinstance(pad, list) and len(pad) == nsp and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(q, int) and not isinstance(q, bool) and q >= 0
+                                                             for q in p) for p in pad):
+            padding = [tuple(p) for p in pad]
+        else:
+            raise SpmdError(f'{name} padding must be "SAME", "VALID" or [[lo, hi]] x {nsp} of non-negative integers',
+                            args.span("padding"))
+        for n, k, s, (lo, hi) in zip(shape, window, strides, padding):
+            if conv_output_size(n, k, s, lo, hi) < 1:
+                raise SpmdError(f"{name}: window {k} does not fit spatial dim {n}", span)
+        if kind == "avg" and T.is_int(x.type.dtype):
+            x = ctx.cast(x, float_for(x.type.dtype), span)
+        out = ctx.b.emit("pool", x, span=span, reduce="max" if kind == "max" else "sum", window=tuple(window),
+                         strides=tuple(strides), padding=tuple(padding))
+        if kind == "avg":
+            size = 1
+            for k in window:
+                size *= k
+            out = ctx.b.emit("div", out, ctx.materialize(float(size), span, out.type.dtype), span=span)
+        return out
+
+    return lower
+
+
+for _k in ("max", "avg"):
+    builtin(f"{_k}_pool", "x:tensor", "window:any", "stride:any=None", "padding:any=VALID",
+            doc=f"{_k} over windows of the spatial dims of [N, spatial..., C]")(_pool(_k))
+
+
 # ---------------------------------------------------------------------------------- layout
 
 
