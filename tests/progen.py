@@ -5,7 +5,7 @@
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
 contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
 ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
-max_pool/avg_pool) and random `shard()` constraints, open `?` dims included.
+max_pool/avg_pool, random_uniform/random_normal/dropout) and random `shard()` constraints, open `?` dims included.
 Dims are mostly small primes so uneven sharding is the common case.
 
 The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
@@ -446,6 +446,19 @@ class Generator:
         return self.assign(f'{kind}_pool({a.name}, {win}, {stride}, "{pad}")', shape, dtype,
                            a.exact and kind == "max")
 
+    def op_random(self):
+        r = self.ch.int(0, 2)
+        seed = self.ch.choice(["0", "7", "-3", "123456789"])
+        if r == 2:
+            a = self.pick(lambda v: v.dtype == "f32")
+            if a is None:
+                return None
+            rate = self.ch.choice(["0.1", "0.5", "0"])
+            return self.assign(f"dropout({a.name}, {rate}, {seed})", a.shape, "f32", a.exact)
+        shape = self.shape()
+        kind = "uniform" if r == 0 else "normal"
+        return self.assign(f"random_{kind}({seed}, {_ty('f32', shape)})", shape, "f32", kind == "uniform")
+
     def op_top_k(self):
         a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
         if a is None:
@@ -693,7 +706,7 @@ class Generator:
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("scan", 2),
            ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1),
-           ("pool", 1))
+           ("pool", 1), ("random", 1))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]

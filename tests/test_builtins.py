@@ -764,6 +764,61 @@ def test_pooling(case):
     check_case(case)
 
 
+def threefry_ref(seed, index):
+    """Threefry-2x32, 20 rounds, key (seed, 0), counter (index, 0): an independent copy for tests."""
+    m = 0xFFFFFFFF
+    rot = lambda v, r: ((v << r) | (v >> (32 - r))) & m  # noqa: E731
+    ks = [seed & m, 0, (seed & m) ^ 0x1BD11BDA]
+    x = [(index + ks[0]) & m, ks[1]]
+    for i in range(5):
+        for r in ((13, 15, 26, 6), (17, 29, 16, 24))[i % 2]:
+            x[0] = (x[0] + x[1]) & m
+            x[1] = rot(x[1], r) ^ x[0]
+        x = [(x[0] + ks[(i + 1) % 3]) & m, (x[1] + ks[(i + 2) % 3] + i + 1) & m]
+    return x
+
+
+def uniform_ref(seed, shape):
+    words = [threefry_ref(seed, i)[0] for i in range(int(np.prod(shape)))]
+    return (np.array([(w >> 9) | 0x3F800000 for w in words], np.uint32).view(f32) - f32(1)).reshape(shape)
+
+
+def _random_cases():
+    return [
+        Case("random_uniform", "s: i32[]", "random_uniform(42, f32[3, 5])", lambda s: uniform_ref(42, (3, 5))),
+        Case("random_uniform-seed-value", "s: i32[]", "random_uniform(s, f32[4])", lambda s: uniform_ref(int(s), (4,)),
+             {"s": lambda r: -7}),
+        Case("random_normal", "s: i32[]", "random_normal(3, f32[2, 3])",
+             lambda s: normal_ref(3, (2, 3)), tol=(1e-5, 1e-5)),
+        Case("dropout", "x: f32[4, 6]", "dropout(x, 0.25, 11)",
+             lambda x: np.where(uniform_ref(11, (4, 6)) >= f32(0.25), x * f32(1 / 0.75), f32(0)), tol=(1e-6, 1e-6)),
+        Case("dropout-rate-0", "x: f32[4]", "dropout(x, 0, 1)", lambda x: x),
+    ]
+
+
+def normal_ref(seed, shape):
+    n = int(np.prod(shape))
+    w = [threefry_ref(seed, i) for i in range(n)]
+    u = np.array([(a >> 9) | 0x3F800000 for a, _ in w], np.uint32).view(f32) - f32(1)
+    v = np.array([(b >> 9) | 0x3F800000 for _, b in w], np.uint32).view(f32) - f32(1)
+    return (np.sqrt(-2 * np.log(1 - u.astype(np.float64))) * np.cos(2 * np.pi * v)).astype(f32).reshape(shape)
+
+
+def test_threefry_known_answer():
+    """Random123's known-answer vector for Threefry-2x32-20 with key (0, 0) and counter (0, 0)."""
+    from spmdlang.ops.random import threefry2x32
+
+    assert threefry_ref(0, 0) == [0x6B200159, 0x99BA4EFE]
+    a, b = threefry2x32(np.array(0, np.int32), np.array([0, 5], np.int32))
+    assert (int(a[0]), int(b[0])) == (0x6B200159, 0x99BA4EFE)
+    assert [int(a[1]), int(b[1])] == threefry_ref(0, 5)
+
+
+@cases(*_random_cases())
+def test_random(case):
+    check_case(case)
+
+
 @cases(*_select_cases())
 def test_selection(case):
     check_case(case)
@@ -1618,7 +1673,7 @@ CONTRACT_BUILTINS = (
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
     "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax "
-    "top_k sort argsort take_along_axis scatter_add max_pool avg_pool"
+    "top_k sort argsort take_along_axis scatter_add max_pool avg_pool random_uniform random_normal dropout"
 ).split()
 
 
@@ -1636,6 +1691,7 @@ def test_every_contract_builtin_exists_and_is_tested():
             _select_cases(),
             _einsum_many_cases(),
             _pool_cases(),
+            _random_cases(),
             *(m.args[1] for f in list(globals().values()) for m in getattr(f, "pytestmark", []) if m.args),
         )
         for c in group

@@ -439,3 +439,70 @@ func main(x: f32[2, 64, 16, 8] {_, h, _, _}) -> f32[2, 32, 8, 8] {_, h, _, _} {
 }
 """)
     assert kinds(c) == []
+
+
+# ---------------------------------------------------------------------------------- random numbers
+
+
+RANDOM = """{mesh}
+func main(x: f32[13, 7] {spec}, s: i32[]) -> (f32[13, 7] {spec}, f32[13, 7], f32[13, 7] {spec}) {{
+  return random_uniform(s, f32[13, 7]), random_normal(s + 1, f32[13, 7]), dropout(x, 0.4, s * 3)
+}}
+"""
+
+
+def test_random_bits_are_the_same_on_every_mesh_and_backend():
+    """Each element is a function of (seed, its global index): bitwise-equal uniforms and dropout on
+    four meshes and all four backends; normals to float rounding (log/cos of f32)."""
+    x = np.arange(91, dtype=f32).reshape(13, 7) + 1
+    inputs = {"x": x, "s": np.array(12345, np.int32)}
+    first = None
+    for mesh, spec in (("mesh [p=1]", "{_, _}"), ("mesh [p=3]", "{p, _}"), ("mesh [p=2, q=2]", "{p, q}"),
+                       ("mesh [p=4, q=2]", "{q, p}")):
+        c = spmdlang.compile(RANDOM.format(mesh=mesh, spec=spec))
+        assert kinds(c) == [] or all(e.reason.endswith("for the result") for e in c.spmd.ledger)
+        for backend in ALL:
+            got = c.run(inputs, backend=backend)
+            first = first or got
+            assert np.array_equal(got[0], first[0]), (mesh, backend)
+            assert np.array_equal(got[2], first[2]), (mesh, backend)
+            np.testing.assert_allclose(got[1], first[1], rtol=1e-5, atol=1e-5)
+    assert np.all((first[2] == 0) | np.isclose(first[2], x / f32(0.6)))
+
+
+def test_random_draws_need_no_communication():
+    c = spmdlang.compile("""mesh [p=4, q=2]
+func main(x: f32[64, 30] {p, q}) -> f32[64, 30] {p, q} {
+  return dropout(x, 0.1, 7) + random_normal(3, f32[64, 30])
+}
+""")
+    assert kinds(c) == []
+
+
+def test_random_statistics_on_a_million_draws():
+    c = spmdlang.compile("""mesh [p=1]
+func main() -> (f32[1000, 1000], f32[1000, 1000], f32[1000, 1000]) {
+  return random_uniform(2024, f32[1000, 1000]), random_normal(7, f32[1000, 1000]), \\
+    dropout(ones(f32[1000, 1000]), 0.3, 5)
+}
+""".replace("\\\n    ", ""))
+    u, z, d = c.run({}, backend="ref")
+    n = u.size
+    assert 0 <= u.min() and u.max() < 1
+    assert abs(u.mean() - 0.5) < 3 * np.sqrt(1 / 12 / n) + 1e-4
+    assert abs(u.var() - 1 / 12) < 1e-3
+    s = np.sort(u.ravel().astype(np.float64))
+    ks = max(np.max(np.arange(1, n + 1) / n - s), np.max(s - np.arange(n) / n))
+    assert ks < 1.63 / np.sqrt(n)  # Kolmogorov-Smirnov at the 1% level
+    assert abs(z.mean()) < 5 / np.sqrt(n) and abs(z.var() - 1) < 5e-3
+    assert abs((d == 0).mean() - 0.3) < 2e-3 and abs(d.mean() - 1) < 5e-3
+
+
+def test_different_seeds_give_different_draws():
+    c = spmdlang.compile("""mesh [p=2]
+func main(s: i32[]) -> (f32[8], f32[8]) {
+  return random_uniform(s, f32[8]), random_uniform(s + 1, f32[8])
+}
+""")
+    a, b = c.run({"s": np.array(0, np.int32)}, backend="ref")
+    assert not np.array_equal(a, b)

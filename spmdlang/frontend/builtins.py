@@ -776,6 +776,79 @@ def _one_hot(ctx, span, args):
     return ctx.cast(ctx.b.emit("eq", wide, idx, span=span), args["dtype"], span)
 
 
+# ---------------------------------------------------------------------------------- random numbers
+
+
+def _seed(ctx, args) -> Value:
+    seed = args["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, (int, Value)):
+        raise SpmdError(f"the seed must be an integer scalar, got {describe(seed)}", args.span("seed"))
+    if isinstance(seed, int):
+        if not -2**31 <= seed < 2**32:
+            raise SpmdError(f"the seed {seed} does not fit in 32 bits", args.span("seed"))
+        return ctx.materialize(seed - 2**32 if seed >= 2**31 else seed, args.span("seed"), "i32")
+    if seed.type.rank != 0 or not T.is_int(seed.type.dtype):
+        raise SpmdError(f"the seed must be an integer scalar, got {seed.type}", args.span("seed"))
+    return ctx.cast(seed, "i32", args.span("seed"))
+
+
+def _draw(ctx, span, seed: Value, shape, dist: str, dtype: str) -> Value:
+    """Draws for every element of `shape`, each a function of (seed, its global linear index)."""
+    size = 1
+    for n in shape:
+        size *= n
+    if size >= 2**31:
+        raise SpmdError(f"random draws index elements in i32: {list(shape)} has too many", span)
+    counter = None
+    stride = 1
+    for axis in range(len(shape) - 1, -1, -1):
+        pos = ctx.b.emit("iota", span=span, dtype="i32", shape=tuple(shape), axis=axis)
+        if stride != 1:
+            pos = ctx.b.emit("mul", pos, ctx.materialize(stride, span, "i32"), span=span)
+        counter = pos if counter is None else ctx.b.emit("add", counter, pos, span=span)
+        stride *= shape[axis]
+    if counter is None:  # a scalar: index 0
+        counter = ctx.materialize(0, span, "i32")
+    return ctx.b.emit("random", seed, counter, span=span, dist=dist, dtype=dtype)
+
+
+def _random(dist):
+    def lower(ctx, span, args):
+        t: TensorType = args["type"]
+        if not T.is_float(t.dtype):
+            raise SpmdError(f"random_{dist} draws floats, got {t}", args.span("type"))
+        return _draw(ctx, span, _seed(ctx, args), t.shape, dist, t.dtype)
+
+    return lower
+
+
+builtin("random_uniform", "seed:tensor", "type:type", doc="uniform in [0, 1), by (seed, element index)")(
+    _random("uniform"))
+builtin("random_normal", "seed:tensor", "type:type", doc="standard normal, by (seed, element index)")(
+    _random("normal"))
+
+
+@builtin("dropout", "x:tensor", "rate:number", "seed:tensor",
+         doc="keep each element with probability 1 - rate, scaled by 1 / (1 - rate)")
+def _dropout(ctx, span, args):
+    x = tensor(ctx, args, "x")
+    rate = args["rate"]
+    if not 0 <= rate < 1:
+        raise SpmdError(f"dropout: rate must be in [0, 1), got {rate}", args.span("rate"))
+    if not T.is_float(x.type.dtype):
+        raise SpmdError(f"dropout needs a float tensor, got {x.type}", args.span("x"))
+    seed = _seed(ctx, args)
+    if rate == 0:
+        return x
+    u = _draw(ctx, span, seed, x.type.shape, "uniform", "f32")
+    keep = ctx.b.emit("ge", u, ctx.materialize(float(rate), span, "f32"), span=span)
+    scaled = ctx.b.emit("mul", x, ctx.materialize(1.0 / (1.0 - rate), span, x.type.dtype), span=span)
+    zero = ctx.materialize(0.0, span, x.type.dtype)
+    if x.type.rank:
+        zero = ctx.b.emit("broadcast_in_dim", zero, span=span, shape=x.type.shape, dims=())
+    return ctx.b.emit("select", keep, scaled, zero, span=span)
+
+
 # ---------------------------------------------------------------------------------- constants
 
 
