@@ -119,13 +119,13 @@ class Compiled:
         return out
 
     def check_report(self) -> dict:
-        """The `check --json` document (CLI.md)."""
+        """The `check --json` document (docs/cli.md)."""
         from .explain import check_report
 
         return check_report(self)
 
     def explain_report(self, bandwidth=None, latency=None, preset: str = "tpu-v4") -> dict:
-        """The `explain --json` document (CLI.md)."""
+        """The `explain --json` document (docs/cli.md)."""
         from .explain import explain_report
 
         return explain_report(self, bandwidth, latency, preset)
