@@ -228,7 +228,8 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
 
 
 def _check_overrides(module, source, mesh, consts):
-    where = Span(source, 1, 1)
+    # point at the declaration the override is checked against (the mesh, the consts), not at line 1
+    where = module.meshes[0].span if module.meshes else Span(source, 1, 1)
     axes = {a.name for m in module.meshes for a in m.axes}
     for name, size in (mesh or {}).items():
         if name not in axes:
@@ -237,6 +238,7 @@ def _check_overrides(module, source, mesh, consts):
         if not isinstance(size, int) or size < 1:
             raise OverrideError(f"--mesh {name}={size}: sizes must be positive integers", where)
     names = {c.name for c in module.consts}
+    where = module.consts[0].span if module.consts else where
     for name in consts or {}:
         if name not in names:
             raise OverrideError(f"--set names const '{name}', which the program does not declare"

@@ -101,23 +101,29 @@ def render_explain(console, c, report, show=()) -> None:
         render_layout(console, c, name)
 
 
+def find_value(c, name: str):
+    """The value `--show NAME` means: a source name, `returnN`, or an IR name (`%12` or `12`)."""
+    from .errors import SpmdError
+    from .ir.printer import Namer
+
+    values = {n: v for n, v, _ in c.canonical.names}
+    values.update({f"return{i}": r.value for i, r in enumerate(c.canonical.results)})
+    if name in values:
+        return values[name]
+    raw = {n: v for v, n in Namer.for_program(c.canonical).names.items()}
+    if name.lstrip("%") not in raw:
+        raise SpmdError(f"--show: no value named '{name}' (named values: {', '.join(values)})")
+    return raw[name.lstrip("%")]
+
+
 def render_layout(console, c, name: str) -> None:
     """Which block of a value each device holds, for any rank: one cell per device of the mesh."""
     from rich.markup import escape
     from rich.table import Table
 
     from .backend_ref.sim import block_slices
-    from .errors import SpmdError
-    from .ir.printer import Namer
 
-    values = {n: v for n, v, _ in c.canonical.names}
-    values.update({f"return{i}": r.value for i, r in enumerate(c.canonical.results)})
-    if name not in values:
-        raw = {n: v for v, n in Namer.for_program(c.canonical).names.items()}
-        if name.lstrip("%") not in raw:
-            raise SpmdError(f"--show: no value named '{name}' (named values: {', '.join(values)})")
-        values[name] = raw[name.lstrip("%")]
-    v = values[name]
+    v = find_value(c, name)
     s = c.propagation.shardings[v]
     mesh = c.mesh
     axes = mesh.names
