@@ -274,7 +274,7 @@ def cmd_run(args) -> int:
         return 0
     con = _console()
     for s, a in zip(summary, outs):
-        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})")
+        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output:

@@ -32,20 +32,44 @@ def check_report(c) -> dict:
                           for op, text in prop.conflicts]}
 
 
-def render_check(console, c, report) -> None:
+# Rendering at any width (80 columns, tmux panes): headings are lines of their own, not table titles
+# (a title wraps to its table's width); every text is escaped (`[data=2]` is not rich markup); short
+# columns never wrap and the free-text column is at least as wide as its longest token, so rich
+# breaks lines between tokens, never inside one.
+
+
+def heading(console, text: str) -> None:
+    from rich.text import Text
+
+    console.print(Text(text, style="bold"))
+
+
+def table(*columns: str, text_column: str | None = None, texts=()):
+    """A rich Table whose columns keep their tokens whole; `text_column` wraps between words."""
+    from rich import box
     from rich.table import Table
 
-    mesh = ", ".join(f"{a}={s}" for a, s in report["mesh"]["axes"].items())
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    longest = max((len(w) for x in texts for w in x.split()), default=1)
+    for col in columns:
+        if col == text_column:
+            t.add_column(col, overflow="fold", min_width=min(longest, 48))
+        else:
+            t.add_column(col, no_wrap=True)
+    return t
+
+
+def render_check(console, c, report) -> None:
     from rich.markup import escape
 
-    table = Table(title=escape(f"{c.program.source.name if c.program.source else ''}  mesh [{mesh}]"),
-                  title_justify="left")
-    for col in ("name", "type", "sharding", "line", "why"):
-        table.add_column(col, overflow="fold")
+    mesh = ", ".join(f"{a}={s}" for a, s in report["mesh"]["axes"].items())
+    heading(console, f"{c.program.source.name if c.program.source else ''}  mesh [{mesh}]")
+    t = table("name", "type", "sharding", "line", "why", text_column="why",
+              texts=[row["reason"] for row in report["values"]])
     for row in report["values"]:
-        table.add_row(*(escape(x) for x in (row["name"], row["type"], row["sharding"], str(row["line"] or ""),
-                                             row["reason"])))
-    console.print(table)
+        t.add_row(*(escape(x) for x in (row["name"], row["type"], row["sharding"], str(row["line"] or ""),
+                                         row["reason"])))
+    console.print(t)
     for conflict in report["conflicts"]:
         console.print(f"[yellow]conflict[/yellow] {escape(conflict['message'])}")
 
@@ -80,17 +104,16 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
 
 def render_explain(console, c, report, show=()) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
     render_check(console, c, report)
-    table = Table(title="collectives (per device)", title_justify="left")
-    for col in ("line", "kind", "axes", "bytes", "time (us)", "why"):
-        table.add_column(col, overflow="fold")
+    cols = table("line", "kind", "axes", "bytes", "time (us)", "why", text_column="why",
+                 texts=[x["reason"] for x in report["collectives"]])
     for x in report["collectives"]:
-        table.add_row(str(x["line"] or ""), x["kind"], ",".join(x["axes"]), f"{x['bytes_per_device']:,}",
-                      f"{x['time_us']:.1f}", escape(x["reason"]))
+        cols.add_row(str(x["line"] or ""), x["kind"], ",".join(x["axes"]), f"{x['bytes_per_device']:,}",
+                     f"{x['time_us']:.1f}", escape(x["reason"]))
     if report["collectives"]:
-        console.print(table)
+        heading(console, "collectives (per device)")
+        console.print(cols)
     else:
         console.print("no collectives: every op runs on local data")
     t = report["totals"]
@@ -118,6 +141,7 @@ def find_value(c, name: str):
 
 def render_layout(console, c, name: str) -> None:
     """Which block of a value each device holds, for any rank: one cell per device of the mesh."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
@@ -129,39 +153,42 @@ def render_layout(console, c, name: str) -> None:
     axes = mesh.names
     rows = mesh.axis_size(axes[0]) if axes else 1
     cols = mesh.size // rows
-    table = Table(title=f"{name}: {v.type} {s} over mesh {mesh}", title_justify="left", show_lines=True)
-    table.add_column(axes[0] if axes else "")
+    heading(console, f"{name}: {v.type} {s} over mesh {mesh}")
+    picture = Table(box=box.SQUARE, show_lines=True)
+    picture.add_column(escape(axes[0]) if axes else "", no_wrap=True)
     rest = axes[1:]
     for j in range(cols):
         coords = mesh.coords(j)
-        table.add_column(",".join(f"{a}={coords[a]}" for a in rest) or "device")
+        picture.add_column(escape(",".join(f"{a}={coords[a]}" for a in rest) or "device"), overflow="fold")
     palette = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
+    blocks = {pos: [":" if (a, b) == (0, n) else f"{a}:{b}"
+                    for (a, b, _), n in zip(block_slices(v.type.shape, s, mesh, pos), v.type.shape)]
+              for pos in range(rows * cols)}
+    # blocks written without spaces when a row of them fits the terminal; else wrapped between dims
+    widest = max((len(",".join(b)) + 2 for b in blocks.values()), default=0)
+    first = max(len(axes[0]) + 3, len(f"{axes[0]}={rows - 1}")) if axes else 0
+    labels = max((len(str(col.header)) for col in picture.columns[1:]), default=0)
+    sep = "," if first + 3 + cols * (max(widest, labels, 6) + 3) + 1 <= console.width else ", "
     colors: dict = {}
     for i in range(rows):
         cells = [f"{axes[0]}={i}" if axes else ""]
         for j in range(cols):
             pos = i * cols + j
-            blocks = block_slices(v.type.shape, s, mesh, pos)
-            text = "[" + ", ".join(":" if (a, b) == (0, n) else f"{a}:{b}"
-                                   for (a, b, _), n in zip(blocks, v.type.shape)) + "]"
+            text = "[" + sep.join(blocks[pos]) + "]"
             color = colors.setdefault(text, palette[len(colors) % len(palette)])
             cells.append(f"[{color}]dev {mesh.devices[pos]}\n{escape(text)}[/{color}]")
-        table.add_row(*cells)
-    console.print(table)
+        picture.add_row(*cells)
+    console.print(picture)
 
 
 # ---------------------------------------------------------------------------------- diff
 
 
 def render_diff(console, report) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"compared with ref (rtol {report['rtol']}, atol {report['atol']} x scale)",
-                  title_justify="left")
-    for col in ("backend", "output", "max abs err", "ok"):
-        table.add_column(col)
+    heading(console, f"compared with ref (rtol {report['rtol']}, atol {report['atol']} x scale)")
+    t = table("backend", "output", "max abs err", "ok")
     for r in report["results"]:
         ok = "[green]ok[/green]" if r["ok"] else "[red]MISMATCH[/red]"
-        table.add_row(r["backend"], str(r["output"]), f"{r['max_abs_err']:.3g}", ok)
-    console.print(table)
+        t.add_row(r["backend"], str(r["output"]), f"{r['max_abs_err']:.3g}", ok)
+    console.print(t)
     console.print("[green]all backends agree[/green]" if report["ok"] else "[red]backends disagree[/red]")

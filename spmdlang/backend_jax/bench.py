@@ -71,11 +71,12 @@ def bench(c, seed: int = 0, repeat: int = 20, progress: bool = True) -> dict:
 
 
 def render_bench(console, r: dict) -> None:
-    from rich.table import Table
+    from ..explain import heading
+    from ..explain import table as make_table
 
-    table = Table(title=f"mesh {r['mesh']}, median of {r['repeat']} runs after warm-up", title_justify="left")
-    for col in ("", "ours (shard_map)", "XLA GSPMD"):
-        table.add_column(col)
+    mesh = ", ".join(f"{a}={s}" for a, s in r["mesh"].items())
+    heading(console, f"mesh [{mesh}], median of {r['repeat']} runs after warm-up")
+    table = make_table("", "ours (shard_map)", "XLA GSPMD")
     table.add_row("time per call", f"{r['ours_s'] * 1e3:.3f} ms", f"{r['xla_s'] * 1e3:.3f} ms")
     table.add_row("collectives (compiled HLO)", str(r["ours_collectives"]), str(r["xla_collectives"]))
     table.add_row("bytes sent per device", f"{r['ours_bytes_per_device']:,}", f"{r['xla_bytes_per_device']:,}")
