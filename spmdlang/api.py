@@ -130,13 +130,14 @@ class Compiled:
 
         return explain_report(self, bandwidth, latency, preset)
 
-    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0) -> dict:
+    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0, processes: int = 1) -> dict:
         """Run the same inputs through each backend and compare every result with ref.
 
         A result matches when |got - ref| <= atol * scale + rtol * |ref| elementwise, with
         scale = max(1, max |ref|) (reductions may sum in another order); NaNs must coincide;
         integer and bool results must be equal. Defaults follow the narrowest float the program
         computes in (f32: 1e-4, f16: 1e-2, bf16: 2e-2), whatever the result's own dtype.
+        `processes` > 1 runs the jax backends across that many local processes (see run).
         """
         inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
         ref = self.run(inputs, backend="ref")
@@ -145,7 +146,7 @@ class Compiled:
         for b in backends:
             if b == "ref":
                 continue
-            got = self.run(inputs, backend=b)
+            got = self.run(inputs, backend=b, processes=processes)
             for i, (r, g) in enumerate(zip(ref, got)):
                 err, good = _compare(r, g, *_tolerance(r.dtype, rtol, atol, narrowest))
                 ok &= good
@@ -161,8 +162,11 @@ class Compiled:
         return check_inputs(self.program, inputs, origin)
 
     def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
-            origin: str = "inputs") -> list[np.ndarray]:
-        """Run on `inputs` (name -> array; random from `seed` when None); results in order."""
+            origin: str = "inputs", processes: int = 1) -> list[np.ndarray]:
+        """Run on `inputs` (name -> array; random from `seed` when None); results in order.
+
+        With `processes` > 1 the jax backends run across that many local processes, as on that many
+        hosts (jax.distributed on 127.0.0.1, mesh/processes CPU devices each, gloo collectives)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         inputs = check_inputs(self.program, inputs if inputs is not None else self.random_inputs(seed), origin)
@@ -174,7 +178,13 @@ class Compiled:
             from .backend_ref import run_sim
 
             return run_sim(self.spmd, inputs)
-        return self.runner(backend)([inputs[p.name] for p in self.program.params])
+        arrays = [inputs[p.name] for p in self.program.params]
+        if processes > 1:
+            from .backend_jax.multiprocess import run_processes
+
+            source = self.jax_source if backend == "jax" else self.xla_source
+            return run_processes(source, arrays, self.mesh.size, processes)
+        return self.runner(backend)(arrays)
 
 
 _TOLERANCE = {"bf16": 2e-2, "f16": 1e-2, "f32": 1e-4, "f64": 1e-9}

@@ -112,10 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
     r.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
     r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ...")
+    r.add_argument("--processes", type=_count(1), default=1, metavar="N",
+                   help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
     d = sub.add_parser("diff", parents=[common], help="run several backends on the same inputs and compare")
     d.add_argument("--backends", type=_backends_arg, default=list(BACKENDS), metavar="B,...",
                    help=f"backends to compare with ref (default {','.join(BACKENDS)})")
     d.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
+    d.add_argument("--processes", type=_count(1), default=1, metavar="N",
+                   help="run the jax/xla backends across N local processes, as on N hosts (default 1)")
     d.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
     d.add_argument("--rtol", type=_positive_float, default=None, metavar="R",
                    help="relative tolerance (default: by the narrowest float the program uses, f32 1e-4)")
@@ -259,7 +263,9 @@ def cmd_run(args) -> int:
     import numpy as np
 
     c = _compile(args)
-    outs = c.run(_inputs(c, args), backend=args.backend)
+    if args.processes > 1 and args.backend not in ("jax", "xla"):
+        raise UsageError(f"--processes {args.processes} needs --backend jax or xla")
+    outs = c.run(_inputs(c, args), backend=args.backend, processes=args.processes)
     if args.output:
         import io
 
@@ -284,7 +290,8 @@ def cmd_run(args) -> int:
 
 def cmd_diff(args) -> int:
     c = _compile(args)
-    report = c.diff(_inputs(c, args), backends=args.backends, rtol=args.rtol, atol=args.atol)
+    report = c.diff(_inputs(c, args), backends=args.backends, rtol=args.rtol, atol=args.atol,
+                    processes=args.processes)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -153,3 +153,34 @@ def test_too_old_jax_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(jax, "__version__", "0.6.0")
     with pytest.raises(spmdlang.SpmdError, match=r"need jax >= 0\.6\.1, but jax 0\.6\.0 is installed"):
         require_jax()
+
+
+def test_declared_jax_bound_is_the_checked_one():
+    import re
+
+    from spmdlang.backend_jax import MIN_JAX
+
+    text = (ROOT / "pyproject.toml").read_text()
+    want = ".".join(map(str, MIN_JAX))
+    for name in ("jax", "jaxlib"):
+        bound = rf'"{name}>={re.escape(want)},<[0-9.]+"'
+        assert re.search(bound, text), f"pyproject.toml's {name} bound is not >={want}"
+
+
+@pytest.mark.parametrize("program", ["mlp", "uneven"])
+def test_two_processes_as_two_hosts(program):
+    """jax.distributed over 2 local processes (4 CPU devices each, gloo): the module's run() places
+    each process's blocks and gathers the results; both backends agree with ref."""
+    if program == "mlp":
+        c, backends = spmdlang.compile(MLP, consts={"B": 8, "D": 16, "F": 32}), ["ref", "jax", "xla"]
+    else:
+        c, backends = spmdlang.compile(UNEVEN), ["ref", "jax"]
+    d = c.diff(backends=backends, seed=4, processes=2)
+    assert d["ok"], d["results"]
+    assert {r["backend"] for r in d["results"]} == set(backends) - {"ref"}
+
+
+def test_processes_must_split_the_mesh():
+    c = spmdlang.compile(MLP, consts={"B": 8, "D": 16, "F": 32})
+    with pytest.raises(spmdlang.SpmdError, match="must split evenly"):
+        c.run(backend="jax", processes=3)
