@@ -136,7 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="alpha-beta defaults (default tpu-v4)")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
     b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
-    b.add_argument("--repeat", type=_count(1), default=20, metavar="N", help="timed runs after warm-up (default 20)")
+    b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
+                   help="timed calls of each side per round, after warm-up (default 20)")
+    b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
+                   help="rounds of ours and XLA called in turn; the ratio's spread is over rounds (default 5)")
     return p
 
 
@@ -324,7 +327,7 @@ def cmd_bench(args) -> int:
     c = _compile(args)
     from .backend_jax.bench import bench, render_bench
 
-    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json)
+    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
