@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-collective latency per mesh axis in microseconds")
     e.add_argument("--preset", choices=("tpu-v4", "gpu-nvlink"), default="tpu-v4",
                    help="alpha-beta defaults (default tpu-v4)")
+    e.add_argument("--xla", action="store_true",
+                   help="also compile with jax and show XLA's cost_analysis() and memory_analysis() "
+                   "beside our estimates")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
     b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
     b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
@@ -314,12 +317,19 @@ def cmd_explain(args) -> int:
         except SpmdError as e:
             raise UsageError(e.message) from None
     report = c.explain_report(bandwidth=args.bandwidth, latency=args.latency, preset=args.preset)
+    if args.xla:
+        from .explain import xla_analysis
+
+        report["xla"] = xla_analysis(c)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    from .explain import render_explain
+    from .explain import render_explain, render_xla
 
-    render_explain(_console(), c, report, show=args.show)
+    console = _console()
+    render_explain(console, c, report, show=args.show)
+    if args.xla:
+        render_xla(console, report)
     return 0
 
 

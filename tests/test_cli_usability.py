@@ -105,3 +105,19 @@ def test_sharding_repr_is_the_spec():
     c = spmdlang.compile(MLP)
     assert repr(c.shardings["h"]) == "Sharding {data, model}"
     assert str(c.shardings["h"]) == "{data, model}"
+
+
+def test_explain_xla_shows_xlas_own_analysis_beside_ours(capsys):
+    import json
+
+    code, out, err = run_cli(capsys, "explain", MLP, "--xla", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    ours, xla = d["xla"]["ours"], d["xla"]["xla_gspmd"]
+    assert ours["flops_per_device"] > 0 and ours["peak_bytes_per_device"] > 0 and xla["peak_bytes_per_device"] > 0
+    # at real sizes the FLOP model counts what XLA counts (tiny programs differ by their elementwise
+    # tails); our peak is an upper bound (no fusion)
+    assert abs(d["totals"]["flops_per_device"] / ours["flops_per_device"] - 1) < 0.1
+    assert d["totals"]["peak_bytes_per_device"] >= ours["peak_bytes_per_device"]
+    code, out, _ = run_cli(capsys, "explain", MLP, "--set", "B=8,D=16,F=32", "--xla")
+    assert code == 0 and "XLA: our module" in out and "upper bound" in out
