@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed calls of each side per round, after warm-up (default 20)")
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
                    help="rounds of ours and XLA called in turn; the ratio's spread is over rounds (default 5)")
+    o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
+    o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return p
 
 
@@ -335,7 +337,8 @@ def cmd_explain(args) -> int:
 
 def cmd_bench(args) -> int:
     c = _compile(args)
-    from .backend_jax.bench import bench, render_bench
+    from .backend_jax.bench import bench
+    from .explain import render_bench
 
     report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
     if args.json:
@@ -345,8 +348,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_ops(args) -> int:
+    from .oplist import ops_report, render_ops
+
+    entries = ops_report()
+    sys.stdout.write(json.dumps(entries, indent=2) + "\n" if args.json else render_ops(entries))
+    return 0
+
+
 COMMANDS = {"check": cmd_check, "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
-            "explain": cmd_explain, "bench": cmd_bench}
+            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops}
 
 
 def main(argv=None) -> int:

@@ -194,6 +194,29 @@ def render_diff(console, report) -> None:
     console.print("[green]all backends agree[/green]" if report["ok"] else "[red]backends disagree[/red]")
 
 
+# ---------------------------------------------------------------------------------- bench
+
+
+def render_bench(console, r: dict) -> None:
+    mesh = ", ".join(f"{a}={s}" for a, s in r["mesh"].items())
+    rounds = r.get("rounds", 1)
+    heading(console, f"mesh [{mesh}], {rounds} rounds of {r['repeat']} calls each, ours and XLA in turn")
+    t = table("", "ours (shard_map)", "XLA GSPMD")
+    t.add_row("median per call", f"{r['ours_s'] * 1e3:.3f} ms", f"{r['xla_s'] * 1e3:.3f} ms")
+    if "ours_min_s" in r:
+        t.add_row("fastest call", f"{r['ours_min_s'] * 1e3:.3f} ms", f"{r['xla_min_s'] * 1e3:.3f} ms")
+    t.add_row("collectives (compiled HLO)", str(r["ours_collectives"]), str(r["xla_collectives"]))
+    t.add_row("bytes sent per device", f"{r['ours_bytes_per_device']:,}", f"{r['xla_bytes_per_device']:,}")
+    t.add_row("jit compile", f"{r['ours_jit_s']:.2f} s", f"{r['xla_jit_s']:.2f} s")
+    console.print(t)
+    line = f"ratio ours/XLA = {r['ratio']:.3f}"
+    if "ratio_min" in r:
+        line += f" (rounds {r['ratio_min']:.3f} .. {r['ratio_max']:.3f}, +-{r['ratio_spread'] * 100:.0f}%)"
+        if r["ratio_spread"] > 0.05:
+            line += "; spread over 5%: the machine is busy or the program too small to time"
+    console.print(line + f"; spmdlang compile {r['compile_s'] * 1e3:.1f} ms")
+
+
 # ---------------------------------------------------------------------------------- explain --xla
 
 

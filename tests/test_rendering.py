@@ -13,8 +13,7 @@ import pytest
 from rich.console import Console
 
 import spmdlang
-from spmdlang.backend_jax.bench import render_bench
-from spmdlang.explain import render_check, render_diff, render_explain
+from spmdlang.explain import render_bench, render_check, render_diff, render_explain
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "render"

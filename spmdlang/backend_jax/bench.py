@@ -86,26 +86,3 @@ def bench(c, seed: int = 0, repeat: int = 20, progress: bool = True, rounds: int
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("compiling", total=None)
         return measure(c, seed, repeat, lambda text: bar.update(task, description=text), rounds=rounds)
-
-
-def render_bench(console, r: dict) -> None:
-    from ..explain import heading
-    from ..explain import table as make_table
-
-    mesh = ", ".join(f"{a}={s}" for a, s in r["mesh"].items())
-    rounds = r.get("rounds", 1)
-    heading(console, f"mesh [{mesh}], {rounds} rounds of {r['repeat']} calls each, ours and XLA in turn")
-    table = make_table("", "ours (shard_map)", "XLA GSPMD")
-    table.add_row("median per call", f"{r['ours_s'] * 1e3:.3f} ms", f"{r['xla_s'] * 1e3:.3f} ms")
-    if "ours_min_s" in r:
-        table.add_row("fastest call", f"{r['ours_min_s'] * 1e3:.3f} ms", f"{r['xla_min_s'] * 1e3:.3f} ms")
-    table.add_row("collectives (compiled HLO)", str(r["ours_collectives"]), str(r["xla_collectives"]))
-    table.add_row("bytes sent per device", f"{r['ours_bytes_per_device']:,}", f"{r['xla_bytes_per_device']:,}")
-    table.add_row("jit compile", f"{r['ours_jit_s']:.2f} s", f"{r['xla_jit_s']:.2f} s")
-    console.print(table)
-    line = f"ratio ours/XLA = {r['ratio']:.3f}"
-    if "ratio_min" in r:
-        line += f" (rounds {r['ratio_min']:.3f} .. {r['ratio_max']:.3f}, +-{r['ratio_spread'] * 100:.0f}%)"
-        if r["ratio_spread"] > 0.05:
-            line += "; spread over 5%: the machine is busy or the program too small to time"
-    console.print(line + f"; spmdlang compile {r['compile_s'] * 1e3:.1f} ms")
