@@ -12,10 +12,10 @@ import os
 import sys
 import tempfile
 
+from .api import BACKENDS
 from .errors import OverrideError, SpmdError
 
 TARGETS = ("ir", "spmd", "jax", "xla")
-BACKENDS = ("ref", "sim", "jax", "xla")
 
 
 class UsageError(Exception):

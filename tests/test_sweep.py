@@ -111,14 +111,7 @@ def _shares(array, s: Sharding, rng):
     parts = [p.astype(array.dtype) for p in rng.standard_normal((k - 1,) + array.shape)]
     parts.append((array.astype(np.float64) - sum(p.astype(np.float64) for p in parts)).astype(array.dtype))
     blocks = [scatter(part, Sharding(s.dims), MESH) for part in parts]
-    out = []
-    for pos in range(MESH.size):
-        c = MESH.coords(pos)
-        idx = 0
-        for a in s.partial:
-            idx = idx * MESH.axis_size(a) + c[a]
-        out.append(blocks[idx][pos])
-    return out
+    return [blocks[MESH.group_index(pos, s.partial)][pos] for pos in range(MESH.size)]
 
 
 def check(name: str, texts, attrs, shardings, rng) -> None:

@@ -28,13 +28,10 @@ def poison(dtype: np.dtype):
 
 def block_slices(shape, s: Sharding, mesh: Mesh, pos: int):
     """The global index ranges device `pos` holds, per dim: (start, stop, chunk)."""
-    c = mesh.coords(pos)
     out = []
     for n, axes in zip(shape, s.dims):
         k = mesh.group_size(axes)
-        idx = 0
-        for a in axes:
-            idx = idx * mesh.axis_size(a) + c[a]
+        idx = mesh.group_index(pos, axes)
         ch = -(-n // k)
         out.append((min(idx * ch, n), min((idx + 1) * ch, n), ch))
     return out
