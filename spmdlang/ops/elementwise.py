@@ -193,7 +193,7 @@ for _name, (_fn, _jax, _doc) in _LOGICAL.items():
 
 def _select_infer(operands, attrs):
     c, a, b = operands
-    check(c.dtype == "bool", f"where: the condition must be bool, got {c}")
+    check(c.dtype == "bool", f"where: the condition must be bool, got {c}", blame=0)
     check(a.dtype == b.dtype, f"where: branch dtypes differ: {a} vs {b}")
     return TensorType(a.dtype, _same_shape(operands))
 
