@@ -5,7 +5,9 @@
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
 contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
 ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
-max_pool/avg_pool, random_uniform/random_normal/dropout) and random `shard()` constraints, open `?` dims included.
+logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout) and random `shard()`
+constraints, open `?` dims included. tests/test_coverage.py fails when an op of the op table can not
+come out of it.
 Dims are mostly small primes so uneven sharding is the common case.
 
 The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
@@ -201,13 +203,11 @@ class Generator:
         if v.dtype == "bool":
             return self.assign(f"logical_not({v.name})", v.shape, "bool", v.exact)
         if v.dtype == "i32":
-            fn = self.ch.choice(["neg", "abs", "sign", "square"])
+            fn = self.ch.choice(["neg", "abs", "sign"])
             return self.assign(f"{fn}({v.name})", v.shape, "i32", v.exact)
         forms = ["neg({})", "abs({})", "tanh({})", "sigmoid({})", "relu({})", "gelu({})", "sin({})",
                  "cos({})",
-                 "exp(tanh({}))", "log(abs({}) + 1.0)", "sqrt(abs({}))", "rsqrt(abs({}) + 1.0)", "-{}",
-                 "erf({})", "log1p(abs({}))", "expm1(tanh({}))", "square({})", "gelu({}, approximate=false)",
-                 "clip({}, -0.5, 0.5)"]
+                 "exp(tanh({}))", "log(abs({}) + 1.0)", "sqrt(abs({}))", "rsqrt(abs({}) + 1.0)", "-{}"]
         if v.exact:
             forms += ["floor({} * 2.0)", "ceil({})", "sign({})"]
         form = self.ch.choice(forms)
@@ -249,18 +249,44 @@ class Generator:
         b, shape, exact = other
         literal = b[0].isdigit() or b[0] == "-"
         if a.dtype == "i32":
-            form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})",
-                                   "{} // {}", "{} % {}"])
+            form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})"])
         else:
-            # floor division of exact f32 values only: a rounding difference must not move a floor
-            floors = ["{} // (abs({}) + 0.5)", "{} % (abs({}) + 0.5)"] \
-                if a.dtype == "f32" and a.exact and exact and not literal else []
             form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})",
-                                   "{} * {} + 1.0"] + ([] if literal else ["{} / (abs({}) + 1.0)"]) + floors)
+                                   "{} * {} + 1.0", "pow(abs({}) + 0.5, {})"]
+                                  + ([] if literal else ["{} / (abs({}) + 1.0)"]))
         if self.ch.chance(0.3):
             x, y = form.format(b, a.name), shape  # operands swapped: scalar on the left too
             return self.assign(x, y, a.dtype, a.exact and exact)
         return self.assign(form.format(a.name, b), shape, a.dtype, a.exact and exact)
+
+    def op_unary_more(self):
+        """The elementwise functions of version 2 (erf, log1p, expm1, square, exact gelu, clip)."""
+        v = self.pick(lambda v: v.numeric)
+        if v is None:
+            return None
+        if v.dtype == "i32":
+            form = self.ch.choice(["square({})", "clip({}, -2, 3)"])
+            return self.assign(form.format(v.name), v.shape, "i32", v.exact)
+        form = self.ch.choice(["erf({})", "log1p(abs({}))", "expm1(tanh({}))", "square({})",
+                               "gelu({}, approximate=false)", "clip({}, -0.5, 0.5)"])
+        return self.assign(form.format(v.name), v.shape, v.dtype, v.exact and form.startswith("clip"))
+
+    def op_floor_mod(self):
+        """a // b and a % b: on ints (by 0 included), and on exact f32 values only, where a
+        rounding difference cannot move a floor."""
+        a = self.pick(lambda v: v.dtype == "i32" or v.dtype == "f32" and v.exact)
+        if a is None:
+            return None
+        other = self.other_operand(a)
+        if other is None:
+            return None
+        b, shape, exact = other
+        op = self.ch.choice(["//", "%"])
+        if a.dtype == "i32":
+            return self.assign(f"{a.name} {op} {b}", shape, "i32", a.exact and exact)
+        if not exact:
+            return None
+        return self.assign(f"{a.name} {op} (abs({b}) + 0.5)", shape, "f32", True)
 
     def op_compare_where(self):
         a = self.pick(lambda v: v.numeric and v.exact)
@@ -285,6 +311,36 @@ class Generator:
         y = self.ch.choice([fill, x.name])
         args = (x.name, y) if self.ch.chance(0.5) else (y, x.name)
         return self.assign(f"where({cond}, {args[0]}, {args[1]})", shape, x.dtype, x.exact)
+
+    def op_logical(self):
+        a = self.pick(lambda v: v.dtype == "bool" and v.exact)
+        if a is None:
+            return None
+        b = self.pick(lambda v: v.dtype == "bool" and v.exact and _broadcast(v.shape, a.shape) is not None
+                      and self.small(_broadcast(v.shape, a.shape)))
+        fn = self.ch.choice(["logical_and", "logical_or"])
+        return self.assign(f"{fn}({a.name}, {b.name})", _broadcast(a.shape, b.shape), "bool", True)
+
+    def op_conv(self):
+        """A 1-D or 2-D convolution [N, spatial..., C] x [window..., C, F], SAME or VALID, stride 1-2."""
+        a = self.pick(lambda v: v.dtype == "f32" and len(v.shape) in (3, 4))
+        if a is None:
+            return None
+        nsp = len(a.shape) - 2
+        window = tuple(self.ch.choice([1, 2, 3]) for _ in range(nsp))
+        stride = self.ch.choice([1, 2])
+        padding = self.ch.choice(["SAME", "VALID"])
+        spatial = []
+        for n, k in zip(a.shape[1:-1], window):
+            m = -(-n // stride) if padding == "SAME" else (n - k) // stride + 1
+            if m < 1:
+                return None
+            spatial.append(m)
+        shape = (a.shape[0], *spatial, self.ch.choice([1, 2, 4]))
+        if not self.small(shape):
+            return None
+        w = self.param(window + (a.shape[-1], shape[-1]), "f32")
+        return self.assign(f'conv({a.name}, {w.name}, {stride}, "{padding}")', shape, "f32", False)
 
     def contractible(self, v: Val) -> bool:
         return v.dtype == "f32" or v.dtype == "bf16" and "bf16_einsum" not in KNOWN_BUGS
@@ -704,7 +760,8 @@ class Generator:
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
-           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("scan", 2),
+           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1), ("scan", 2),
+           ("unary_more", 2), ("floor_mod", 2),
            ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1),
            ("pool", 1), ("random", 1))
 

@@ -17,10 +17,6 @@ from ..partition.factors import elementwise_rule
 from .registry import Family, PartialMode, check, no_flops, register
 
 
-def _wide(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float32) if T.np_is_narrow_float(x.dtype) else x
-
-
 def _same_shape(types) -> tuple[int, ...]:
     shapes = {t.shape for t in types if t.rank}
     check(len(shapes) <= 1, "operand shapes differ: " + " vs ".join(str(t) for t in types))
@@ -83,7 +79,7 @@ def _unary_infer(name, allowed):
 
 def _unary_numpy(fn):
     def run(x):
-        return np.asarray(fn(_wide(x))).astype(x.dtype)
+        return np.asarray(fn(T.widen(x))).astype(x.dtype)
 
     return run
 
@@ -184,7 +180,7 @@ def _arith_numpy(name, fn):
         if name in ("floordiv", "mod") and a.dtype.kind in "iu":
             return np.where(b == 0, 0, fn(a, np.where(b == 0, 1, b))).astype(a.dtype)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.asarray(fn(_wide(a), _wide(b))).astype(a.dtype)
+            return np.asarray(fn(T.widen(a), T.widen(b))).astype(a.dtype)
 
     return run
 
@@ -222,7 +218,7 @@ for _name, (_fn, _jax, _doc) in _LOGICAL.items():
 
 def _select_infer(operands, attrs):
     c, a, b = operands
-    check(c.dtype == "bool", f"where: the condition must be bool, got {c}")
+    check(c.dtype == "bool", f"where: the condition must be bool, got {c}", blame=0)
     check(a.dtype == b.dtype, f"where: branch dtypes differ: {a} vs {b}")
     return TensorType(a.dtype, _same_shape(operands))
 

@@ -70,11 +70,11 @@ def _top_k_partition(ctx):
     last = x.type.rank - 1
     local = ctx.mask(local, last, axes, n, _fill("max")(x.type.dtype))
     kk = min(k, c)
-    vals, idx = ctx.p.b.emit_op("top_k", [local], {"k": kk}, ctx.p.span)
+    vals, idx = ctx.emit_multi("top_k", local, k=kk)
     idx = ctx.emit("add", idx, ctx.offset(axes, c))
     vals = ctx.collective("all_gather", vals, "each shard's top k values", axes=axes, dim=last)
     idx = ctx.collective("all_gather", idx, "their global indices", axes=axes, dim=last)
-    best, pos = ctx.p.b.emit_op("top_k", [vals], {"k": k}, ctx.p.span)
+    best, pos = ctx.emit_multi("top_k", vals, k=k)
     ids = ctx.emit("take_along_axis", idx, pos, axis=last)
     out = Sharding(dims[:-1] + ((),))
     ctx.set_result(best, out, 0)
@@ -184,7 +184,7 @@ def _sort_partition(ctx):
     if not cur.dims[axis]:
         return ctx.generic()
     dims = tuple(() if d == axis else a for d, a in enumerate(cur.dims))
-    local = ctx.p.reshard(x, Sharding(dims), f"for {ctx.op.kind}: a split sorted dim is gathered whole")
+    local = ctx.reshard(0, Sharding(dims), "a split sorted dim is gathered whole")
     ctx.set_result(ctx.emit(ctx.op.kind, local, axis=axis), Sharding(dims))
 
 
