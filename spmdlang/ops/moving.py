@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from math import prod
 
+from ..partition.cost import comm_cost, exchange_cost, replicated_cost
 from ..partition.factors import PERMUTATION
-from ..partition.halo import Window, window_bytes, window_collectives
+from ..partition.halo import Window, window_directions
 from ..partition.mesh import Sharding
-from ..partition.reshard import FLOPS_PER_BYTE, LATENCY_BYTES, chunk, comm_cost, plan_reshard
+from ..partition.reshard import chunk, plan_reshard
 
 
 def _moving_dims(ctx) -> list[int]:
@@ -43,9 +44,9 @@ def _itemsize(v) -> int:
 
 
 def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
-    """(windows, gather): in the partitioner's model (bytes plus a latency charge per collective),
-    what operand i costs taken by windows (after any reshard into `dims`), and gathered whole on
-    the moved dims instead."""
+    """(windows, gather) in the cost model (partition.cost): operand i resharded into `dims`, then
+    each window one exchange whose two directions run at once; against gathering the moved dims
+    whole, which also pays for the bytes it holds beyond the windows (replicated memory)."""
     v = ctx.op.operands[i]
     mesh = ctx.mesh
     cur = ctx.layout(i)
@@ -53,26 +54,28 @@ def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
     want = Sharding(dims)
     cost = comm_cost(plan_reshard(shape, isz, mesh, cur, want))
     local = want.local_shape(shape, mesh)
+    held = list(local)
+    for d in {d for d, _ in windows}:
+        held[d] = sum(w.length for e, w in windows if e == d)  # a rotation keeps two windows
     for d, w in windows:
         if not dims[d]:
             continue
         k = mesh.group_size(dims[d])
-        row = isz
-        for e, n in enumerate(local):
-            if e != d:
-                row *= n
-        cost += (window_bytes(w, local[d], k, row, shape[d])
-                 + LATENCY_BYTES * window_collectives(w, local[d], k, shape[d]))
+        row = isz * prod(n for e, n in enumerate(local) if e != d)
+        cost += exchange_cost(window_directions(w, local[d], k, row, shape[d]))
     moved = {d for d, _ in windows}
     gathered = tuple(() if d in moved else a for d, a in enumerate(cur.dims))
-    return cost, comm_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered)))
+    whole = Sharding(gathered).local_shape(shape, mesh)
+    gather = comm_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered)))
+    gather += replicated_cost(max(0, prod(whole) - prod(held)) * isz)
+    return cost, gather
 
 
 def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0) -> bool:
     """Do windows cost no more than gathering the moved dims, counting the extra local work
     (`replicated_work` FLOPs) that running the op on the gathered dims would add?"""
     window, gather = _costs(ctx, i, dims, windows)
-    return window <= gather + replicated_work / FLOPS_PER_BYTE
+    return window <= gather + replicated_cost(0, replicated_work)
 
 
 def _positions(ctx, shape, dim: int, axes, c: int):

@@ -19,8 +19,8 @@ scattered, then moves and gathers. Uneven splits nest only when m * ceil(n/(k*m)
 (or the coarse layout is whole); where they do not, the dim is gathered whole and sliced afresh.
 Where both layouts have the same shard count on every dim, one collective_permute is an option;
 so is the fallback "settle sums in place, gather whole what does not nest, slice", which bounds
-every plan by the bytes of gathering everything. The cheapest plan wins: bytes plus a latency
-charge per collective (comm_cost), then fewer steps.
+every plan by the bytes of gathering everything. The cheapest plan wins in the cost model (partition.cost: bytes plus
+the latency steps of each collective), then fewer steps.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
 
+from .cost import comm_cost, step_bytes
 from .mesh import Mesh, Sharding
+
+__all__ = ["Step", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard", "step_bytes"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Step:
     dim: int | None = None
     dim2: int | None = None  # all_to_all: the dim the axes leave (concat side)
     reduce: str = "sum"
+    group: int = 1  # devices in the collective's group
 
     @property
     def is_collective(self) -> bool:
@@ -59,19 +63,6 @@ def nests(n: int, k_coarse: int, m: int) -> bool:
 
 def local_bytes(shape, itemsize: int, mesh: Mesh, s: Sharding) -> int:
     return prod(s.local_shape(shape, mesh)) * itemsize
-
-
-def step_bytes(kind: str, k: int, size: float) -> float:
-    """CLI.md's bytes sent per device, for a group of k and `size` local bytes before the step."""
-    if kind == "all_gather":
-        return (k - 1) * size
-    if kind == "all_reduce":
-        return 2 * (k - 1) / k * size
-    if kind in ("reduce_scatter", "all_to_all"):
-        return (k - 1) / k * size
-    if kind == "collective_permute":
-        return size
-    return 0.0
 
 
 class _Planner:
@@ -96,7 +87,7 @@ class _Planner:
 
     def record(self, kind, axes, before, k, size, dim=None, dim2=None):
         self.steps.append(Step(kind, tuple(axes), before, self.layout(), step_bytes(kind, k, size), dim, dim2,
-                               self.op if kind in ("all_reduce", "reduce_scatter") else "sum"))
+                               self.op if kind in ("all_reduce", "reduce_scatter") else "sum", k))
 
     def shards(self, axes) -> int:
         return self.mesh.group_size(axes)
@@ -288,7 +279,7 @@ def _permute_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> 
     axes = mesh.order({a for s in (src, dst) for dim in s.dims for a in dim})
     size = local_bytes(shape, itemsize, mesh, src)
     return [Step("collective_permute", axes, src, dst.with_partial(src.partial, src.partial_op),
-                 step_bytes("collective_permute", mesh.group_size(axes), size))]
+                 step_bytes("collective_permute", mesh.group_size(axes), size), group=mesh.group_size(axes))]
 
 
 def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step]:
@@ -343,14 +334,3 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
 
 def plan_cost(steps) -> float:
     return sum(s.bytes for s in steps)
-
-
-# The partitioner's cost model, in bytes: what moves, a fixed charge per collective (latency: about
-# alpha * beta at 2 us and 32 GB/s), and local work at FLOPS_PER_BYTE, so that neither many tiny
-# collectives nor replicating a contraction on every device wins on bytes alone.
-LATENCY_BYTES = 64 * 1024
-FLOPS_PER_BYTE = 64
-
-
-def comm_cost(steps) -> float:
-    return plan_cost(steps) + LATENCY_BYTES * sum(s.is_collective for s in steps)

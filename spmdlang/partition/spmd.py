@@ -23,10 +23,11 @@ from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
 from ..ir.types import TensorType, itemsize
 from ..ops import registry
+from .cost import FLOPS_PER_BYTE, comm_cost, step_bytes
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
 from .mesh import Mesh, Sharding
 from .propagate import Propagation, op_rule
-from .reshard import FLOPS_PER_BYTE, Step, comm_cost, drop_trivial_axes, plan_reshard, step_bytes
+from .reshard import Step, drop_trivial_axes, plan_reshard
 
 _MAX_CANDIDATES = 512
 
