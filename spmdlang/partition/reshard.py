@@ -211,24 +211,28 @@ class _Planner:
         return self._drop(d, run)
 
     def _move(self, d, extras) -> bool:
-        target = self._move_target(extras[-1], d)
-        if target is None:
-            return False
-        j = target
+        """Move the longest minor run of dim d's extra axes that another dim wants next, in the
+        same order, as ONE all_to_all over the whole run (a group (x, y) moves together)."""
         cur = self.cur[d]
-        nxt = list(self.dst.dims[j][len(self.cur[j]):])
-        run = [extras[-1]]
-        while len(run) < len(extras) and len(run) < len(nxt) and nxt[: len(run) + 1] == extras[-len(run) - 1:]:
-            run = extras[-len(run) - 1:]
-        keep = cur[: len(cur) - len(run)]
-        m = self.shards(run)
-        if not (nests(self.shape[d], self.shards(keep), m) and nests(self.shape[j], self.shards(self.cur[j]), m)):
-            return False
-        before, k, size = self.measure(run)
-        self.cur[d] = keep
-        self.cur[j] = self.cur[j] + list(run)
-        self.record("all_to_all", run, before, k, size, j, d)
-        return True
+        for j, want in enumerate(self.dst.dims):
+            cj = self.cur[j]
+            if j == d or tuple(cj) != tuple(want[: len(cj)]):
+                continue
+            nxt = list(want[len(cj):])
+            for n in range(min(len(extras), len(nxt)), 0, -1):
+                run = extras[-n:]
+                if nxt[:n] != run:
+                    continue
+                keep = cur[: len(cur) - n]
+                m = self.shards(run)
+                if not (nests(self.shape[d], self.shards(keep), m) and nests(self.shape[j], self.shards(cj), m)):
+                    continue
+                before, k, size = self.measure(run)
+                self.cur[d] = keep
+                self.cur[j] = cj + list(run)
+                self.record("all_to_all", run, before, k, size, j, d)
+                return True
+        return False
 
     def _drop(self, d, run) -> bool:
         cur = self.cur[d]
