@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from math import prod
 
+from ..ir.mesh import Sharding
 from ..partition.cost import comm_cost, exchange_cost, replicated_cost
 from ..partition.factors import PERMUTATION
 from ..partition.halo import Window, window_directions
-from ..partition.mesh import Sharding
 from ..partition.reshard import chunk, plan_reshard
 
 

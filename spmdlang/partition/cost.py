@@ -44,6 +44,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir import registry
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -127,8 +129,6 @@ def collective_time_us(kind: str, k: int, nbytes: float, axes, bandwidth: dict, 
 
 def op_flops(op) -> int:
     """Floating-point operations of one op on its (local) shapes, as its op-table entry counts them."""
-    from ..ops import registry
-
     return registry.get(op.kind).count_flops([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
 
 

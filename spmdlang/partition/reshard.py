@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
 
+from ..ir.mesh import Mesh, Sharding
 from .cost import comm_cost, step_bytes
-from .mesh import Mesh, Sharding
 
 __all__ = ["Step", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard", "step_bytes"]
 

@@ -19,13 +19,13 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..errors import Span
+from ..ir import registry
 from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.mesh import Mesh, Sharding
 from ..ir.types import TensorType, itemsize
-from ..ops import registry
 from .cost import FLOPS_PER_BYTE, comm_cost, step_bytes
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
-from .mesh import Mesh, Sharding
 from .propagate import Propagation, op_rule
 from .reshard import Step, drop_trivial_axes, plan_reshard
 
