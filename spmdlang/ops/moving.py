@@ -14,7 +14,7 @@ from math import prod
 from ..ir.mesh import Sharding
 from ..partition.cost import comm_cost, exchange_cost, replicated_cost
 from ..partition.factors import PERMUTATION
-from ..partition.halo import Window, window_directions
+from ..partition.halo import Window, window, window_directions
 from ..partition.reshard import chunk, plan_reshard
 
 
@@ -146,8 +146,78 @@ def _pad_rest(ctx, x, split):
     return ctx.emit("pad", x, lo=tuple(lo), hi=tuple(hi), value=ctx.attrs["value"])
 
 
-partition_slice = _single(_slice_window, _slice_rest)
+_partition_one_slice = _single(_slice_window, _slice_rest)
 partition_pad = _single(_pad_window, _pad_rest)
+
+
+def partition_slice(ctx):
+    """A slice that is one of several unit-step shifted slices of one tensor (a depthwise conv
+    written as shifted slices, often of a padded tensor) takes its window from ONE exchange
+    shared by all of them; any other slice is windowed on its own."""
+    if not _shared_slice(ctx):
+        _partition_one_slice(ctx)
+
+
+def _siblings(ctx, x, d):
+    """The slices of global x that shift along dim d only: unit step, same length, same layout."""
+    p = ctx.p
+    if not hasattr(p, "slice_users"):
+        p.slice_users = {}
+        for op in p.prog.ops:
+            if op.kind == "slice":
+                p.slice_users.setdefault(op.operands[0], []).append(op)
+    me = ctx.op
+    n_out = me.result.type.shape[d]
+    out = []
+    for op in p.slice_users.get(x, []):
+        a = op.attrs
+        if (a["steps"][d] == 1 and op.result.type.shape[d] == n_out
+                and p.target(op.result).dims[d] == p.target(me.result).dims[d]):
+            out.append(op)
+    return out
+
+
+def _shared_slice(ctx) -> bool:
+    (x,) = ctx.op.operands
+    out = ctx.target()
+    moving = _moving_dims(ctx)
+    split = [d for d in moving if out.dims[d]]
+    if len(split) != 1 or ctx.layout(0).partial:
+        return False
+    d = split[0]
+    axes = out.dims[d]
+    if ctx.attrs["steps"][d] != 1:
+        return False
+    siblings = _siblings(ctx, x, d)
+    if len(siblings) < 2:
+        return False
+    p = ctx.p
+    # look through a pad on d alone: the window on its input, with the pad value outside
+    src, lo, fill = x, 0, 0
+    pad = p.producer.get(x)
+    if (pad is not None and pad.kind == "pad" and x not in {r.value for r in p.prog.results}
+            and all(v == 0 for e, v in enumerate(pad.attrs["lo"]) if e != d)
+            and all(v == 0 for e, v in enumerate(pad.attrs["hi"]) if e != d)
+            and p.state[pad.operands[0]][1].dims[d] == axes and not p.state[pad.operands[0]][1].partial):
+        src, lo, fill = pad.operands[0], pad.attrs["lo"][d], pad.attrs["value"]
+    elif p.state[x][1].dims[d] != axes:
+        return False
+    k = ctx.mesh.group_size(axes)
+    c_out = chunk(ctx.op.result.type.shape[d], k)
+    starts = [op.attrs["starts"][d] for op in siblings]
+    first = min(starts)
+    dims = tuple(axes if e == d else out.dims[e] if e not in moving else () for e in range(len(out.dims)))
+    key = ("shared_window", src, d, dims, c_out, first, max(starts))
+    cache = p.cache
+    if key not in cache:
+        w = Window(a=c_out, s=first - lo, length=c_out + max(starts) - first, fill=fill)
+        local = p.reshard(src, Sharding(dims), f"for {ctx.op.kind}")
+        why = f"halo of %{src.name or 'operand'} for {len(siblings)} shifted slices"
+        cache[key] = window(ctx, local, d, axes, axes, src.type.shape[d], w, why)
+    mine = ctx.attrs["starts"][d] - first
+    local = p.slice_dim(cache[key], d, mine, mine + c_out)
+    ctx.set_result(_slice_rest(ctx, local, split), out)
+    return True
 
 
 def partition_roll(ctx):
