@@ -274,3 +274,28 @@ func main(x: f32[{n}, 16] {{t, _}}) -> f32[{n - 2}, 16] {{t, _}} {{
   return x[0:{n - 2}] + 2.0 * x[1:{n - 1}] + 3.0 * x[2:{n}]
 }}""")
     assert set(kinds) <= {"collective_permute"} and kinds["collective_permute"] <= 2, kinds
+
+
+# ---------------------------------------------------------------------------------- B3: reshape halos
+
+
+def test_b3_reshape_merging_dims_under_an_uneven_split_is_one_permute():
+    """f32[600, 7, 10] {_, x, _} -> f32[600, 14, 5] {_, x, _} on [x=2]: shard 0 holds 4 rows of 10
+    (40 elements) and needs 7 rows of 5 (35): 5 elements x 600 cross the border, one permute of
+    12,000 B (XLA's ReshapeMergeDimsWithHaloExchange does the same); it used to gather 96,000 B."""
+    _, c = plan(str(ROOT / "benchmarks" / "patterns" / "reshape_merge_halo.spmd"))
+    assert _ledger(c) == [("collective_permute", ("x",), 12000)]
+
+
+@pytest.mark.parametrize("src,dst,mesh,want", [
+    ("f32[4, 14, 5] {_, x, _}", "f32[4, 7, 10] {_, x, _}", "x=2", {"collective_permute"}),
+    ("f32[10, 6] {x, _}", "f32[15, 4] {x, _}", "x=4", {"collective_permute"}),
+    ("f32[9, 7, 2] {x, _, _}", "f32[21, 6] {x, _}", "x=3", set()),  # the borders coincide: local
+])
+def test_b3_reshape_across_uneven_borders_is_only_permutes(src, dst, mesh, want):
+    shape = dst.split("]")[0].split("[")[1]
+    kinds, _ = plan(f"""mesh [{mesh}]
+func main(a: {src}) -> {dst} {{
+  return reshape(a, [{shape}]) * 2.0
+}}""")
+    assert set(kinds) == want, kinds

@@ -329,3 +329,64 @@ def partition_conv(ctx):
         xl = ctx.window(xl, d, xdims[d], out.dims[d], x.type.shape[d], win)
     pads = tuple((0, 0) if i in split else tuple(padding[i]) for i in range(nsp))
     ctx.set_result(ctx.emit("conv", xl, wl, strides=tuple(strides), padding=pads), out)
+
+
+# ---------------------------------------------------------------------------------- reshape
+
+
+def _merge_group(shape_in, shape_out, d: int, e: int):
+    """(end_in, end_out) of the reshape group starting at input dim d and output dim e (the
+    same flat offset), up to the first dims where the row-major prefixes meet again; None when d
+    and e do not start at the same offset."""
+    if prod(shape_in[:d]) != prod(shape_out[:e]):
+        return None
+    j, f = d + 1, e + 1
+    while j <= len(shape_in) and f <= len(shape_out):
+        a, b = prod(shape_in[:j]), prod(shape_out[:f])
+        if a == b:
+            return j, f
+        if a < b:
+            j += 1
+        else:
+            f += 1
+    return None
+
+
+def partition_reshape(ctx):
+    """A reshape whose split dim leads a group that merges and splits dims (f32[B, 7, 10] {_, x, _}
+    -> f32[B, 14, 5] {_, x, _}): where the shard borders of input and output do not coincide
+    (uneven splits), each shard exchanges only the elements that cross a border (a halo on the
+    group's flattened dim: XLA's ReshapeMergeDimsWithHaloExchange) instead of gathering the dim.
+    Anything else takes the generic factor path."""
+    (x,) = ctx.op.operands
+    out, cur = ctx.target(), ctx.layout(0)
+    shape_in, shape_out = x.type.shape, ctx.op.result.type.shape
+    split_out = [e for e, a in enumerate(out.dims) if a]
+    split_in = [d for d, a in enumerate(cur.dims) if a]
+    if len(split_out) != 1 or len(split_in) != 1 or cur.partial:
+        return ctx.generic()
+    d, e = split_in[0], split_out[0]
+    axes = out.dims[e]
+    group = _merge_group(shape_in, shape_out, d, e) if cur.dims[d] == axes else None
+    if group is None:
+        return ctx.generic()
+    j, f = group
+    inner_in, inner_out = prod(shape_in[d + 1:j]), prod(shape_out[e + 1:f])
+    k = ctx.mesh.group_size(axes)
+    c_in, c_out = chunk(shape_in[d], k), chunk(shape_out[e], k)
+    local = ctx.p.state[x][0]
+    local_out = out.local_shape(shape_out, ctx.mesh)
+    if c_in * inner_in == c_out * inner_out:  # the borders coincide (padding too): a local reshape
+        return ctx.set_result(ctx.emit("reshape", local, shape=tuple(local_out), name=ctx.op.result.name), out)
+    n = shape_in[d] * inner_in
+    flat_in = local.type.shape[:d] + (c_in * inner_in,) + local.type.shape[j:]
+    w = Window(a=c_out * inner_out, s=0, length=c_out * inner_out, fill=0)
+    isz = _itemsize(x)
+    row = isz * prod(flat_in[:d]) * prod(flat_in[d + 1:])
+    halo = exchange_cost(window_directions(w, c_in * inner_in, k, row, n))
+    gather = comm_cost(plan_reshard(shape_in, isz, ctx.mesh, cur, Sharding(((),) * len(shape_in))))
+    if halo > gather:
+        return ctx.generic()
+    flat = ctx.emit("reshape", local, shape=flat_in)
+    win = window(ctx, flat, d, axes, axes, n, w, f"halo of %{x.name or 'operand'} for reshape")
+    ctx.set_result(ctx.emit("reshape", win, shape=tuple(local_out), name=ctx.op.result.name), out)
