@@ -83,15 +83,10 @@ CASES: dict[str, dict] = {
 
 # (program, size, mesh) -> why we send more bytes or use more collectives than XLA there.
 # Each is also listed in README.md; the test fails when one stops being an exception.
-_MULTI_DIM = ("two splits move between dims as two all_to_alls; XLA moves both in one all_to_all over "
-              "(x, y) (not implemented yet: it needs an all_to_all with several split/concat dims)")
 EXCEPTIONS: dict[tuple[str, str, str], str] = {
     ("patterns/halo_strided_conv", "tiny", "x=8"):
         "one input row per shard and a 7-row window: 6 single-row permutes (1,152 B) against XLA's 2 "
         "wider ones (3,136 B): fewer bytes, more collectives",
-    ("patterns/multi_dim_all_to_all", "default", "x=2,y=4"): _MULTI_DIM,
-    ("patterns/multi_dim_all_to_all", "large", "x=2,y=4"): _MULTI_DIM,
-    ("patterns/multi_dim_all_to_all", "large", "x=4,y=2"): _MULTI_DIM,
 }
 
 

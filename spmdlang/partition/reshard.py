@@ -46,6 +46,7 @@ class Step:
     dim2: int | None = None  # all_to_all: the dim the axes leave (concat side)
     reduce: str = "sum"
     group: int = 1  # devices in the collective's group
+    moves: tuple = ()  # all_to_all of several dims at once: ((split dim, concat dim, axes), ...)
 
     @property
     def is_collective(self) -> bool:
@@ -329,11 +330,44 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
     if src.dims == dst.dims and set(src.partial) == set(dst.partial):
         return ()
-    plans = [_Planner(shape, itemsize, mesh, src, dst).run(), _gather_plan(shape, itemsize, mesh, src, dst)]
+    plans = [_merge_moves(_Planner(shape, itemsize, mesh, src, dst).run(), shape, itemsize, mesh),
+             _gather_plan(shape, itemsize, mesh, src, dst)]
     p = _permute_plan(shape, itemsize, mesh, src, dst)
     if p is not None:
         plans.append(p)
     return tuple(min(plans, key=lambda steps: (comm_cost(steps), sum(s.is_collective for s in steps))))
+
+
+def _moves_of(st: Step) -> tuple:
+    return st.moves or ((st.dim, st.dim2, st.axes),)
+
+
+def _exact(st: Step, shape, mesh: Mesh) -> bool:
+    """An all_to_all that needs no padding or trimming (every moved dim divides evenly)."""
+    before, after = st.before.local_shape(shape, mesh), st.after.local_shape(shape, mesh)
+    return all(before[j] == mesh.group_size(a) * after[j] and after[d] == mesh.group_size(a) * before[d]
+               for j, d, a in _moves_of(st))
+
+
+def _merge_moves(steps, shape, itemsize: int, mesh: Mesh) -> list[Step]:
+    """Consecutive all_to_alls over disjoint axes and disjoint dims commute: run them as ONE
+    all_to_all over all their axes (XLA's MultipleSourceTargetDimsInOneAllToAll), which sends
+    (k1 k2 - 1)/(k1 k2) of the array instead of (k1 - 1)/k1 + (k2 - 1)/k2 of it."""
+    out: list[Step] = []
+    for st in steps:
+        prev = out[-1] if out else None
+        if (prev is not None and prev.kind == st.kind == "all_to_all" and not set(prev.axes) & set(st.axes)
+                and _exact(prev, shape, mesh) and _exact(st, shape, mesh)):
+            moves = _moves_of(prev) + _moves_of(st)
+            dims = [x for j, d, _ in moves for x in (j, d)]
+            if len(dims) == len(set(dims)):
+                k = prev.group * st.group
+                size = local_bytes(shape, itemsize, mesh, prev.before)
+                out[-1] = Step("all_to_all", prev.axes + st.axes, prev.before, st.after,
+                               step_bytes("all_to_all", k, size), None, None, "sum", k, moves)
+                continue
+        out.append(st)
+    return out
 
 
 def plan_cost(steps) -> float:

@@ -142,6 +142,8 @@ class Partitioner:
                 x = self.pad_to(x, st.dim, k * after[st.dim])
                 x = self.emit("reduce_scatter", x, axes=st.axes, dim=st.dim, group=k)
                 col = self.b.ops[-1]
+            elif st.kind == "all_to_all" and st.moves:
+                x, col = self.all_to_all_dims(x, st.moves, st.axes, k)
             elif st.kind == "all_to_all":
                 x = self.pad_to(x, st.dim, k * after[st.dim])
                 x = self.emit("all_to_all", x, axes=st.axes, split_dim=st.dim, concat_dim=st.dim2, group=k)
@@ -161,6 +163,44 @@ class Partitioner:
             self.log(st.kind, st.axes, sent, st.reduce,
                      f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
         return x
+
+    def all_to_all_dims(self, x: Value, moves, axes, k: int):
+        """One all_to_all moving several splits at once, each (split dim j, concat dim d, its
+        axes): split every j into (k_i, rest), bring the k_i to the front as one dim of k (group
+        index order: the moves' axes in turn, major first), exchange along it, then put each k_i
+        back on the major side of its d. Returns (result, the collective op)."""
+        shape = x.type.shape
+        ks = [self.mesh.group_size(a) for _, _, a in moves]
+        split = {j: i for i, (j, _, _) in enumerate(moves)}
+        concat = {d: i for i, (_, d, _) in enumerate(moves)}
+        expanded, pos = [], {}
+        for t, n in enumerate(shape):
+            if t in split:
+                pos[("k", split[t])] = len(expanded)
+                expanded.append(ks[split[t]])
+                n //= ks[split[t]]
+            pos[t] = len(expanded)
+            expanded.append(n)
+        front = [pos[("k", i)] for i in range(len(moves))]
+        rest = [i for i in range(len(expanded)) if i not in front]
+        y = self.emit("reshape", x, shape=tuple(expanded))
+        y = self.emit("transpose", y, perm=tuple(front + rest))
+        rest_shape = [expanded[i] for i in rest]
+        y = self.emit("reshape", y, shape=(k, *rest_shape))
+        y = self.emit("all_to_all", y, axes=tuple(axes), split_dim=0, concat_dim=0, group=k)
+        col = self.b.ops[-1]
+        y = self.emit("reshape", y, shape=(*ks, *rest_shape))
+        # dims now: the k_i (0..m-1), then the original dims in order (split ones shrunk)
+        m = len(moves)
+        perm, final = [], []
+        for t in range(len(shape)):
+            if t in concat:
+                perm.append(concat[t])
+            perm.append(m + t)
+            n = rest_shape[t] * (ks[concat[t]] if t in concat else 1)
+            final.append(n)
+        y = self.emit("transpose", y, perm=tuple(perm))
+        return self.emit("reshape", y, shape=tuple(final)), col
 
     def describe(self, v: Value) -> str:
         """A global value as a reader of `explain` knows it: its source name, else the op making it."""
