@@ -14,7 +14,7 @@ from math import prod
 from ..ir.mesh import Sharding
 from ..partition.cost import comm_cost, exchange_cost, replicated_cost
 from ..partition.factors import PERMUTATION
-from ..partition.halo import Window, window, window_directions
+from ..partition.halo import Window, parts, window, window_directions
 from ..partition.reshard import chunk, plan_reshard
 
 
@@ -56,7 +56,9 @@ def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
     local = want.local_shape(shape, mesh)
     held = list(local)
     for d in {d for d, _ in windows}:
-        held[d] = sum(w.length for e, w in windows if e == d)  # a rotation keeps two windows
+        # what the windows hold: the span every shard's window is cut from (a rotation: two)
+        held[d] = sum(_span(w, local[d], mesh.group_size(dims[d]), shape[d]) if dims[d] else shape[d]
+                      for e, w in windows if e == d)
     for d, w in windows:
         if not dims[d]:
             continue
@@ -69,6 +71,11 @@ def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
     gather = comm_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered)))
     gather += replicated_cost(max(0, prod(whole) - prod(held)) * isz)
     return cost, gather
+
+
+def _span(w: Window, c: int, k: int, n: int) -> int:
+    lo, hi, _ = parts(w, c, k, n)
+    return hi + w.length - lo
 
 
 def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0) -> bool:
@@ -211,6 +218,15 @@ def _shared_slice(ctx) -> bool:
     cache = p.cache
     if key not in cache:
         w = Window(a=c_out, s=first - lo, length=c_out + max(starts) - first, fill=fill)
+        # slices far apart would pull every row between them: then each takes its own window
+        isz, n = _itemsize(src), src.type.shape[d]
+        local_shape = Sharding(dims).local_shape(src.type.shape, ctx.mesh)
+        row = isz * prod(m for e, m in enumerate(local_shape) if e != d)
+        shared = exchange_cost(window_directions(w, local_shape[d], k, row, n))
+        gather = comm_cost(plan_reshard(src.type.shape, isz, ctx.mesh, Sharding(dims),
+                                        Sharding(tuple(() if e == d else a for e, a in enumerate(dims)))))
+        if shared > gather:
+            return False
         local = p.reshard(src, Sharding(dims), f"for {ctx.op.kind}")
         why = f"halo of %{src.name or 'operand'} for {len(siblings)} shifted slices"
         cache[key] = window(ctx, local, d, axes, axes, src.type.shape[d], w, why)
