@@ -3,7 +3,7 @@ used by reshard planning, halo planning, the partitioner's choices and `explain`
 
 Collectives run as ring (or tree) algorithms, alpha-beta:
   time = steps * step latency + bytes sent per device / link bandwidth
-  kind                 steps over a group of k     bytes sent per device (CLI.md)
+  kind                 steps over a group of k     bytes sent per device (as `explain` reports)
   all_gather           k - 1                       (k-1) * s          (s: the local shard)
   reduce_scatter       k - 1                       (k-1)/k * S        (S: the local array)
   all_to_all           k - 1                       (k-1)/k * S
@@ -81,7 +81,7 @@ def latency_steps(kind: str, k: int) -> int:
 
 
 def step_bytes(kind: str, k: int, size: float) -> float:
-    """CLI.md's bytes sent per device, for a group of k and `size` local bytes before the step."""
+    """Bytes one device sends (as `explain` reports), for a group of k and `size` local bytes before the step."""
     if kind == "all_gather":
         return (k - 1) * size
     if kind == "all_reduce":
