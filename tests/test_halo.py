@@ -299,3 +299,20 @@ func main(a: {src}) -> {dst} {{
   return reshape(a, [{shape}]) * 2.0
 }}""")
     assert set(kinds) == want, kinds
+
+
+@pytest.mark.parametrize("latency", [0.0, 16.0, 45_000.0, 450_000.0])
+@pytest.mark.parametrize("src", ["halo_conv2d", "halo_conv1d", "halo_strided_conv"])
+def test_spatial_partitioning_never_gathers_the_image_at_any_latency(monkeypatch, latency, src):
+    """From no latency to ten times TPU v4's alpha * beta per step: a spatially split conv exchanges
+    halos, never gathers the image (the memory spatial partitioning exists to save)."""
+    from spmdlang.partition import cost, reshard
+
+    monkeypatch.setattr(cost, "LATENCY_BYTES", latency)
+    reshard._plan_reshard.cache_clear()
+    try:
+        for consts in ({}, {"N": 2, "HW": 8} if src != "halo_conv1d" else {"T": 8}):
+            c = spmdlang.compile(str(ROOT / "benchmarks" / "patterns" / f"{src}.spmd"), consts=consts)
+            assert {e.kind for e in c.spmd.ledger} == {"collective_permute"}, (latency, consts, c.spmd.ledger)
+    finally:
+        reshard._plan_reshard.cache_clear()
