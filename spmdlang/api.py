@@ -45,9 +45,16 @@ class Compiled:
     """A compiled program. Stages (IR, shardings, per-partition IR, jax source) are computed on
     first use; every stage is a pure function of the previous one."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, verify: bool | None = None):
+        from .ir.verify import enabled
+
         self.program = program
         self._runners: dict = {}
+        self.verify = enabled(verify)  # run the IR verifier after every pass
+        if self.verify:
+            from .ir.verify import verify as check
+
+            check(program)
 
     @property
     def mesh(self):
@@ -63,14 +70,24 @@ class Compiled:
         """The global program after canonicalisation (ir.simplify), which partitioning starts from."""
         from .ir.simplify import cse, simplify
 
-        return simplify(cse(self.program)[0])
+        prog = simplify(cse(self.program)[0])
+        if self.verify:
+            from .ir.verify import verify
+
+            verify(prog)
+        return prog
 
     @cached_property
     def propagation(self):
         """Sharding propagation over the canonical global program (partition.propagate)."""
         from .partition.propagate import propagate
 
-        return propagate(self.canonical)
+        prop = propagate(self.canonical)
+        if self.verify:
+            from .ir.verify import verify_shardings
+
+            verify_shardings(self.canonical, prop.shardings)
+        return prop
 
     @cached_property
     def spmd(self):
@@ -78,7 +95,15 @@ class Compiled:
         from .partition.combine import finish
         from .partition.spmd import partition
 
-        return finish(partition(self.canonical, self.propagation))
+        spmd = partition(self.canonical, self.propagation)
+        if self.verify:
+            from .ir.verify import verify_spmd
+
+            verify_spmd(spmd)
+        spmd = finish(spmd)
+        if self.verify:
+            verify_spmd(spmd)
+        return spmd
 
     @cached_property
     def spmd_ir(self) -> str:
@@ -119,24 +144,25 @@ class Compiled:
         return out
 
     def check_report(self) -> dict:
-        """The `check --json` document (CLI.md)."""
+        """The `check --json` document (docs/cli.md)."""
         from .explain import check_report
 
         return check_report(self)
 
     def explain_report(self, bandwidth=None, latency=None, preset: str = "tpu-v4") -> dict:
-        """The `explain --json` document (CLI.md)."""
+        """The `explain --json` document (docs/cli.md)."""
         from .explain import explain_report
 
         return explain_report(self, bandwidth, latency, preset)
 
-    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0) -> dict:
+    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0, processes: int = 1) -> dict:
         """Run the same inputs through each backend and compare every result with ref.
 
         A result matches when |got - ref| <= atol * scale + rtol * |ref| elementwise, with
         scale = max(1, max |ref|) (reductions may sum in another order); NaNs must coincide;
         integer and bool results must be equal. Defaults follow the narrowest float the program
         computes in (f32: 1e-4, f16: 1e-2, bf16: 2e-2), whatever the result's own dtype.
+        `processes` > 1 runs the jax backends across that many local processes (see run).
         """
         inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
         ref = self.run(inputs, backend="ref")
@@ -145,7 +171,7 @@ class Compiled:
         for b in backends:
             if b == "ref":
                 continue
-            got = self.run(inputs, backend=b)
+            got = self.run(inputs, backend=b, processes=processes)
             for i, (r, g) in enumerate(zip(ref, got)):
                 err, good = _compare(r, g, *_tolerance(r.dtype, rtol, atol, narrowest))
                 ok &= good
@@ -161,8 +187,11 @@ class Compiled:
         return check_inputs(self.program, inputs, origin)
 
     def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
-            origin: str = "inputs") -> list[np.ndarray]:
-        """Run on `inputs` (name -> array; random from `seed` when None); results in order."""
+            origin: str = "inputs", processes: int = 1) -> list[np.ndarray]:
+        """Run on `inputs` (name -> array; random from `seed` when None); results in order.
+
+        With `processes` > 1 the jax backends run across that many local processes, as on that many
+        hosts (jax.distributed on 127.0.0.1, mesh/processes CPU devices each, gloo collectives)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         inputs = check_inputs(self.program, inputs if inputs is not None else self.random_inputs(seed), origin)
@@ -174,7 +203,13 @@ class Compiled:
             from .backend_ref import run_sim
 
             return run_sim(self.spmd, inputs)
-        return self.runner(backend)([inputs[p.name] for p in self.program.params])
+        arrays = [inputs[p.name] for p in self.program.params]
+        if processes > 1:
+            from .backend_jax.multiprocess import run_processes
+
+            source = self.jax_source if backend == "jax" else self.xla_source
+            return run_processes(source, arrays, self.mesh.size, processes)
+        return self.runner(backend)(arrays)
 
 
 _TOLERANCE = {"bf16": 2e-2, "f16": 1e-2, "f32": 1e-4, "f64": 1e-9}
@@ -212,8 +247,10 @@ def _compare(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tupl
 
 
 def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, int] | None = None,
-            entry: str | None = None, filename: str | None = None) -> Compiled:
+            entry: str | None = None, filename: str | None = None, verify: bool | None = None) -> Compiled:
     """Compile a .spmd file (a path) or source text. `mesh` overrides axis sizes, `consts` consts.
+    `verify` runs the IR verifier after every pass (default: the SPMDLANG_VERIFY environment
+    variable); a verifier failure is a compiler bug and raises AssertionError.
 
     Raises SpmdError for anything wrong with the program or the overrides.
     """
@@ -224,11 +261,12 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
         filename = filename or "<input>"
     module, source = parse(text, filename)
     _check_overrides(module, source, mesh, consts)
-    return Compiled(lower(module, source, mesh, consts, entry))
+    return Compiled(lower(module, source, mesh, consts, entry), verify)
 
 
 def _check_overrides(module, source, mesh, consts):
-    where = Span(source, 1, 1)
+    # point at the declaration the override is checked against (the mesh, the consts), not at line 1
+    where = module.meshes[0].span if module.meshes else Span(source, 1, 1)
     axes = {a.name for m in module.meshes for a in m.axes}
     for name, size in (mesh or {}).items():
         if name not in axes:
@@ -237,6 +275,7 @@ def _check_overrides(module, source, mesh, consts):
         if not isinstance(size, int) or size < 1:
             raise OverrideError(f"--mesh {name}={size}: sizes must be positive integers", where)
     names = {c.name for c in module.consts}
+    where = module.consts[0].span if module.consts else where
     for name in consts or {}:
         if name not in names:
             raise OverrideError(f"--set names const '{name}', which the program does not declare"

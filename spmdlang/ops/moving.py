@@ -167,21 +167,12 @@ def partition_slice(ctx):
 
 def _siblings(ctx, x, d):
     """The slices of global x that shift along dim d only: unit step, same length, same layout."""
-    p = ctx.p
-    if not hasattr(p, "slice_users"):
-        p.slice_users = {}
-        for op in p.prog.ops:
-            if op.kind == "slice":
-                p.slice_users.setdefault(op.operands[0], []).append(op)
     me = ctx.op
     n_out = me.result.type.shape[d]
-    out = []
-    for op in p.slice_users.get(x, []):
-        a = op.attrs
-        if (a["steps"][d] == 1 and op.result.type.shape[d] == n_out
-                and p.target(op.result).dims[d] == p.target(me.result).dims[d]):
-            out.append(op)
-    return out
+    want = ctx.target_of(me.result).dims[d]
+    return [op for op in ctx.users(x)
+            if op.kind == "slice" and op.attrs["steps"][d] == 1 and op.result.type.shape[d] == n_out
+            and ctx.target_of(op.result).dims[d] == want]
 
 
 def _shared_slice(ctx) -> bool:
@@ -198,16 +189,16 @@ def _shared_slice(ctx) -> bool:
     siblings = _siblings(ctx, x, d)
     if len(siblings) < 2:
         return False
-    p = ctx.p
     # look through a pad on d alone: the window on its input, with the pad value outside
     src, lo, fill = x, 0, 0
-    pad = p.producer.get(x)
-    if (pad is not None and pad.kind == "pad" and x not in {r.value for r in p.prog.results}
-            and all(v == 0 for e, v in enumerate(pad.attrs["lo"]) if e != d)
-            and all(v == 0 for e, v in enumerate(pad.attrs["hi"]) if e != d)
-            and p.state[pad.operands[0]][1].dims[d] == axes and not p.state[pad.operands[0]][1].partial):
-        src, lo, fill = pad.operands[0], pad.attrs["lo"][d], pad.attrs["value"]
-    elif p.state[x][1].dims[d] != axes:
+    pad = ctx.producer(x)
+    if pad is not None and pad.kind == "pad" and not ctx.is_result(x):
+        inner = ctx.layout_of(pad.operands[0])
+        if (all(v == 0 for e, v in enumerate(pad.attrs["lo"]) if e != d)
+                and all(v == 0 for e, v in enumerate(pad.attrs["hi"]) if e != d)
+                and inner is not None and inner.dims[d] == axes and not inner.partial):
+            src, lo, fill = pad.operands[0], pad.attrs["lo"][d], pad.attrs["value"]
+    if src is x and ctx.layout(0).dims[d] != axes:
         return False
     k = ctx.mesh.group_size(axes)
     c_out = chunk(ctx.op.result.type.shape[d], k)
@@ -215,7 +206,7 @@ def _shared_slice(ctx) -> bool:
     first = min(starts)
     dims = tuple(axes if e == d else out.dims[e] if e not in moving else () for e in range(len(out.dims)))
     key = ("shared_window", src, d, dims, c_out, first, max(starts))
-    cache = p.cache
+    cache = ctx.memo
     if key not in cache:
         w = Window(a=c_out, s=first - lo, length=c_out + max(starts) - first, fill=fill)
         # slices far apart would pull every row between them: then each takes its own window
@@ -227,11 +218,11 @@ def _shared_slice(ctx) -> bool:
                                         Sharding(tuple(() if e == d else a for e, a in enumerate(dims)))))
         if shared > gather:
             return False
-        local = p.reshard(src, Sharding(dims), f"for {ctx.op.kind}")
+        local = ctx.reshard_value(src, Sharding(dims))
         why = f"halo of %{src.name or 'operand'} for {len(siblings)} shifted slices"
         cache[key] = window(ctx, local, d, axes, axes, src.type.shape[d], w, why)
     mine = ctx.attrs["starts"][d] - first
-    local = p.slice_dim(cache[key], d, mine, mine + c_out)
+    local = ctx.slice_dim(cache[key], d, mine, mine + c_out)
     ctx.set_result(_slice_rest(ctx, local, split), out)
     return True
 
@@ -390,7 +381,7 @@ def partition_reshape(ctx):
     inner_in, inner_out = prod(shape_in[d + 1:j]), prod(shape_out[e + 1:f])
     k = ctx.mesh.group_size(axes)
     c_in, c_out = chunk(shape_in[d], k), chunk(shape_out[e], k)
-    local = ctx.p.state[x][0]
+    local = ctx.operand_local(0)
     local_out = out.local_shape(shape_out, ctx.mesh)
     if c_in * inner_in == c_out * inner_out:  # the borders coincide (padding too): a local reshape
         return ctx.set_result(ctx.emit("reshape", local, shape=tuple(local_out), name=ctx.op.result.name), out)
