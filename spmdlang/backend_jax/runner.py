@@ -42,6 +42,21 @@ def check_devices(n: int) -> None:
                         f"XLA_FLAGS={_FLAG}={n} before importing jax")
 
 
+def _runs_on_cpu(n: int) -> bool:
+    """Whether a mesh of n devices would run on (virtual) CPU devices. Without jax imported yet,
+    it would unless an accelerator platform is asked for; importing jax here would fix its device
+    count before ensure_devices could raise it."""
+    if "jax" not in sys.modules:
+        platforms = os.environ.get("JAX_PLATFORMS", "") or os.environ.get("JAX_PLATFORM_NAME", "")
+        return not platforms or "cpu" in platforms.split(",")[0]
+    import jax
+
+    try:
+        return jax.default_backend() == "cpu" or len(jax.devices()) < n
+    except RuntimeError:
+        return True
+
+
 def load(source: str, name: str) -> types.ModuleType:
     """Execute an emitted module's source as a fresh module."""
     mod = types.ModuleType(name)
@@ -53,7 +68,11 @@ def load(source: str, name: str) -> types.ModuleType:
 class ModuleRunner:
     """A loaded module with its mesh and jitted function, reused across runs."""
 
-    def __init__(self, source: str, name: str, n_devices: int):
+    def __init__(self, source: str, name: str, n_devices: int, program=None, backend: str = "jax"):
+        if program is not None:
+            from ..limits import check_jax_devices
+
+            check_jax_devices(program, backend, cpu=_runs_on_cpu(n_devices))
         ensure_devices(n_devices)
         check_devices(n_devices)
         self.module = load(source, name)
@@ -65,7 +84,8 @@ class ModuleRunner:
 
         m = self.module
         outs = self.fn(*m.place(arrays, self.mesh))
-        shapes = getattr(m, "RESULT_SHAPES", None)
-        if shapes is None:
-            return [np.asarray(o) for o in outs]
-        return [np.asarray(o)[tuple(slice(0, n) for n in shape)] for o, shape in zip(outs, shapes)]
+        shapes = getattr(m, "RESULT_SHAPES", None) or [o.shape for o in outs]
+        # an empty result is not fetched: jax cannot assemble some sharded empty arrays
+        # ("could not broadcast input array from shape (8,0) into shape (4,0)")
+        return [np.zeros(shape, dtype=o.dtype) if 0 in tuple(shape) or 0 in o.shape
+                else np.asarray(o)[tuple(slice(0, n) for n in shape)] for o, shape in zip(outs, shapes)]

@@ -18,13 +18,12 @@ from ..ir import types as T
 from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
 from ..ir.types import TensorType
+from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from ..partition.mesh import Mesh, Sharding
 from . import ast as A
 
-# Unrolling and inlining happen at compile time; past these a program is a mistake, not a workload.
-MAX_UNROLLED = 100_000
-MAX_OPS = 200_000
-MAX_DEVICES = 1 << 20
+# Unrolling and inlining happen at compile time; past these limits (spmdlang.limits) a program is a
+# mistake, not a workload.
 
 
 @dataclass(frozen=True)
@@ -274,6 +273,9 @@ class Lowerer:
             chain = " -> ".join(self.stack + [f.name])
             raise SpmdError(f"recursive call to '{f.name}' ({chain}); functions are inlined, "
                             "so recursion is not supported", span)
+        if len(self.stack) > MAX_CALL_DEPTH:
+            raise SpmdError(f"calls nest more than {MAX_CALL_DEPTH} deep ({self.stack[0]} -> {self.stack[1]} -> ... "
+                            f"-> {f.name}); functions are inlined, and this is the limit", span)
         self.called.add(f.name)
         self._check_params(f)
         env: dict[str, Any] = {}
@@ -390,7 +392,9 @@ class Lowerer:
             if n < 0:
                 raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
             dims.append(n)
-        return TensorType(t.dtype, tuple(dims))
+        out = TensorType(t.dtype, tuple(dims))
+        check_type(out, t.span)
+        return out
 
     def sharding_of(self, spec: A.SpecExpr, t: TensorType, allow_open: bool) -> Sharding:
         if len(spec.entries) != t.rank:
@@ -558,7 +562,9 @@ class Lowerer:
                 if n < 0:
                     raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
                 dims.append(n)
-            return StaticType(TensorType(base.name, tuple(dims)))
+            out = TensorType(base.name, tuple(dims))
+            check_type(out, node.span)
+            return StaticType(out)
         if not isinstance(base, Value):
             raise SpmdError(f"cannot index {describe(base)}", node.span)
         return self.index(base, node, env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import ShapeError, Span, SpmdError
+from ..limits import check_attrs, check_type
 from ..ops import registry
 from .core import Op, Value, freeze
 
@@ -14,10 +15,13 @@ class Builder:
     def emit_op(self, kind: str, operands, attrs=None, span: Span | None = None, names=None) -> tuple[Value, ...]:
         opdef = registry.get(kind)
         attrs = freeze(attrs)
+        check_attrs(kind, attrs, span)
         try:
             types = opdef.infer_types([v.type for v in operands], attrs)
         except ShapeError as e:
             raise SpmdError(str(e), span) from None
+        for t in types:
+            check_type(t, span)
         names = names or [None] * len(types)
         results = tuple(Value(t, n) for t, n in zip(types, names))
         self.ops.append(Op(kind, tuple(operands), results, attrs, span))
