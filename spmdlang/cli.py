@@ -206,7 +206,7 @@ def _inputs(c, args):
     if getattr(args, "inputs", None):
         from .inputs import load_npz
 
-        return c.check_inputs(load_npz(args.inputs), origin=args.inputs)
+        return c.check_inputs(load_npz(args.inputs, c.program), origin=args.inputs)
     return c.random_inputs(args.seed)
 
 
