@@ -136,18 +136,10 @@ def check_type(t, span) -> None:
     if len(t.shape) > MAX_RANK:
         raise SpmdError(f"{t.dtype}[...] has rank {len(t.shape)}; tensors have at most {MAX_RANK} dimensions "
                         "(numpy's and XLA's limit)", span)
-    n = 1
-    for d in t.shape:
-        n *= d
-    if n and n * _itemsize(t.dtype) > MAX_BYTES:
-        raise SpmdError(f"{t} has {_count(n)} elements ({_count(n * _itemsize(t.dtype))} bytes); a tensor may "
+    nbytes = t.nbytes
+    if nbytes > MAX_BYTES:
+        raise SpmdError(f"{t} has {_count(t.size)} elements ({_count(nbytes)} bytes); a tensor may "
                         "hold at most 2^63-1 bytes, on any backend", span)
-
-
-def _itemsize(dtype: str) -> int:
-    from .ir.types import itemsize
-
-    return itemsize(dtype)
 
 
 def _count(n: int) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from lark import Lark, Token, Transformer, Tree, v_args
+from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.visitors import Transformer_NonRecursive
 
 from ..errors import Source, Span, SpmdError
 from ..limits import MAX_NESTING, MAX_SOURCE_BYTES, format_bytes
@@ -164,11 +165,20 @@ def _tok_span(source: Source, tok: Token) -> Span:
     return Span(source, tok.line, tok.column, tok.end_line, tok.end_column)
 
 
-@v_args(meta=True)
-class _ToAst(Transformer):
+class _ToAst(Transformer_NonRecursive):
+    """Parse tree -> AST, bottom-up without recursion (deep programs need no deep stack here).
+    Each rule's method takes (meta, children)."""
+
+    __visit_tokens__ = False
+
     def __init__(self, source: Source):
-        super().__init__()
+        super().__init__(visit_tokens=False)
         self.source = source
+
+    def _call_userfunc(self, tree, new_children=None):
+        # call rule methods directly: lark's v_args wrappers cost a functools.update_wrapper per node
+        children = new_children if new_children is not None else tree.children
+        return getattr(self, tree.data)(tree.meta, children)
 
     def sp(self, meta) -> Span:
         return _span(self.source, meta)
