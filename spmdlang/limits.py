@@ -12,7 +12,8 @@ never a crash. The limits (also listed in the README):
                               attributes (strides, shifts, ...) fit in 64 bits
   mesh                        at most MAX_DEVICES devices; the jax backends take at most
                               JAX_MAX_MESH_AXES axes and, on virtual CPU devices,
-                              JAX_MAX_CPU_DEVICES devices
+                              JAX_MAX_CPU_DEVICES devices; the simulator at most SIM_MAX_WORK
+                              device-steps (devices x per-partition ops)
   memory                      before a run, the backend's estimated peak (the cost model's
                               per-device peak on the per-partition program; the global peak for
                               ref) must fit in the available memory, or `--max-memory`
@@ -42,6 +43,7 @@ MAX_BYTES = (1 << 63) - 1
 MAX_INT = (1 << 63) - 1
 JAX_MAX_MESH_AXES = 64
 JAX_MAX_CPU_DEVICES = 256
+SIM_MAX_WORK = 500_000  # devices x per-partition ops: the simulator runs every device in turn
 
 _STACK_BYTES = 1 << 30  # reserved address space; only what deep programs touch is ever used
 _RECURSION_LIMIT = 400_000
@@ -207,6 +209,16 @@ def check_jax_devices(program, backend: str, cpu: bool) -> None:
                         "--mesh for a smaller mesh, or the ref and sim backends", mesh_span(program))
 
 
+def check_sim_work(compiled) -> None:
+    """The simulator runs each op once per device, in one process: bound devices x ops."""
+    n = compiled.program.mesh.size
+    ops = len(compiled.spmd.program.ops) + len(compiled.program.params) + len(compiled.program.results)
+    if n * ops > SIM_MAX_WORK:
+        raise SpmdError(f"the sim backend would run {ops} ops on each of {n} devices in turn ({n * ops:,} steps; at "
+                        f"most {SIM_MAX_WORK:,}); use the ref backend, `explain`, or a smaller mesh (--mesh)",
+                        mesh_span(compiled.program))
+
+
 # ------------------------------------------------------------------------------------- memory
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.I)
@@ -297,6 +309,8 @@ def estimate(compiled, backend: str) -> tuple[int, object, Span | None, str]:
 def check_memory(compiled, backend: str, limit: int | None = None) -> None:
     """Refuse (a located SpmdError) a run whose estimated peak does not fit: in `limit` bytes when
     given (--max-memory), else in the memory available now."""
+    if backend == "sim":
+        check_sim_work(compiled)
     avail = limit if limit is not None else available_memory()
     if avail is None:
         return

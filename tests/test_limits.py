@@ -216,6 +216,17 @@ def test_jax_refuses_meshes_beyond_its_cpu_device_limit(capsys, tmp_path):
     assert code == 0, err
 
 
+def test_sim_bounds_its_work_on_huge_meshes(capsys, tmp_path):
+    path = write(tmp_path, fn("  return sum(x * 2.0)", params="x: f32[8] {d}", result="f32[]",
+                              mesh="mesh [d=1000000]"))
+    t = time.monotonic()
+    code, _, err = cli(capsys, "run", path, "--backend", "sim")
+    assert code == 1 and f"{path}:1:1: error: the sim backend would run" in err and "ref backend" in err
+    code, out, err = cli(capsys, "run", path, "--backend", "ref", "--json")
+    assert code == 0, err
+    assert time.monotonic() - t < 60
+
+
 # ---------------------------------------------------------------------------------- unbounded reads
 
 
