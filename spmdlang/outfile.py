@@ -41,28 +41,32 @@ def write_output(path: str, data: bytes) -> None:
     if path == "-":
         write_stdout(data)
         return
-    real = os.path.realpath(path)  # follows symlinks (a dangling one: its target is created)
     try:
-        st = os.stat(real)
+        st = os.stat(path)  # follows symlinks, /dev/stdout's /proc magic link included
     except FileNotFoundError:
         st = None
     except OSError as e:
         raise OutputPathError(f"cannot write '{path}': {e.strerror or e}") from None
     if st is None:
-        directory = os.path.dirname(real)
-        if not os.path.isdir(directory):
+        real = os.path.realpath(path)  # a dangling symlink: its target is created
+        if not os.path.isdir(os.path.dirname(real)):
             parent = os.path.dirname(os.path.abspath(path))
             raise OutputPathError(f"cannot write '{path}': no such directory '{parent}'")
         _replace(path, real, data, 0o666 & ~_umask(), None)
     elif stat.S_ISDIR(st.st_mode):
         raise OutputPathError(f"cannot write '{path}': it is a directory")
     elif stat.S_ISREG(st.st_mode):
-        if st.st_nlink > 1:
-            _write_in_place(path, real, data, truncate=True)
+        real = os.path.realpath(path)
+        try:
+            same = os.path.samestat(os.stat(real), st)
+        except OSError:
+            same = False
+        if st.st_nlink > 1 or not same:  # other names for it, or no name to rename onto (/dev/stdout)
+            _write_in_place(path, path, data, truncate=True)
         else:
             _replace(path, real, data, stat.S_IMODE(st.st_mode), st)
     elif stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
-        _write_in_place(path, real, data, truncate=False)
+        _write_in_place(path, path, data, truncate=False)
     else:
         kind = "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) \
             else "not a regular file"

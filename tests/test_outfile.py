@@ -186,3 +186,37 @@ def test_full_disk_on_a_file_is_an_io_error(capsys, prog, tmp_path, monkeypatch)
     monkeypatch.setattr(outfile.os, "write", full)
     code, _, err = compile_to(capsys, prog, dest)
     assert code == 1 and "No space left on device" in err and "internal error" not in err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no /proc/self/fd")
+def test_proc_fd_link_to_a_pipe_is_written_into(capsys, prog):
+    """What `-o /dev/stdout` resolves to when stdout is a pipe: a /proc magic link, written through."""
+    r, w = os.pipe()
+    try:
+        code, _, err = compile_to(capsys, prog, f"/proc/self/fd/{w}")
+        assert code == 0, err
+        os.close(w)
+        w = None
+        with os.fdopen(r, "rb") as f:
+            r = None
+            assert f.read() == ir_text(prog).encode()
+    finally:
+        for fd in (r, w):
+            if fd is not None:
+                os.close(fd)
+
+
+def test_full_disk_during_an_atomic_replace_keeps_the_old_file(capsys, prog, tmp_path, monkeypatch):
+    dest = tmp_path / "out.ir"
+    dest.write_text("keep me")
+    real_fdopen = os.fdopen
+
+    class Full(io.BufferedWriter):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(outfile.os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode, buffering=0)))
+    code, _, err = compile_to(capsys, prog, dest)
+    assert code == 1 and "No space left on device" in err
+    assert dest.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.ir", "prog.spmd"]  # no temp file left
