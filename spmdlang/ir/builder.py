@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import ShapeError, Span, SpmdError
 from ..limits import check_attrs, check_type
-from ..ops import registry
+from . import registry
 from .core import Op, Value, freeze
 
 
