@@ -150,13 +150,13 @@ class Compiled:
         return out
 
     def check_report(self) -> dict:
-        """The `check --json` document (CLI.md)."""
+        """The `check --json` document (docs/cli.md)."""
         from .explain import check_report
 
         return check_report(self)
 
     def explain_report(self, bandwidth=None, latency=None, preset: str = "tpu-v4") -> dict:
-        """The `explain --json` document (CLI.md)."""
+        """The `explain --json` document (docs/cli.md)."""
         from .explain import explain_report
 
         return explain_report(self, bandwidth, latency, preset)
@@ -168,7 +168,7 @@ class Compiled:
 
         check_memory(self, backend, max_memory)
 
-    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0,
+    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0, processes: int = 1,
              max_memory: int | None = None) -> dict:
         """Run the same inputs through each backend and compare every result with ref.
 
@@ -176,6 +176,7 @@ class Compiled:
         scale = max(1, max |ref|) (reductions may sum in another order); NaNs must coincide;
         integer and bool results must be equal. Defaults follow the narrowest float the program
         computes in (f32: 1e-4, f16: 1e-2, bf16: 2e-2), whatever the result's own dtype.
+        `processes` > 1 runs the jax backends across that many local processes (see run).
         """
         for b in ("ref", *backends):
             self.check_memory(b, max_memory)
@@ -186,7 +187,7 @@ class Compiled:
         for b in backends:
             if b == "ref":
                 continue
-            got = self.run(inputs, backend=b, max_memory=max_memory)
+            got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory)
             for i, (r, g) in enumerate(zip(ref, got)):
                 err, good = _compare(r, g, *_tolerance(r.dtype, rtol, atol, narrowest))
                 ok &= good
@@ -209,8 +210,11 @@ class Compiled:
         return check_inputs(self.program, inputs, origin)
 
     def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
-            origin: str = "inputs", max_memory: int | None = None) -> list[np.ndarray]:
+            origin: str = "inputs", processes: int = 1, max_memory: int | None = None) -> list[np.ndarray]:
         """Run on `inputs` (name -> array; random from `seed` when None); results in order.
+
+        With `processes` > 1 the jax backends run across that many local processes, as on that many
+        hosts (jax.distributed on 127.0.0.1, mesh/processes CPU devices each, gloo collectives).
         Refuses (SpmdError) a run whose estimated peak memory exceeds `max_memory` bytes (default:
         the memory available now)."""
         if backend not in BACKENDS:
@@ -225,7 +229,13 @@ class Compiled:
             from .backend_ref import run_sim
 
             return run_sim(self.spmd, inputs)
-        return self.runner(backend)([inputs[p.name] for p in self.program.params])
+        arrays = [inputs[p.name] for p in self.program.params]
+        if processes > 1:
+            from .backend_jax.multiprocess import run_processes
+
+            source = self.jax_source if backend == "jax" else self.xla_source
+            return run_processes(source, arrays, self.mesh.size, processes)
+        return self.runner(backend)(arrays)
 
 
 def _nonfinite(a: np.ndarray) -> int:
@@ -293,7 +303,8 @@ def _compile_text(text, filename, mesh, consts, entry, verify) -> Compiled:
 
 
 def _check_overrides(module, source, mesh, consts):
-    where = Span(source, 1, 1)
+    # point at the declaration the override is checked against (the mesh, the consts), not at line 1
+    where = module.meshes[0].span if module.meshes else Span(source, 1, 1)
     axes = {a.name for m in module.meshes for a in m.axes}
     for name, size in (mesh or {}).items():
         if name not in axes:
@@ -302,6 +313,7 @@ def _check_overrides(module, source, mesh, consts):
         if not isinstance(size, int) or size < 1:
             raise OverrideError(f"--mesh {name}={size}: sizes must be positive integers", where)
     names = {c.name for c in module.consts}
+    where = module.consts[0].span if module.consts else where
     for name in consts or {}:
         if name not in names:
             raise OverrideError(f"--set names const '{name}', which the program does not declare"

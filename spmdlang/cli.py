@@ -1,4 +1,4 @@
-"""The `spmdlang` command (see CLI.md): a thin shell over spmdlang.compile and its stages.
+"""The `spmdlang` command (docs/cli.md): a thin shell over spmdlang.compile and its stages.
 
 Exit status: 0 success; 1 the program, its inputs or a diff is wrong; 2 the command line is wrong.
 Program errors print `FILE:LINE:COL: error: MESSAGE`, the source line and a caret; never a traceback.
@@ -95,7 +95,7 @@ def _backends_arg(text):
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("file", metavar="FILE", help="a .spmd program")
+    common.add_argument("file", metavar="FILE", help="a .spmd program, or - to read it from standard input")
     common.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
                         help="override the file's mesh axis sizes")
     common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=INT,...", dest="consts",
@@ -105,24 +105,40 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--verify", action="store_true",
                         help="check the IR after every pass (as SPMDLANG_VERIFY=1 does); for compiler debugging")
 
-    p = argparse.ArgumentParser(prog="spmdlang", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
+        "one per-partition program with collectives.",
+        epilog="Reference: docs/language.md (the language) and docs/cli.md (the commands, the Python API and "
+        "the emitted module) in spmdlang's source tree. `spmdlang COMMAND --help` lists a command's options.")
+    p.add_argument("--version", action="version", version=f"spmdlang {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("check", parents=[common], help="parse, type-check, propagate; every value's type and sharding")
     c = sub.add_parser("compile", parents=[common], help="emit IR, per-partition IR or a jax module")
-    c.add_argument("--target", required=True, choices=TARGETS)
+    c.add_argument("--target", required=True, choices=TARGETS,
+                   help="ir: the global IR; spmd: the per-partition IR; jax: our shard_map module; "
+                   "xla: the XLA-GSPMD baseline module")
     c.add_argument("-o", dest="output", metavar="PATH", help="write here instead of stdout ('-': stdout)")
     r = sub.add_parser("run", parents=[common], help="run the program on one backend")
-    r.add_argument("--backend", required=True, choices=BACKENDS)
+    r.add_argument("--backend", required=True, choices=BACKENDS,
+                   help="ref: numpy reference; sim: numpy simulation of every device; jax: our shard_map "
+                   "module; xla: the XLA-GSPMD baseline")
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
-    r.add_argument("--seed", type=_count(0), default=0, help="seed for random inputs (default 0)")
+    r.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
     r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ... ('-': stdout)")
+    r.add_argument("--processes", type=_count(1), default=1, metavar="N",
+                   help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
     r.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
     d = sub.add_parser("diff", parents=[common], help="run several backends on the same inputs and compare")
-    d.add_argument("--backends", type=_backends_arg, default=list(BACKENDS), metavar="B,...")
-    d.add_argument("--inputs", metavar="IN.npz")
-    d.add_argument("--seed", type=_count(0), default=0)
-    d.add_argument("--rtol", type=_positive_float, default=None)
-    d.add_argument("--atol", type=_positive_float, default=None)
+    d.add_argument("--backends", type=_backends_arg, default=list(BACKENDS), metavar="B,...",
+                   help=f"backends to compare with ref (default {','.join(BACKENDS)})")
+    d.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
+    d.add_argument("--processes", type=_count(1), default=1, metavar="N",
+                   help="run the jax/xla backends across N local processes, as on N hosts (default 1)")
+    d.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    d.add_argument("--rtol", type=_positive_float, default=None, metavar="R",
+                   help="relative tolerance (default: by the narrowest float the program uses, f32 1e-4)")
+    d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
+                   help="absolute tolerance, times max(1, max|ref|) (default: as --rtol's)")
     d.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
     e = sub.add_parser("explain", parents=[common], help="why each sharding, what each collective costs")
     e.add_argument("--show", metavar="NAME", action="append", default=[],
@@ -133,9 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-collective latency per mesh axis in microseconds")
     e.add_argument("--preset", choices=("tpu-v4", "gpu-nvlink"), default="tpu-v4",
                    help="alpha-beta defaults (default tpu-v4)")
+    e.add_argument("--xla", action="store_true",
+                   help="also compile with jax and show XLA's cost_analysis() and memory_analysis() "
+                   "beside our estimates")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
-    b.add_argument("--seed", type=_count(0), default=0)
-    b.add_argument("--repeat", type=_count(1), default=20, help="timed runs after warm-up (default 20)")
+    b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
+                   help="timed calls of each side per round, after warm-up (default 20)")
+    b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
+                   help="rounds of ours and XLA called in turn; the ratio's spread is over rounds (default 5)")
     b.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
@@ -144,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 _MAX_MEMORY_HELP = ("refuse to run when the estimated peak memory exceeds SIZE (e.g. 4G, 512M; "
                     "default: the memory available now)")
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def _mesh_bw_arg(text):
@@ -163,15 +191,43 @@ def _mesh_bw_arg(text):
 # ---------------------------------------------------------------------------------- commands
 
 
+STDIN_NAME = "<stdin>"
+
+
 def _compile(args):
     from .api import compile as compile_program
 
+    if args.file == "-":
+        return compile_program(_read_stdin(), mesh=args.mesh, consts=args.consts, entry=args.entry,
+                               filename=STDIN_NAME, verify=True if args.verify else None)
     if not os.path.exists(args.file):
         raise UsageError(f"no such file: '{args.file}'")
     if os.path.isdir(args.file):
         raise UsageError(f"'{args.file}' is a directory, not a .spmd file")
     return compile_program(args.file, mesh=args.mesh, consts=args.consts, entry=args.entry,
                            verify=True if args.verify else None)
+
+
+def _read_stdin() -> str:
+    """The program text from standard input, checked as read_source checks a file."""
+    from .errors import Source, Span
+    from .limits import MAX_SOURCE_BYTES, format_bytes
+
+    stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
+    data = stream.read(MAX_SOURCE_BYTES + 1) if stream else sys.stdin.read(MAX_SOURCE_BYTES + 1).encode()
+    where = Span(Source(STDIN_NAME, ""), 1, 1)
+    if len(data) > MAX_SOURCE_BYTES:
+        raise SpmdError(f"standard input is longer than {format_bytes(MAX_SOURCE_BYTES)}, the most accepted", where)
+    if b"\x00" in data:
+        raise SpmdError("standard input is binary, not spmdlang source text", where)
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise SpmdError(f"standard input is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})",
+                        where) from None
+    if not text.strip():
+        raise SpmdError("standard input is empty: expected a mesh declaration and a function", where)
+    return text
 
 
 def _console(stderr: bool = False):
@@ -232,8 +288,10 @@ def cmd_run(args) -> int:
     import numpy as np
 
     c = _compile(args)
+    if args.processes > 1 and args.backend not in ("jax", "xla"):
+        raise UsageError(f"--processes {args.processes} needs --backend jax or xla")
     c.check_memory(args.backend, args.max_memory)  # before drawing inputs
-    outs = c.run(_inputs(c, args), backend=args.backend, max_memory=args.max_memory)
+    outs = c.run(_inputs(c, args), backend=args.backend, processes=args.processes, max_memory=args.max_memory)
     if args.output:
         import io
 
@@ -253,7 +311,7 @@ def cmd_run(args) -> int:
         return 0
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})")
+        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:
@@ -268,7 +326,7 @@ def cmd_diff(args) -> int:
     for b in ["ref", *args.backends]:
         c.check_memory(b, args.max_memory)
     report = c.diff(_inputs(c, args), backends=args.backends, rtol=args.rtol, atol=args.atol,
-                    max_memory=args.max_memory)
+                    processes=args.processes, max_memory=args.max_memory)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -282,13 +340,27 @@ def cmd_diff(args) -> int:
 
 def cmd_explain(args) -> int:
     c = _compile(args)
+    from .explain import find_value
+
+    for name in args.show:  # before anything is printed
+        try:
+            find_value(c, name)
+        except SpmdError as e:
+            raise UsageError(e.message) from None
     report = c.explain_report(bandwidth=args.bandwidth, latency=args.latency, preset=args.preset)
+    if args.xla:
+        from .explain import xla_analysis
+
+        report["xla"] = xla_analysis(c)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    from .explain import render_explain
+    from .explain import render_explain, render_xla
 
-    render_explain(_console(), c, report, show=args.show)
+    console = _console()
+    render_explain(console, c, report, show=args.show)
+    if args.xla:
+        render_xla(console, report)
     return 0
 
 
@@ -296,9 +368,10 @@ def cmd_bench(args) -> int:
     c = _compile(args)
     for b in ("jax", "xla"):
         c.check_memory(b, args.max_memory)
-    from .backend_jax.bench import bench, render_bench
+    from .backend_jax.bench import bench
+    from .explain import render_bench
 
-    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json)
+    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -353,9 +426,14 @@ def main(argv=None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return deep_call(_run_command, args)
+    except OverrideError as e:  # --mesh / --set name something the program lacks: the command line is wrong
+        where = f" ({e.span.file}:{e.span.line})" if e.span and e.span.source and e.span.source.text else ""
+        parser.print_usage(sys.stderr)
+        print(f"spmdlang {args.command}: error: {e.message}{where}", file=sys.stderr)
+        return 2
     except SpmdError as e:
         print(e.render(), file=sys.stderr)
-        return 2 if isinstance(e, OverrideError) else 1
+        return 1
     except (UsageError, OutputPathError) as e:
         parser.print_usage(sys.stderr)
         print(f"spmdlang: error: {e}", file=sys.stderr)

@@ -430,3 +430,19 @@ def test_non_finite_results_are_a_note_and_numpy_warnings_stay_quiet(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "RuntimeWarning" not in r.stderr
     assert "non-finite" in json.loads(r.stdout)["notes"][0]
+
+
+def test_endless_stdin_is_cut_off(capsys, monkeypatch):
+    monkeypatch.setattr(limits, "MAX_SOURCE_BYTES", 1000)
+
+    class Endless(io.RawIOBase):
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            b[:] = b"#" * len(b)
+            return len(b)
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BufferedReader(Endless())))
+    code, _, err = cli(capsys, "check", "-")
+    assert code == 1 and "standard input is longer than" in err
