@@ -229,6 +229,10 @@ def _body(prog: Program, namer: Namer, constraint=None) -> list[str]:
         outs = [pyname(namer, r) for r in op.results]
         if registry.get(op.kind).constraint and constraint is not None:
             expr = constraint(args[0], op.attrs["sharding"])
+        elif constraint is None and op.results and all(r.type.size == 0 for r in op.results):
+            # an empty result is all zeros of its shape; XLA rejects some ops on empty arrays
+            # (all_gather: "dimension size of operand at 'all_gather_dim' cannot be zero")
+            expr = ", ".join(f"jnp.zeros({r.type.shape!r}, {T.jnp_dtype(r.type.dtype)})" for r in op.results)
         else:
             expr = registry.get(op.kind).jax(args, op.attrs, [r.type for r in op.results])
         line = f"    {', '.join(outs)} = {expr}"

@@ -11,6 +11,7 @@ its devices is the count fixed: then a mesh bigger than it is an error saying wh
 from __future__ import annotations
 
 import os
+import sys
 import types
 
 from ..errors import SpmdError
@@ -56,6 +57,29 @@ def check_devices(n: int) -> None:
                         f"XLA_FLAGS={_FLAG}={n} before starting Python")
 
 
+def _runs_on_cpu(n: int) -> bool:
+    """Whether a mesh of n devices would run on (virtual) CPU devices. Asking jax would initialise
+    its backends and fix the CPU device count before ensure_devices could raise it, so until jax
+    has initialised them, go by the requested platform: CPU unless an accelerator is asked for."""
+    initialised = False
+    if "jax" in sys.modules:
+        try:
+            from jax._src import xla_bridge
+
+            initialised = xla_bridge.backends_are_initialized()
+        except (ImportError, AttributeError):
+            initialised = False
+    if not initialised:
+        platforms = os.environ.get("JAX_PLATFORMS", "") or os.environ.get("JAX_PLATFORM_NAME", "")
+        return not platforms or "cpu" in platforms.split(",")[0]
+    import jax
+
+    try:
+        return jax.default_backend() == "cpu" or len(jax.devices()) < n
+    except RuntimeError:
+        return True
+
+
 def load(source: str, name: str) -> types.ModuleType:
     """Execute an emitted module's source as a fresh module."""
     mod = types.ModuleType(name)
@@ -67,13 +91,23 @@ def load(source: str, name: str) -> types.ModuleType:
 class ModuleRunner:
     """A loaded module with its mesh; the module's run() caches its jitted function."""
 
-    def __init__(self, source: str, name: str, n_devices: int):
+    def __init__(self, source: str, name: str, n_devices: int, program=None, backend: str = "jax"):
+        if program is not None:
+            from ..limits import check_jax_devices
+
+            check_jax_devices(program, backend, cpu=_runs_on_cpu(n_devices))
         from . import require_jax
 
         require_jax()
         ensure_devices(n_devices)
         check_devices(n_devices)
         self.module = load(source, name)
+        gather = getattr(self.module, "_gather", None)
+        if gather is not None:  # jax cannot assemble some sharded empty arrays
+            import numpy as np  # ("could not broadcast input array from shape (8,0) into shape (4,0)")
+
+            self.module._gather = lambda out, shape: (np.zeros(shape, dtype=out.dtype) if 0 in tuple(shape)
+                                                      else gather(out, shape))
         self.mesh = self.module.make_mesh()
         self.fn = self.module.build(self.mesh)
 
