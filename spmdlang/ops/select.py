@@ -242,10 +242,16 @@ def _scatter_jax(args, attrs, out):
     axis, t = attrs["axis"], out[0]
     n = t.shape[axis]
     pre, post = t.shape[:axis], t.shape[axis + 1:]
+    if n == 0:
+        return x  # nothing to add to
     flat = f"{ids}.reshape(-1)"
-    flat = f"jnp.where(({flat} >= 0) & ({flat} < {n}), {flat}, {n})"  # out of range (negatives too) drops
+    # Out-of-range ids (negatives too) add nothing: their updates become 0 at a clamped, in-range id.
+    # (Not mode='drop' with out-of-range ids: XLA on CPU has written dropped updates' neighbours.)
+    keep = f"(({flat} >= 0) & ({flat} < {n}))"
     u = f"jnp.moveaxis({upd}.reshape({tuple(pre) + (-1,) + tuple(post)!r}), {axis}, 0)"
-    return f"jnp.moveaxis(jnp.moveaxis({x}, {axis}, 0).at[{flat}].add({u}, mode='drop'), 0, {axis})"
+    u = f"jnp.where({keep}.reshape((-1,) + (1,) * {len(pre) + len(post)}), {u}, 0)"
+    at = f"jnp.clip({flat}, 0, {n - 1})"
+    return f"jnp.moveaxis(jnp.moveaxis({x}, {axis}, 0).at[{at}].add({u}), 0, {axis})"
 
 
 def _scatter_partition(ctx):
