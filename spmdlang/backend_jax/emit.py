@@ -19,7 +19,8 @@ from ..partition import permute
 from ..partition.mesh import Mesh, Sharding
 
 _RESERVED = {"jax", "jnp", "np", "P", "Mesh", "NamedSharding", "AxisType", "main", "run", "body", "mesh",
-             "make_mesh", "shard_slice", "range_mask", "permute_pairs", "args", "outs", "os"}
+             "make_mesh", "shard_slice", "range_mask", "permute_pairs", "mesh_order_pairs", "AXES", "SHAPE",
+             "DEVICE_ORDER", "args", "outs", "os"}
 
 _HELPERS = '''
 def shard_slice(x, idx, *, dim, size, group):
@@ -148,6 +149,9 @@ def emit_shard_map(spmd) -> str:
     lines += ["", ""] + _mesh_code(mesh, "Explicit")
     lines += ["", "", "# ---- helpers the per-partition program uses"]
     lines.append(inspect.getsource(permute.permute_pairs).rstrip())
+    lines += ["", ""]
+    lines.append(inspect.getsource(permute.mesh_order_pairs).rstrip())
+    lines.append("")
     lines += _HELPERS.rstrip().splitlines()
     lines += ["", "", f"def body({', '.join(params)}):", '    """The per-partition program: local shapes."""']
     lines += _body(prog, namer)

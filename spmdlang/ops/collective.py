@@ -187,8 +187,13 @@ def _sim_permute(arrays, attrs, mesh):
 
 
 def _permute_jax(a, attrs, out):
-    return (f"jax.lax.ppermute({a[0]}, {tuple(attrs['axes'])!r}, "
-            f"perm=permute_pairs({attrs['rule']!r}, {tuple(attrs['sizes'])!r}))")
+    """jax.lax.ppermute numbers a group by its axes in mesh order (see partition.permute): pairs
+    over axes written in another order are renumbered in the emitted module (AXES: the mesh's)."""
+    axes, sizes = tuple(attrs["axes"]), tuple(attrs["sizes"])
+    pairs = f"permute_pairs({attrs['rule']!r}, {sizes!r})"
+    if len(axes) > 1:
+        pairs = f"mesh_order_pairs({pairs}, {axes!r}, {sizes!r}, AXES)"
+    return f"jax.lax.ppermute({a[0]}, {axes!r}, perm={pairs})"
 
 
 register("collective_permute", flops=no_flops, infer=lambda ops, attrs: ops[0], numpy=None, local_only=True,
