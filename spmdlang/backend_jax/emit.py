@@ -19,8 +19,8 @@ from ..partition import permute
 from ..partition.mesh import Mesh, Sharding
 
 _RESERVED = {"jax", "jnp", "np", "P", "Mesh", "NamedSharding", "AxisType", "main", "run", "body", "mesh",
-             "make_mesh", "shard_slice", "range_mask", "permute_pairs", "mesh_order_pairs", "AXES", "SHAPE",
-             "DEVICE_ORDER", "args", "outs", "os"}
+             "make_mesh", "shard_slice", "range_mask", "all_to_all", "permute_pairs", "mesh_order_pairs",
+             "AXES", "SHAPE", "DEVICE_ORDER", "args", "outs", "os"}
 
 _HELPERS = '''
 def shard_slice(x, idx, *, dim, size, group):
@@ -38,6 +38,13 @@ def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
     shape[dim] = x.shape[dim]
     pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
     return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
+
+
+def all_to_all(x, axes, split_dim, concat_dim):
+    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
+    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
+    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
+    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
 '''
 
 

@@ -53,18 +53,28 @@ def load(source: str, name: str) -> types.ModuleType:
 class ModuleRunner:
     """A loaded module with its mesh and jitted function, reused across runs."""
 
-    def __init__(self, source: str, name: str, n_devices: int):
+    def __init__(self, source: str, name: str, n_devices: int, compiler_options: dict | None = None):
+        """compiler_options: XLA options for this module's compile only (jax's
+        `Lowered.compile(compiler_options=...)`), e.g. cheaper CPU codegen for bulk testing."""
         ensure_devices(n_devices)
         check_devices(n_devices)
         self.module = load(source, name)
         self.mesh = self.module.make_mesh()
         self.fn = self.module.build(self.mesh)
+        self.compiler_options = compiler_options
+        self._compiled = None
 
     def __call__(self, arrays):
         import numpy as np
 
         m = self.module
-        outs = self.fn(*m.place(arrays, self.mesh))
+        args = m.place(arrays, self.mesh)
+        if self.compiler_options is None:
+            outs = self.fn(*args)
+        else:
+            if self._compiled is None:
+                self._compiled = self.fn.lower(*args).compile(compiler_options=self.compiler_options)
+            outs = self._compiled(*args)
         shapes = getattr(m, "RESULT_SHAPES", None)
         if shapes is None:
             return [np.asarray(o) for o in outs]

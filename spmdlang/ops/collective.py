@@ -169,8 +169,8 @@ def _sim_all_to_all(arrays, attrs, mesh):
 
 
 register("all_to_all", flops=no_flops, infer=_all_to_all_infer, numpy=None, local_only=True, simulate=_sim_all_to_all,
-         jax=lambda a, attrs, out: (f"jax.lax.all_to_all({a[0]}, {tuple(attrs['axes'])!r}, "
-                                    f"{attrs['split_dim']}, {attrs['concat_dim']}, tiled=True)"))
+         jax=lambda a, attrs, out: (f"all_to_all({a[0]}, {tuple(attrs['axes'])!r}, "
+                                    f"{attrs['split_dim']}, {attrs['concat_dim']})"))
 
 # ---------------------------------------------------------------------------------- collective_permute
 

@@ -104,6 +104,13 @@ def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
     return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
 
 
+def all_to_all(x, axes, split_dim, concat_dim):
+    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
+    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
+    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
+    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
+
+
 def body(x, w1, b1, w2, b2):
     """The per-partition program: local shapes."""
     t0 = jnp.einsum("mk,kn->mn", x, w1)  # line 26
