@@ -156,6 +156,19 @@ def render_diff(console, report) -> None:
         table.add_column(col)
     for r in report["results"]:
         ok = "[green]ok[/green]" if r["ok"] else "[red]MISMATCH[/red]"
+        if r.get("upstream_disagreement"):
+            ok = "[yellow]MISMATCH: upstream disagreement[/yellow]"
         table.add_row(r["backend"], str(r["output"]), f"{r['max_abs_err']:.3g}", ok)
     console.print(table)
-    console.print("[green]all backends agree[/green]" if report["ok"] else "[red]backends disagree[/red]")
+    if report["ok"]:
+        console.print("[green]all backends agree[/green]")
+        return
+    console.print("[red]backends disagree[/red]")
+    upstream = report.get("upstream_disagreement") or []
+    if upstream:
+        ours = [b for b in report["backends"] if b not in ("ref", *upstream)]
+        console.print(
+            f"{', '.join(upstream)} (XLA's own GSPMD partitioner, the baseline) disagrees with ref while ours "
+            f"({', '.join(ours)}) agree: an upstream disagreement, not a bug of spmdlang's partitioning. "
+            f"Known XLA issues: {report.get('known_issues', 'docs/known_xla_issues.md')} in the spmdlang "
+            f"repository. To compare only our backends: --backends ref,sim,jax", markup=False)
