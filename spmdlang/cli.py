@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
     b.add_argument("--seed", type=_count(0), default=0)
     b.add_argument("--repeat", type=_count(1), default=20, help="timed runs after warm-up (default 20)")
+    o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
+    o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return p
 
 
@@ -276,8 +278,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_ops(args) -> int:
+    from .oplist import ops_report, render_ops
+
+    entries = ops_report()
+    sys.stdout.write(json.dumps(entries, indent=2) + "\n" if args.json else render_ops(entries))
+    return 0
+
+
 COMMANDS = {"check": cmd_check, "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
-            "explain": cmd_explain, "bench": cmd_bench}
+            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops}
 
 
 def main(argv=None) -> int:

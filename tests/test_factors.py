@@ -1,9 +1,10 @@
 """Factor sharding rules per op family, and projection of shardings onto factors and back.
 
-Rules are checked as text, einsum style: one letter per factor (in order of first appearance,
-operands then results), `(ab)` for a dim made of several factors (major first), `1` for a dim that
-holds no factor, `()` for a rank-0 tensor; then the factors that are not pass-through, with their
-kind: R reduction, X replicate (must not be split), M permutation (elements move along it).
+Rules are checked as text in Shardy's notation (FactorRule.__str__): one letter per factor (i, j,
+k, ... in order of first appearance, operands then results), `[ij]` for a dim made of several
+factors (major first), `1` for a dim that holds no factor, `[]` for a rank-0 tensor; then the
+factors that are not pass-through by kind: reduction, need_replication (must not be split),
+permutation (elements move along it).
 
 Projection is checked against a brute-force oracle: which global elements every device holds
 under the LANGUAGE.md layout (a dim of n split k ways holds ceil(n/k)-element blocks; the shard
@@ -19,8 +20,9 @@ from math import prod
 import numpy as np
 import pytest
 
+from spmdlang.ir import registry
+from spmdlang.ir.mesh import Mesh, Sharding
 from spmdlang.ir.types import TensorType
-from spmdlang.ops import registry
 from spmdlang.partition.factors import (
     PASS,
     project,
@@ -31,29 +33,6 @@ from spmdlang.partition.factors import (
     unproject,
     unproject_dim,
 )
-from spmdlang.partition.mesh import Mesh, Sharding
-
-KIND_CODE = {"reduction": "R", "replicate": "X", "permutation": "M"}
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-def render(rule) -> str:
-    """The rule as einsum-like text (see module doc)."""
-    letters: dict[int, str] = {}
-
-    def dim(fs):
-        for f in fs:
-            letters.setdefault(f, LETTERS[len(letters)])
-        if not fs:
-            return "1"
-        return letters[fs[0]] if len(fs) == 1 else "(" + "".join(letters[f] for f in fs) + ")"
-
-    def tensors(ts):
-        return ",".join("".join(dim(d) for d in t) if t else "()" for t in ts)
-
-    text = tensors(rule.operands) + "->" + tensors(rule.results)
-    kinds = [f"{letters[f]}:{KIND_CODE[k]}" for f, k in enumerate(rule.kinds) if k != PASS and f in letters]
-    return " ".join([text] + sorted(kinds))
 
 
 def tensor_type(o) -> TensorType:
@@ -72,73 +51,77 @@ def op_rule(name, *operands, **attrs):
 I32 = "i32"
 RULES = [
     # elementwise: one pass factor per dim; rank-0 operands (scalars) take part in none
-    ("unary", "exp", [(8, 16)], {}, "ab->ab"),
-    ("cast", "cast", [(8, 16)], {"dtype": "i32"}, "ab->ab"),
-    ("binary", "add", [(8, 16), (8, 16)], {}, "ab,ab->ab"),
-    ("scalar operand", "mul", [(8, 16), ()], {}, "ab,()->ab"),
-    ("scalar first", "sub", [(), (4,)], {}, "(),a->a"),
-    ("all scalars", "add", [(), ()], {}, "(),()->()"),
-    ("select", "select", [("bool", (4, 6)), (4, 6), (4, 6)], {}, "ab,ab,ab->ab"),
-    ("select scalar", "select", [("bool", (4, 6)), (), (4, 6)], {}, "ab,(),ab->ab"),
-    ("shard", "shard", [(4, 6)], {"sharding": Sharding(((), ()))}, "ab->ab"),
-    ("full", "full", [], {"dtype": "f32", "shape": (4, 6), "value": 0.0}, "->ab"),
-    ("iota", "iota", [], {"dtype": "i32", "shape": (4, 6), "axis": 1}, "->ab"),
+    ("unary", "exp", [(8, 16)], {}, "([i, j]) -> ([i, j])"),
+    ("cast", "cast", [(8, 16)], {"dtype": "i32"}, "([i, j]) -> ([i, j])"),
+    ("binary", "add", [(8, 16), (8, 16)], {}, "([i, j], [i, j]) -> ([i, j])"),
+    ("scalar operand", "mul", [(8, 16), ()], {}, "([i, j], []) -> ([i, j])"),
+    ("scalar first", "sub", [(), (4,)], {}, "([], [i]) -> ([i])"),
+    ("all scalars", "add", [(), ()], {}, "([], []) -> ([])"),
+    ("select", "select", [("bool", (4, 6)), (4, 6), (4, 6)], {}, "([i, j], [i, j], [i, j]) -> ([i, j])"),
+    ("select scalar", "select", [("bool", (4, 6)), (), (4, 6)], {}, "([i, j], [], [i, j]) -> ([i, j])"),
+    ("shard", "shard", [(4, 6)], {"sharding": Sharding(((), ()))}, "([i, j]) -> ([i, j])"),
+    ("full", "full", [], {"dtype": "f32", "shape": (4, 6), "value": 0.0}, "() -> ([i, j])"),
+    ("iota", "iota", [], {"dtype": "i32", "shape": (4, 6), "axis": 1}, "() -> ([i, j])"),
     # broadcast: a size-1 dim that grows holds no factor; new dims are factors of the result only
-    ("broadcast new dim", "broadcast_in_dim", [(16,)], {"shape": (8, 16), "dims": (1,)}, "a->ba"),
-    ("broadcast size-1 dim", "broadcast_in_dim", [(8, 1)], {"shape": (8, 16), "dims": (0, 1)}, "a1->ab"),
-    ("broadcast size-1 kept", "broadcast_in_dim", [(8, 1)], {"shape": (8, 1), "dims": (0, 1)}, "a1->ab"),
-    ("broadcast scalar", "broadcast_in_dim", [()], {"shape": (2, 3), "dims": ()}, "()->ab"),
+    ("broadcast new dim", "broadcast_in_dim", [(16,)], {"shape": (8, 16), "dims": (1,)}, "([i]) -> ([j, i])"),
+    ("broadcast size-1 dim", "broadcast_in_dim", [(8, 1)], {"shape": (8, 16), "dims": (0, 1)}, "([i, 1]) -> ([i, j])"),
+    ("broadcast size-1 kept", "broadcast_in_dim", [(8, 1)], {"shape": (8, 1), "dims": (0, 1)}, "([i, 1]) -> ([i, j])"),
+    ("broadcast scalar", "broadcast_in_dim", [()], {"shape": (2, 3), "dims": ()}, "([]) -> ([i, j])"),
     # transpose permutes factors
-    ("transpose", "transpose", [(2, 3, 4)], {"perm": (2, 0, 1)}, "abc->cab"),
+    ("transpose", "transpose", [(2, 3, 4)], {"perm": (2, 0, 1)}, "([i, j, k]) -> ([k, i, j])"),
     # reshape: the common refinement of both shapes, each dim a run of factors, major first
-    ("reshape merge", "reshape", [(8, 16)], {"shape": (128,)}, "ab->(ab)"),
-    ("reshape split", "reshape", [(128,)], {"shape": (8, 16)}, "(ab)->ab"),
-    ("reshape heads", "reshape", [(8, 64, 256)], {"shape": (8, 64, 8, 32)}, "ab(cd)->abcd"),
-    ("reshape regroup", "reshape", [(4, 6)], {"shape": (2, 12)}, "(ab)c->a(bc)"),
-    ("reshape [2,4]->[4,2]", "reshape", [(2, 4)], {"shape": (4, 2)}, "a(bc)->(ab)c"),
-    ("reshape size-1 inside", "reshape", [(2, 1, 3)], {"shape": (6,)}, "a1b->(ab)"),
-    ("reshape size-1 out", "reshape", [(6,)], {"shape": (2, 1, 3)}, "(ab)->a1b"),
-    ("reshape expand", "reshape", [(8, 4)], {"shape": (8, 1, 4)}, "ab->a1b"),
-    ("reshape squeeze", "reshape", [(1, 4, 1)], {"shape": (4,)}, "1a1->a"),
+    ("reshape merge", "reshape", [(8, 16)], {"shape": (128,)}, "([i, j]) -> ([ij])"),
+    ("reshape split", "reshape", [(128,)], {"shape": (8, 16)}, "([ij]) -> ([i, j])"),
+    ("reshape heads", "reshape", [(8, 64, 256)], {"shape": (8, 64, 8, 32)}, "([i, j, kl]) -> ([i, j, k, l])"),
+    ("reshape regroup", "reshape", [(4, 6)], {"shape": (2, 12)}, "([ij, k]) -> ([i, jk])"),
+    ("reshape [2,4]->[4,2]", "reshape", [(2, 4)], {"shape": (4, 2)}, "([i, jk]) -> ([ij, k])"),
+    ("reshape size-1 inside", "reshape", [(2, 1, 3)], {"shape": (6,)}, "([i, 1, j]) -> ([ij])"),
+    ("reshape size-1 out", "reshape", [(6,)], {"shape": (2, 1, 3)}, "([ij]) -> ([i, 1, j])"),
+    ("reshape expand", "reshape", [(8, 4)], {"shape": (8, 1, 4)}, "([i, j]) -> ([i, 1, j])"),
+    ("reshape squeeze", "reshape", [(1, 4, 1)], {"shape": (4,)}, "([1, i, 1]) -> ([i])"),
     # [6,4] <-> [4,6]: only the shared major factor 2 survives; the rest must not be split
-    ("reshape irregular", "reshape", [(6, 4)], {"shape": (4, 6)}, "(ab)c->(ad)e b:X c:X d:X e:X"),
-    ("reshape irregular back", "reshape", [(4, 6)], {"shape": (6, 4)}, "(ab)c->(ad)e b:X c:X d:X e:X"),
-    ("reshape coprime", "reshape", [(2, 3)], {"shape": (3, 2)}, "ab->cd a:X b:X c:X d:X"),
+    ("reshape irregular", "reshape", [(6, 4)], {"shape": (4, 6)},
+     "([ij, k]) -> ([il, m]) need_replication={j, k, l, m}"),
+    ("reshape irregular back", "reshape", [(4, 6)], {"shape": (6, 4)},
+     "([ij, k]) -> ([il, m]) need_replication={j, k, l, m}"),
+    ("reshape coprime", "reshape", [(2, 3)], {"shape": (3, 2)}, "([i, j]) -> ([k, l]) need_replication={i, j, k, l}"),
     # einsum: one factor per letter; letters not in the output are reductions
-    ("matmul", "einsum", [(8, 16), (16, 4)], {"spec": "ij,jk->ik"}, "ab,bc->ac b:R"),
-    ("batch matmul", "einsum", [(2, 8, 16), (2, 16, 4)], {"spec": "bij,bjk->bik"}, "abc,acd->abd c:R"),
-    ("outer", "einsum", [(8,), (4,)], {"spec": "i,j->ij"}, "a,b->ab"),
-    ("one operand transpose", "einsum", [(8, 4)], {"spec": "ij->ji"}, "ab->ba"),
-    ("one operand reduce", "einsum", [(8, 4)], {"spec": "ij->i"}, "ab->a b:R"),
-    ("einsum size-1 contraction", "einsum", [(4, 1), (1, 5)], {"spec": "ij,jk->ik"}, "a1,1b->ab"),
+    ("matmul", "einsum", [(8, 16), (16, 4)], {"spec": "ij,jk->ik"}, "([i, j], [j, k]) -> ([i, k]) reduction={j}"),
+    ("batch matmul", "einsum", [(2, 8, 16), (2, 16, 4)], {"spec": "bij,bjk->bik"},
+     "([i, j, k], [i, k, l]) -> ([i, j, l]) reduction={k}"),
+    ("outer", "einsum", [(8,), (4,)], {"spec": "i,j->ij"}, "([i], [j]) -> ([i, j])"),
+    ("one operand transpose", "einsum", [(8, 4)], {"spec": "ij->ji"}, "([i, j]) -> ([j, i])"),
+    ("one operand reduce", "einsum", [(8, 4)], {"spec": "ij->i"}, "([i, j]) -> ([i]) reduction={j}"),
+    ("einsum size-1 contraction", "einsum", [(4, 1), (1, 5)], {"spec": "ij,jk->ik"}, "([i, 1], [1, j]) -> ([i, j])"),
     ("attention scores", "einsum", [(2, 8, 4, 16), (2, 8, 4, 16)], {"spec": "bqhd,bkhd->bhqk"},
-     "abcd,aecd->acbe d:R"),
+     "([i, j, k, l], [i, m, k, l]) -> ([i, k, j, m]) reduction={l}"),
     # reductions
-    ("reduce one axis", "reduce_sum", [(8, 16, 4)], {"axes": (1,)}, "abc->ac b:R"),
-    ("reduce all", "reduce_max", [(8, 16)], {"axes": (0, 1)}, "ab->() a:R b:R"),
-    ("argmax", "argmax", [(8, 16)], {"axis": 1}, "ab->a b:R"),
+    ("reduce one axis", "reduce_sum", [(8, 16, 4)], {"axes": (1,)}, "([i, j, k]) -> ([i, k]) reduction={j}"),
+    ("reduce all", "reduce_max", [(8, 16)], {"axes": (0, 1)}, "([i, j]) -> ([]) reduction={i, j}"),
+    ("argmax", "argmax", [(8, 16)], {"axis": 1}, "([i, j]) -> ([i]) reduction={j}"),
     # take: the gathered table axis is a reduction (masked local gather, then a sum)
-    ("take rows", "take", [(100, 16), (I32, (4, 8))], {"axis": 0}, "ab,cd->cdb a:R"),
-    ("take cols", "take", [(16, 100), (I32, (4,))], {"axis": 1}, "ab,c->ac b:R"),
+    ("take rows", "take", [(100, 16), (I32, (4, 8))], {"axis": 0}, "([i, j], [k, l]) -> ([k, l, j]) reduction={i}"),
+    ("take cols", "take", [(16, 100), (I32, (4,))], {"axis": 1}, "([i, j], [k]) -> ([i, k]) reduction={j}"),
     # conv: batch passes, spatial dims are permutations (halos), window replicated, C reduced
     ("conv 2d", "conv", [(2, 8, 8, 3), (3, 3, 3, 5)], {"strides": (1, 1), "padding": ((1, 1), (1, 1))},
-     "abcd,efdg->abcg b:M c:M d:R e:X f:X"),
+     "([i, j, k, l], [m, n, l, o]) -> ([i, j, k, o]) reduction={l} need_replication={m, n} permutation={j, k}"),
     ("conv 1d", "conv", [(2, 8, 3), (3, 3, 5)], {"strides": (2,), "padding": ((0, 0),)},
-     "abc,dce->abe b:M c:R d:X"),
+     "([i, j, k], [l, k, m]) -> ([i, j, m]) reduction={k} need_replication={l} permutation={j}"),
     # ops moving elements along a dim: that dim is a permutation factor, the others pass
-    ("concat", "concat", [(4, 8), (4, 3)], {"axis": 1}, "ab,ab->ab b:M"),
-    ("slice", "slice", [(8, 16)], {"starts": (0, 2), "stops": (8, 10), "steps": (1, 1)}, "ab->ab b:M"),
+    ("concat", "concat", [(4, 8), (4, 3)], {"axis": 1}, "([i, j], [i, j]) -> ([i, j]) permutation={j}"),
+    ("slice", "slice", [(8, 16)], {"starts": (0, 2), "stops": (8, 10), "steps": (1, 1)},
+     "([i, j]) -> ([i, j]) permutation={j}"),
     ("slice strided", "slice", [(8, 16)], {"starts": (0, 0), "stops": (8, 16), "steps": (2, 1)},
-     "ab->ab a:M"),
-    ("slice whole", "slice", [(8, 16)], {"starts": (0, 0), "stops": (8, 16), "steps": (1, 1)}, "ab->ab"),
-    ("pad", "pad", [(8, 16)], {"lo": (0, 1), "hi": (0, 2), "value": 0.0}, "ab->ab b:M"),
-    ("roll", "roll", [(8, 16)], {"shift": 3, "axis": 0}, "ab->ab a:M"),
+     "([i, j]) -> ([i, j]) permutation={i}"),
+    ("slice whole", "slice", [(8, 16)], {"starts": (0, 0), "stops": (8, 16), "steps": (1, 1)}, "([i, j]) -> ([i, j])"),
+    ("pad", "pad", [(8, 16)], {"lo": (0, 1), "hi": (0, 2), "value": 0.0}, "([i, j]) -> ([i, j]) permutation={j}"),
+    ("roll", "roll", [(8, 16)], {"shift": 3, "axis": 0}, "([i, j]) -> ([i, j]) permutation={i}"),
 ]
 
 
 @pytest.mark.parametrize("name, op, operands, attrs, expected", RULES, ids=[r[0] for r in RULES])
 def test_rule_text(name, op, operands, attrs, expected):
-    assert render(op_rule(op, *operands, **attrs)) == expected
+    assert str(op_rule(op, *operands, **attrs)) == expected
 
 
 @pytest.mark.parametrize("name, op, operands, attrs, expected", RULES, ids=[r[0] for r in RULES])

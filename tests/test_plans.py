@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import spmdlang
+from spmdlang.ir.mesh import Mesh, Sharding
 from spmdlang.ir.verify import verify
-from spmdlang.partition.mesh import Mesh, Sharding
 from spmdlang.partition.reshard import plan_cost, plan_reshard, step_bytes
 
 F32 = 4

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 import spmdlang
 from spmdlang.ir.core import Param
+from spmdlang.ir.mesh import Sharding
 from spmdlang.partition import propagate as P
 from spmdlang.partition.factors import PERMUTATION, REDUCTION, REPLICATE, project
-from spmdlang.partition.mesh import Sharding
 
 GOLDEN = Path(__file__).parent / "golden" / "propagation"
 UPDATE = os.environ.get("SPMDLANG_UPDATE_GOLDENS") == "1"

@@ -11,41 +11,24 @@ from __future__ import annotations
 import inspect
 import keyword
 
+from ..ir import registry
 from ..ir import types as T
 from ..ir.core import Program, Value
+from ..ir.mesh import Mesh, Sharding
 from ..ir.printer import Namer
-from ..ops import registry
 from ..partition import permute
-from ..partition.mesh import Mesh, Sharding
 
-_RESERVED = {"jax", "jnp", "np", "P", "Mesh", "NamedSharding", "AxisType", "main", "run", "body", "mesh",
-             "make_mesh", "shard_slice", "range_mask", "all_to_all", "permute_pairs", "mesh_order_pairs",
-             "AXES", "SHAPE", "DEVICE_ORDER", "args", "outs", "os"}
-
-_HELPERS = '''
-def shard_slice(x, idx, *, dim, size, group):
-    """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
-    if x.shape[dim] < size * group:
-        widths = [(0, 0)] * x.ndim
-        widths[dim] = (0, size * group - x.shape[dim])
-        x = jnp.pad(x, widths)
-    return jax.lax.dynamic_slice_in_dim(x, idx * size, size, axis=dim)
+# names the emitted module defines itself; the per-partition ops' helper functions are added below
+_MODULE_NAMES = {"jax", "jnp", "np", "P", "Mesh", "NamedSharding", "AxisType", "main", "run", "body", "mesh",
+                 "make_mesh", "permute_pairs", "mesh_order_pairs", "AXES", "SHAPE", "DEVICE_ORDER", "args", "outs",
+                 "os"}
 
 
-def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
-    """Keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value."""
-    shape = [1] * x.ndim
-    shape[dim] = x.shape[dim]
-    pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
-    return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
+def _helper_ops():
+    return [op for op in registry.OPS.values() if op.jax_helper]
 
 
-def all_to_all(x, axes, split_dim, concat_dim):
-    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
-    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
-    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
-    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
-'''
+_RESERVED = _MODULE_NAMES | {op.name for op in _helper_ops()}
 
 
 def pyname(namer: Namer, v: Value) -> str:
@@ -159,7 +142,7 @@ def emit_shard_map(spmd) -> str:
     lines += ["", ""]
     lines.append(inspect.getsource(permute.mesh_order_pairs).rstrip())
     lines.append("")
-    lines += _HELPERS.rstrip().splitlines()
+    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops()).splitlines()
     lines += ["", "", f"def body({', '.join(params)}):", '    """The per-partition program: local shapes."""']
     lines += _body(prog, namer)
     lines.append(f"    return ({', '.join(pyname(namer, r.value) for r in prog.results)},)")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir import registry
 from ..ir.core import Program
-from ..ops import registry
 
 
 def run_global(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir import registry
+from ..ir.mesh import Mesh, Sharding
 from ..ir.types import np_is_float
-from ..ops import registry
-from ..partition.mesh import Mesh, Sharding
 
 INT_POISON = 1_000_000_007
 

@@ -1,7 +1,8 @@
 """The builtins of the language: signatures, argument checking, and lowering to primitives.
 
 This is the one place where composites (mean, softmax, logsumexp, one_hot, ...) are expanded into
-op-table primitives; everything downstream sees primitives only.
+op-table primitives; everything downstream sees primitives only. A lowering gets the `Lowerer` as
+`ctx` (lower.py imports this module; this module never imports lower.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..ir.core import Value
 from ..ir.types import TensorType
 from ..ops.contract import conv_output_size
 from . import ast as A
-from .lower import Dtype, Lowerer, StaticType, describe, did_you_mean, float_for, scalar_value
+from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
 
 _REQUIRED = object()
 
@@ -74,7 +75,7 @@ class Args:
         return self.spans.get(k, self.call.span)
 
 
-def call_builtin(ctx: Lowerer, b: Builtin, node: A.Call, env) -> Any:
+def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
     names = [p[0] for p in b.params]
     variadic = b.params and b.params[-1][1] == "tensors*"
     values: dict[str, Any] = {}
@@ -108,7 +109,7 @@ def call_builtin(ctx: Lowerer, b: Builtin, node: A.Call, env) -> Any:
     return b.lower(ctx, node.span, Args(values, spans, node))
 
 
-def _eval_arg(ctx: Lowerer, b: Builtin, kind: str, node, env, pname):
+def _eval_arg(ctx, b: Builtin, kind: str, node, env, pname):
     where = f"argument '{pname}' of {b.name}()"
     if kind == "spec":
         if not isinstance(node, A.SpecExpr):
@@ -162,7 +163,7 @@ def _eval_arg(ctx: Lowerer, b: Builtin, kind: str, node, env, pname):
     return v
 
 
-def tensor(ctx: Lowerer, args: Args, name: str, dtype: str | None = None) -> Value:
+def tensor(ctx, args: Args, name: str, dtype: str | None = None) -> Value:
     v = args[name]
     return v if isinstance(v, Value) else ctx.materialize(v, args.span(name), dtype)
 

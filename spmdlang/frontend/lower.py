@@ -8,101 +8,23 @@ User functions are inlined at each call; `for` loops over `range` are unrolled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from ..errors import OverrideError, Source, Span, SpmdError
 from ..ir import types as T
 from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.mesh import Mesh, Sharding
 from ..ir.types import TensorType
-from ..partition.mesh import Mesh, Sharding
 from . import ast as A
+from .builtins import BUILTINS, call_builtin
+from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
+from .values import static_int as _check_static_int
 
 # Unrolling and inlining happen at compile time; past these a program is a mistake, not a workload.
 MAX_UNROLLED = 100_000
 MAX_OPS = 200_000
 MAX_DEVICES = 1 << 20
-
-
-@dataclass(frozen=True)
-class StaticType:
-    """A type written as an argument, e.g. zeros(f32[4, 8])."""
-
-    type: TensorType
-
-
-@dataclass(frozen=True)
-class Dtype:
-    """A dtype written as an argument, e.g. cast(x, bf16)."""
-
-    name: str
-
-
-def did_you_mean(name: str, options) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, list(options), n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
-def _check_static_int(value, span, what="value") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpmdError(f"{what} must be a static integer, got {describe(value)}", span)
-    return value
-
-
-def scalar_value(v, dtype: str, span, what="") -> bool | int | float:
-    """A static number as a Python value of `dtype`; integers must fit it (numpy would overflow at
-    run time), floats must be integral for an int dtype."""
-    if dtype == "bool":
-        return bool(v)
-    if T.is_float(dtype):
-        try:
-            return float(v)
-        except OverflowError:
-            raise SpmdError(f"{what}the integer {_short(v)} is too large for {dtype}", span) from None
-    if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")) or v != int(v):
-            raise SpmdError(f"{what}{v} is not an integer and cannot be a {dtype} value", span)
-    info = np.iinfo(T.np_dtype(dtype))
-    if not info.min <= int(v) <= info.max:
-        raise SpmdError(f"{what}{_short(int(v))} does not fit {dtype} (range {info.min}..{info.max})", span)
-    return int(v)
-
-
-def _short(n: int) -> str:
-    text = str(n)
-    return text if len(text) <= 24 else f"{text[:3]}...({len(text)} digits)"
-
-
-def float_for(dtype: str) -> str:
-    """The float dtype an int (or bool) computes in where a float is needed: i64 -> f64, else f32."""
-    return dtype if T.is_float(dtype) else "f64" if T.itemsize(dtype) == 8 else "f32"
-
-
-def describe(value) -> str:
-    if isinstance(value, Value):
-        return f"a tensor {value.type}"
-    if isinstance(value, bool):
-        return "a bool"
-    if isinstance(value, int):
-        return f"the integer {value}"
-    if isinstance(value, float):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, StaticType):
-        return f"the type {value.type}"
-    if isinstance(value, Dtype):
-        return f"the dtype {value.name}"
-    if isinstance(value, A.SpecExpr):
-        return "a sharding spec"
-    return type(value).__name__
 
 
 class Lowerer:
@@ -126,8 +48,6 @@ class Lowerer:
     # ------------------------------------------------------------------ module level
 
     def lower_program(self, entry: str | None = None) -> Program:
-        from .builtins import BUILTINS
-
         m = self.module
         self._lower_consts()
         self._lower_mesh()
@@ -470,8 +390,6 @@ class Lowerer:
             return Dtype(n)
         if n in self.funcs:
             raise SpmdError(f"'{n}' is a function; call it as {n}(...)", node.span)
-        from .builtins import BUILTINS
-
         if n in BUILTINS:
             raise SpmdError(f"'{n}' is a builtin; call it as {n}(...)", node.span)
         if self.mesh and n in self.mesh.names:
@@ -506,8 +424,6 @@ class Lowerer:
         return self.binary("pow", a, b, node.span, node.base.span, node.exponent.span)
 
     def expr_Call(self, node: A.Call, env):
-        from .builtins import BUILTINS, call_builtin
-
         if node.func in self.funcs:
             f = self.funcs[node.func]
             args = self._bind_user_args(f, node, env)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import ShapeError, Span, SpmdError
-from ..ops import registry
+from . import registry
 from .core import Op, Value, freeze
 
 

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import Source, Span
-from ..partition.mesh import Mesh, Sharding
+from .mesh import Mesh, Sharding
 from .types import TensorType
 
 _ids = itertools.count()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..partition.mesh import Sharding
 from .core import Program, Value
+from .mesh import Sharding
 
 
 class Namer:

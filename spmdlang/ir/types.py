@@ -100,3 +100,10 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+    @staticmethod
+    def parse(text: str) -> TensorType:
+        """The inverse of str(): "f32[4, 8]" -> TensorType("f32", (4, 8))."""
+        dtype, _, rest = text.strip().partition("[")
+        dims = rest.rstrip("]").strip()
+        return TensorType(dtype, tuple(int(d) for d in dims.split(",")) if dims else ())

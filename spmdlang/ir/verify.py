@@ -5,7 +5,7 @@ Tests run it after every pass; a failure here is a compiler bug, never a user er
 
 from __future__ import annotations
 
-from ..ops import registry
+from . import registry
 from .core import Program
 
 

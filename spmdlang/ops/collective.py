@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir.types import TensorType
 from ..partition.permute import permute_pairs
-from .registry import check, no_flops, py_literal, register
+from .registry import Family, Stage, check, no_flops, py_literal, register
 
 
 def groups(mesh, axes) -> list[list[int]]:
@@ -51,7 +51,9 @@ def _sim_axis_index(arrays, attrs, mesh):
     return [out]
 
 
-register("axis_index", flops=no_flops, infer=lambda ops, attrs: TensorType("i32", ()), numpy=None, local_only=True,
+register("axis_index", doc="this partition's linear index over `axes` (first axis major), an i32 scalar",
+         family=Family.local, stage=Stage.local,
+         flops=no_flops, infer=lambda ops, attrs: TensorType("i32", ()), numpy=None,
          simulate=_sim_axis_index,
          jax=lambda a, attrs, out: f"jax.lax.axis_index({tuple(attrs['axes'])!r})")
 
@@ -73,7 +75,9 @@ def _sim_all_gather(arrays, attrs, mesh):
     return [out]
 
 
-register("all_gather", flops=no_flops, infer=_all_gather_infer, numpy=None, local_only=True, simulate=_sim_all_gather,
+register("all_gather", doc="concatenate the group's shards along `dim`, in group order",
+         family=Family.collective, stage=Stage.local,
+         flops=no_flops, infer=_all_gather_infer, numpy=None, simulate=_sim_all_gather,
          jax=lambda a, attrs, out: (f"jax.lax.all_gather({a[0]}, {tuple(attrs['axes'])!r}, "
                                     f"axis={attrs['dim']}, tiled=True)"))
 
@@ -115,9 +119,10 @@ def _all_reduce_jax(a, attrs, out):
     return f"jax.lax.{fn}({arg}, {axes!r})"
 
 
-register("all_reduce", flops=no_flops, infer=lambda ops, attrs: ops, numpy=None, local_only=True,
-         simulate=_sim_all_reduce,
-         jax=_all_reduce_jax, doc="variadic: several operands reduce in one collective")
+register("all_reduce", doc="combine (`reduce`: sum, max, min, prod) over the group; variadic: one collective",
+         family=Family.collective, stage=Stage.local,
+         flops=no_flops, infer=lambda ops, attrs: ops, numpy=None,
+         simulate=_sim_all_reduce, jax=_all_reduce_jax)
 
 # ---------------------------------------------------------------------------------- reduce_scatter
 
@@ -142,7 +147,9 @@ def _sim_reduce_scatter(arrays, attrs, mesh):
     return [out]
 
 
-register("reduce_scatter", flops=no_flops, infer=_reduce_scatter_infer, numpy=None, local_only=True,
+register("reduce_scatter", doc="sum over the group, each member keeping its chunk of `dim`",
+         family=Family.collective, stage=Stage.local,
+         flops=no_flops, infer=_reduce_scatter_infer, numpy=None,
          simulate=_sim_reduce_scatter,
          jax=lambda a, attrs, out: (f"jax.lax.psum_scatter({a[0]}, {tuple(attrs['axes'])!r}, "
                                     f"scatter_dimension={attrs['dim']}, tiled=True)"))
@@ -168,9 +175,20 @@ def _sim_all_to_all(arrays, attrs, mesh):
     return [out]
 
 
-register("all_to_all", flops=no_flops, infer=_all_to_all_infer, numpy=None, local_only=True, simulate=_sim_all_to_all,
+_ALL_TO_ALL_HELPER = '''
+def all_to_all(x, axes, split_dim, concat_dim):
+    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
+    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
+    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
+    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
+'''
+
+register("all_to_all", doc="split `split_dim` into group chunks, send chunk m to member m, concatenate on `concat_dim`",
+         family=Family.collective, stage=Stage.local,
+         flops=no_flops, infer=_all_to_all_infer, numpy=None, simulate=_sim_all_to_all,
          jax=lambda a, attrs, out: (f"all_to_all({a[0]}, {tuple(attrs['axes'])!r}, "
-                                    f"{attrs['split_dim']}, {attrs['concat_dim']})"))
+                                    f"{attrs['split_dim']}, {attrs['concat_dim']})"),
+         jax_helper=_ALL_TO_ALL_HELPER)
 
 # ---------------------------------------------------------------------------------- collective_permute
 
@@ -196,7 +214,9 @@ def _permute_jax(a, attrs, out):
     return f"jax.lax.ppermute({a[0]}, {axes!r}, perm={pairs})"
 
 
-register("collective_permute", flops=no_flops, infer=lambda ops, attrs: ops[0], numpy=None, local_only=True,
+register("collective_permute", doc="send to the member that `rule` names (partition.permute); others receive zeros",
+         family=Family.collective, stage=Stage.local,
+         flops=no_flops, infer=lambda ops, attrs: ops[0], numpy=None,
          simulate=_sim_permute, jax=_permute_jax)
 
 # ---------------------------------------------------------------------------------- local slicing
@@ -227,9 +247,20 @@ def _shard_slice_jax(a, attrs, out):
     return f"shard_slice({a[0]}, {a[1]}, dim={dim}, size={size}, group={group})"
 
 
-register("shard_slice", flops=no_flops, infer=_shard_slice_infer, numpy=_shard_slice_numpy, local_only=True,
-         jax=_shard_slice_jax, partial="additive", partial_operands=(0,),
-         doc="this partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first")
+_SHARD_SLICE_HELPER = '''
+def shard_slice(x, idx, *, dim, size, group):
+    """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
+    if x.shape[dim] < size * group:
+        widths = [(0, 0)] * x.ndim
+        widths[dim] = (0, size * group - x.shape[dim])
+        x = jnp.pad(x, widths)
+    return jax.lax.dynamic_slice_in_dim(x, idx * size, size, axis=dim)
+'''
+
+register("shard_slice", doc="this partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first",
+         family=Family.local, stage=Stage.local,
+         flops=no_flops, infer=_shard_slice_infer, numpy=_shard_slice_numpy,
+         jax=_shard_slice_jax, jax_helper=_SHARD_SLICE_HELPER, partial="additive", partial_operands=(0,))
 
 
 def _range_mask_infer(ops, attrs):
@@ -249,9 +280,19 @@ def _range_mask_jax(a, attrs, out):
             f"lo={attrs['lo']}, hi={attrs['hi']}, value={py_literal(attrs['value'])})")
 
 
-register("range_mask", infer=_range_mask_infer, numpy=_range_mask_numpy, local_only=True, jax=_range_mask_jax,
-         doc="keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value "
-             "(masks the padding of uneven shards and the outside of halo windows)")
+_RANGE_MASK_HELPER = '''
+def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
+    """Keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value."""
+    shape = [1] * x.ndim
+    shape[dim] = x.shape[dim]
+    pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
+    return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
+'''
+
+# masks the padding of uneven shards and the outside of halo windows
+register("range_mask", doc="keep elements at global positions idx*chunk + offset + t in [lo, hi); others := value",
+         family=Family.local, stage=Stage.local,
+         infer=_range_mask_infer, numpy=_range_mask_numpy, jax=_range_mask_jax, jax_helper=_RANGE_MASK_HELPER)
 
 # ---------------------------------------------------------------------------------- dynamic_slice
 
@@ -268,6 +309,8 @@ def _dynamic_slice_numpy(x, start, *, dim, size):
     return np.take(x, np.arange(s, s + size), axis=dim)
 
 
-register("dynamic_slice", flops=no_flops, infer=_dynamic_slice_infer, numpy=_dynamic_slice_numpy, local_only=True,
+register("dynamic_slice", doc="`size` elements of dim `dim` from a run-time start (clamped into the dim)",
+         family=Family.local, stage=Stage.local,
+         flops=no_flops, infer=_dynamic_slice_infer, numpy=_dynamic_slice_numpy,
          jax=lambda a, attrs, out: f"jax.lax.dynamic_slice_in_dim({a[0]}, {a[1]}, {attrs['size']}, {attrs['dim']})",
          partial="additive", partial_operands=(0,))

@@ -8,7 +8,7 @@ from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder, einsum_rule
 from .moving import partition_conv
-from .registry import check, register
+from .registry import Family, PartialMode, ReduceKind, check, register
 
 # ---------------------------------------------------------------------------------- einsum
 
@@ -78,11 +78,13 @@ def _conv_flops(operands, results, attrs) -> int:
     return n
 
 
-register("einsum", infer=_einsum_infer, numpy=_einsum_numpy, flops=_einsum_flops,
+register("einsum", doc="contraction of one or two operands over named indices (explicit output)",
+         example=(("f32[8, 16]", "f32[16, 4]"), {"spec": "ij,jk->ik"}),
+         infer=_einsum_infer, numpy=_einsum_numpy, flops=_einsum_flops,
          rule=lambda ops, res, attrs: einsum_rule(attrs["spec"].replace(" ", ""), [t.shape for t in ops],
                                                   res[0].shape),
-         jax=_einsum_jax, partial="multilinear", reduce_fill=lambda dtype: 0, reduce_kind="sum",
-         family="contract")
+         jax=_einsum_jax, partial=PartialMode.multilinear, reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
+         family=Family.contract)
 
 # ---------------------------------------------------------------------------------- conv
 
@@ -149,7 +151,10 @@ def _conv_jax(args, attrs, out):
             f"padding={pad}, dimension_numbers={spec})")
 
 
-register("conv", infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, partition=partition_conv,
+register("conv", doc="convolution [N, spatial..., C] x [window..., C, F] -> [N, spatial..., F]",
+         example=(("f32[2, 8, 8, 3]", "f32[3, 3, 3, 5]"), {"strides": (1, 1), "padding": ((1, 1), (1, 1))}),
+         infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, partition=partition_conv,
          flops=_conv_flops,
-         partial="multilinear", reduce_fill=lambda dtype: 0, reduce_kind="sum", family="contract")
+         partial=PartialMode.multilinear, reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
+         family=Family.contract)
 

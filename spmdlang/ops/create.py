@@ -5,18 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import types as T
+from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder, elementwise_rule
-from .registry import check, no_flops, py_literal, register
+from .registry import Family, PartialMode, Stage, check, no_flops, py_literal, register
 
 
 def _fresh_rule(operands, results, attrs):
     return elementwise_rule([], results[0].shape)
 
 
-register("full", flops=no_flops, infer=lambda ops, attrs: TensorType(attrs["dtype"], tuple(attrs["shape"])),
+register("full", doc="a tensor of `shape` filled with `value`", family=Family.create,
+         example=((), {"dtype": "f32", "shape": (4, 8), "value": 0.0}), flops=no_flops,
+         infer=lambda ops, attrs: TensorType(attrs["dtype"], tuple(attrs["shape"])),
          numpy=lambda *, dtype, shape, value: np.full(shape, value, dtype=T.np_dtype(dtype)),
-         rule=_fresh_rule, family="elementwise",
+         rule=_fresh_rule,
          localize=lambda attrs, ops, shapes: {**attrs, "shape": tuple(shapes[0])},
          jax=lambda a, attrs, out: (f"jnp.full({tuple(out[0].shape)}, {py_literal(attrs['value'])}, "
                                     f"{T.jnp_dtype(attrs['dtype'])})"))
@@ -47,7 +50,9 @@ def _iota_partition(ctx):
     ctx.set_result(x, out)
 
 
-register("iota", flops=no_flops, infer=_iota_infer, numpy=_iota_numpy, rule=_fresh_rule, family="elementwise",
+register("iota", doc="counts 0, 1, 2, ... along `axis`, constant along the other dims",
+         example=((), {"dtype": "i32", "shape": (4, 8), "axis": 1}),
+         flops=no_flops, infer=_iota_infer, numpy=_iota_numpy, rule=_fresh_rule, family=Family.create,
          partition=_iota_partition,
          jax=lambda a, attrs, out: (f"jax.lax.broadcasted_iota({T.jnp_dtype(attrs['dtype'])}, "
                                     f"{tuple(out[0].shape)}, {attrs['axis']})"))
@@ -83,8 +88,6 @@ def _take_partition(ctx):
     """Table split on the gathered axis (vocab split): every shard gathers the rows it owns, zeros
     the others, and the result is a pending sum over the vocab axes (one all_reduce, or a
     reduce_scatter if the consumer wants it split). Other splits are local (generic)."""
-    from ..partition.mesh import Sharding
-
     table, ids = ctx.op.operands
     axis = ctx.attrs["axis"]
     ts, ids_s = ctx.layout(0), ctx.layout(1)
@@ -114,8 +117,10 @@ def _take_partition(ctx):
     ctx.set_result(out, Sharding(dims, ctx.mesh.order(vocab), frozenset(), "sum"))
 
 
-register("take", flops=no_flops, infer=_take_infer, numpy=_take_numpy, rule=_take_rule, partition=_take_partition,
-         partial="multilinear", partial_operands=(0,), family="gather",
+register("take", doc="gather: the slices of `table` along `axis` at `ids` (ids clamped to the axis)",
+         example=(("f32[100, 16]", "i32[4, 8]"), {"axis": 0}),
+         flops=no_flops, infer=_take_infer, numpy=_take_numpy, rule=_take_rule, partition=_take_partition,
+         partial=PartialMode.multilinear, partial_operands=(0,), family=Family.gather,
          jax=lambda a, attrs, out: f"jnp.take({a[0]}, {a[1]}, axis={attrs['axis']}, mode='clip')")
 
 # ---------------------------------------------------------------------------------- shard
@@ -128,6 +133,8 @@ def _shard_infer(operands, attrs):
     return x
 
 
-register("shard", flops=no_flops, constraint=True, infer=_shard_infer, numpy=lambda x, *, sharding: x,
+register("shard", doc="sharding constraint: x laid out as `sharding` (GSPMD's mesh_split)",
+         example=(("f32[4, 8]",), {"sharding": Sharding(((), ()))}), stage=Stage.global_,
+         flops=no_flops, constraint=True, infer=_shard_infer, numpy=lambda x, *, sharding: x,
          rule=lambda ops, res, attrs: elementwise_rule([ops[0].shape], res[0].shape),
-         partial="additive", family="elementwise", jax=lambda a, attrs, out: a[0])
+         partial=PartialMode.additive, family=Family.constraint, jax=lambda a, attrs, out: a[0])

@@ -12,7 +12,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import elementwise_rule
-from .registry import check, no_flops, register
+from .registry import Family, PartialMode, check, no_flops, register
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
@@ -32,25 +32,25 @@ def _elementwise_rule(operands, results, attrs):
 # ---------------------------------------------------------------------------------- unary
 
 _FLOAT_UNARY = {
-    "exp": (np.exp, "jnp.exp({0})"),
-    "log": (np.log, "jnp.log({0})"),
-    "sqrt": (np.sqrt, "jnp.sqrt({0})"),
-    "rsqrt": (lambda x: 1.0 / np.sqrt(x), "jax.lax.rsqrt({0})"),
-    "tanh": (np.tanh, "jnp.tanh({0})"),
-    "sigmoid": (lambda x: 0.5 * (np.tanh(0.5 * x) + 1.0), "jax.nn.sigmoid({0})"),
+    "exp": (np.exp, "jnp.exp({0})", "e to the x"),
+    "log": (np.log, "jnp.log({0})", "natural logarithm"),
+    "sqrt": (np.sqrt, "jnp.sqrt({0})", "square root"),
+    "rsqrt": (lambda x: 1.0 / np.sqrt(x), "jax.lax.rsqrt({0})", "1 / sqrt(x)"),
+    "tanh": (np.tanh, "jnp.tanh({0})", "hyperbolic tangent"),
+    "sigmoid": (lambda x: 0.5 * (np.tanh(0.5 * x) + 1.0), "jax.nn.sigmoid({0})", "logistic 1 / (1 + exp(-x))"),
     "gelu": (lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi).astype(x.dtype)
                                                * (x + 0.044715 * x * x * x))),
-             "jax.nn.gelu({0}, approximate=True)"),
-    "sin": (np.sin, "jnp.sin({0})"),
-    "cos": (np.cos, "jnp.cos({0})"),
-    "floor": (np.floor, "jnp.floor({0})"),
-    "ceil": (np.ceil, "jnp.ceil({0})"),
+             "jax.nn.gelu({0}, approximate=True)", "GELU, tanh approximation"),
+    "sin": (np.sin, "jnp.sin({0})", "sine"),
+    "cos": (np.cos, "jnp.cos({0})", "cosine"),
+    "floor": (np.floor, "jnp.floor({0})", "round toward -inf"),
+    "ceil": (np.ceil, "jnp.ceil({0})", "round toward +inf"),
 }
 _NUMERIC_UNARY = {
-    "neg": (np.negative, "-{0}"),
-    "abs": (np.abs, "jnp.abs({0})"),
-    "sign": (np.sign, "jnp.sign({0})"),
-    "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "jax.nn.relu({0})"),
+    "neg": (np.negative, "-{0}", "-x (linear: a pending sum passes through)"),
+    "abs": (np.abs, "jnp.abs({0})", "absolute value"),
+    "sign": (np.sign, "jnp.sign({0})", "-1, 0 or 1 by the sign of x"),
+    "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "jax.nn.relu({0})", "max(x, 0)"),
 }
 
 
@@ -76,15 +76,18 @@ def _template(text):
     return lambda args, attrs, out: text.format(*args)
 
 
-for _name, (_fn, _jax) in _FLOAT_UNARY.items():
-    register(_name, infer=_unary_infer(_name, {"float"}), numpy=_unary_numpy(_fn),
-             rule=_elementwise_rule, jax=_template(_jax), family="elementwise")
-for _name, (_fn, _jax) in _NUMERIC_UNARY.items():
-    register(_name, infer=_unary_infer(_name, {"float", "int"}), numpy=_unary_numpy(_fn),
-             rule=_elementwise_rule, jax=_template(_jax), family="elementwise",
-             partial="additive" if _name == "neg" else None)
-register("logical_not", infer=_unary_infer("logical_not", {"bool"}), numpy=np.logical_not,
-         rule=_elementwise_rule, jax=_template("jnp.logical_not({0})"), family="elementwise")
+_UNARY_EXAMPLE = (("f32[4, 8]",), {})
+
+for _name, (_fn, _jax, _doc) in _FLOAT_UNARY.items():
+    register(_name, doc=_doc, infer=_unary_infer(_name, {"float"}), numpy=_unary_numpy(_fn),
+             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE)
+for _name, (_fn, _jax, _doc) in _NUMERIC_UNARY.items():
+    register(_name, doc=_doc, infer=_unary_infer(_name, {"float", "int"}), numpy=_unary_numpy(_fn),
+             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE,
+             partial=PartialMode.additive if _name == "neg" else None)
+register("logical_not", doc="boolean not", infer=_unary_infer("logical_not", {"bool"}), numpy=np.logical_not,
+         rule=_elementwise_rule, jax=_template("jnp.logical_not({0})"), family=Family.elementwise,
+         example=(("bool[4, 8]",), {}))
 
 
 def _cast_infer(operands, attrs):
@@ -102,9 +105,10 @@ def _cast_numpy(x, *, dtype):
     return x.astype(target)
 
 
-register("cast", flops=no_flops, infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
+register("cast", doc="convert to `dtype` (floats to ints truncate toward zero, saturating)",
+         flops=no_flops, infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
          jax=lambda args, attrs, out: f"{args[0]}.astype({T.jnp_dtype(attrs['dtype'])})",
-         family="elementwise")
+         family=Family.elementwise, example=(("f32[4, 8]",), {"dtype": "i32"}))
 
 
 # ---------------------------------------------------------------------------------- binary
@@ -118,25 +122,25 @@ def _int_pow(a, b):
 
 
 _ARITH = {
-    "add": (np.add, "({0} + {1})", "additive"),
-    "sub": (np.subtract, "({0} - {1})", "additive"),
-    "mul": (np.multiply, "({0} * {1})", "multilinear"),
-    "div": (np.divide, "({0} / {1})", "multilinear"),
-    "maximum": (np.maximum, "jnp.maximum({0}, {1})", None),
-    "minimum": (np.minimum, "jnp.minimum({0}, {1})", None),
-    "pow": (np.power, "jnp.power({0}, {1})", None),
+    "add": (np.add, "({0} + {1})", PartialMode.additive, "a + b"),
+    "sub": (np.subtract, "({0} - {1})", PartialMode.additive, "a - b"),
+    "mul": (np.multiply, "({0} * {1})", PartialMode.multilinear, "a * b"),
+    "div": (np.divide, "({0} / {1})", PartialMode.multilinear, "a / b; ints floor-divide, and x / 0 is 0"),
+    "maximum": (np.maximum, "jnp.maximum({0}, {1})", None, "the larger of a and b"),
+    "minimum": (np.minimum, "jnp.minimum({0}, {1})", None, "the smaller of a and b"),
+    "pow": (np.power, "jnp.power({0}, {1})", None, "a ** b; int powers with b < 0 truncate toward zero"),
 }
 _COMPARE = {
-    "lt": (np.less, "({0} < {1})"),
-    "le": (np.less_equal, "({0} <= {1})"),
-    "gt": (np.greater, "({0} > {1})"),
-    "ge": (np.greater_equal, "({0} >= {1})"),
-    "eq": (np.equal, "({0} == {1})"),
-    "ne": (np.not_equal, "({0} != {1})"),
+    "lt": (np.less, "({0} < {1})", "a < b"),
+    "le": (np.less_equal, "({0} <= {1})", "a <= b"),
+    "gt": (np.greater, "({0} > {1})", "a > b"),
+    "ge": (np.greater_equal, "({0} >= {1})", "a >= b"),
+    "eq": (np.equal, "({0} == {1})", "a == b"),
+    "ne": (np.not_equal, "({0} != {1})", "a != b"),
 }
 _LOGICAL = {
-    "logical_and": (np.logical_and, "jnp.logical_and({0}, {1})"),
-    "logical_or": (np.logical_or, "jnp.logical_or({0}, {1})"),
+    "logical_and": (np.logical_and, "jnp.logical_and({0}, {1})", "boolean and"),
+    "logical_or": (np.logical_or, "jnp.logical_or({0}, {1})", "boolean or"),
 }
 
 
@@ -177,16 +181,18 @@ def _arith_jax(name, text):
     return emit
 
 
-for _name, (_fn, _jax, _partial) in _ARITH.items():
-    register(_name, infer=_binary_infer(_name, {"float", "int"}), numpy=_arith_numpy(_name, _fn),
-             rule=_elementwise_rule, jax=_arith_jax(_name, _jax), family="elementwise",
-             partial=_partial, partial_operands=(0,) if _name == "div" else None)
-for _name, (_fn, _jax) in _COMPARE.items():
-    register(_name, infer=_binary_infer(_name, {"float", "int", "bool"}, "bool"), numpy=_fn,
-             rule=_elementwise_rule, jax=_template(_jax), family="elementwise")
-for _name, (_fn, _jax) in _LOGICAL.items():
-    register(_name, infer=_binary_infer(_name, {"bool"}), numpy=_fn, rule=_elementwise_rule,
-             jax=_template(_jax), family="elementwise")
+_BINARY_EXAMPLE = (("f32[4, 8]", "f32[4, 8]"), {})
+
+for _name, (_fn, _jax, _partial, _doc) in _ARITH.items():
+    register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int"}), numpy=_arith_numpy(_name, _fn),
+             rule=_elementwise_rule, jax=_arith_jax(_name, _jax), family=Family.elementwise,
+             partial=_partial, partial_operands=(0,) if _name == "div" else None, example=_BINARY_EXAMPLE)
+for _name, (_fn, _jax, _doc) in _COMPARE.items():
+    register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int", "bool"}, "bool"), numpy=_fn,
+             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_BINARY_EXAMPLE)
+for _name, (_fn, _jax, _doc) in _LOGICAL.items():
+    register(_name, doc=_doc, infer=_binary_infer(_name, {"bool"}), numpy=_fn, rule=_elementwise_rule,
+             jax=_template(_jax), family=Family.elementwise, example=(("bool[4, 8]", "bool[4, 8]"), {}))
 
 
 def _select_infer(operands, attrs):
@@ -196,5 +202,7 @@ def _select_infer(operands, attrs):
     return TensorType(a.dtype, _same_shape(operands))
 
 
-register("select", infer=_select_infer, numpy=lambda c, a, b: np.where(c, a, b).astype(a.dtype),
-         rule=_elementwise_rule, jax=_template("jnp.where({0}, {1}, {2})"), family="elementwise")
+register("select", doc="where(cond, a, b): a where cond holds, else b",
+         infer=_select_infer, numpy=lambda c, a, b: np.where(c, a, b).astype(a.dtype),
+         rule=_elementwise_rule, jax=_template("jnp.where({0}, {1}, {2})"), family=Family.elementwise,
+         example=(("bool[4, 8]", "f32[4, 8]", "f32[4, 8]"), {}))

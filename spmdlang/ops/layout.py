@@ -12,7 +12,7 @@ import numpy as np
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder, reshape_rule
 from .moving import partition_concat, partition_pad, partition_roll, partition_slice
-from .registry import check, no_flops, py_literal, register
+from .registry import Family, PartialMode, check, no_flops, py_literal, register
 
 # ---------------------------------------------------------------------------------- transpose
 
@@ -31,9 +31,10 @@ def _transpose_rule(operands, results, attrs):
     return b.build([[(f,) for f in fs]], [[(fs[p],) for p in attrs["perm"]]])
 
 
-register("transpose", flops=no_flops, infer=_transpose_infer,
+register("transpose", doc="permute the dims: result dim i is operand dim perm[i]",
+         example=(("f32[2, 3, 4]",), {"perm": (2, 0, 1)}), flops=no_flops, infer=_transpose_infer,
          numpy=lambda x, *, perm: np.transpose(x, perm).copy(),
-         rule=_transpose_rule, partial="additive", family="elementwise",
+         rule=_transpose_rule, partial=PartialMode.additive, family=Family.layout,
          jax=lambda a, attrs, out: f"jnp.transpose({a[0]}, {tuple(attrs['perm'])})")
 
 # ---------------------------------------------------------------------------------- reshape
@@ -51,10 +52,12 @@ def _local_shape(attrs, operands, shapes):
     return {**attrs, "shape": tuple(shapes[0])}
 
 
-register("reshape", flops=no_flops, infer=_reshape_infer, numpy=lambda x, *, shape: np.reshape(x, shape),
+register("reshape", doc="the same elements in row-major order, in `shape`",
+         example=(("f32[8, 64, 256]",), {"shape": (8, 64, 8, 32)}),
+         flops=no_flops, infer=_reshape_infer, numpy=lambda x, *, shape: np.reshape(x, shape),
          localize=_local_shape,
          rule=lambda ops, res, attrs: reshape_rule(ops[0].shape, res[0].shape),
-         partial="additive", family="elementwise",
+         partial=PartialMode.additive, family=Family.layout,
          jax=lambda a, attrs, out: f"jnp.reshape({a[0]}, {tuple(out[0].shape)})")
 
 # ---------------------------------------------------------------------------------- broadcast
@@ -84,9 +87,11 @@ def _broadcast_numpy(x, *, shape, dims):
     return np.broadcast_to(expanded, shape).copy()  # ascontiguousarray would make a 0-d array 1-d
 
 
-register("broadcast_in_dim", flops=no_flops, infer=_broadcast_infer, numpy=_broadcast_numpy, rule=_broadcast_rule,
+register("broadcast_in_dim", doc="operand dim i becomes result dim dims[i] (size 1 or equal); other dims repeat",
+         example=(("f32[16]",), {"shape": (8, 16), "dims": (1,)}),
+         flops=no_flops, infer=_broadcast_infer, numpy=_broadcast_numpy, rule=_broadcast_rule,
          localize=_local_shape,
-         partial="additive", family="elementwise",
+         partial=PartialMode.additive, family=Family.layout,
          jax=lambda a, attrs, out: f"jax.lax.broadcast_in_dim({a[0]}, {tuple(out[0].shape)}, {tuple(attrs['dims'])})")
 
 # ---------------------------------------------------------------------------------- slice
@@ -133,9 +138,11 @@ def _slice_localize(attrs, operands, shapes):
     return {**attrs, "stops": stops}
 
 
-register("slice", flops=no_flops, infer=_slice_infer, numpy=_slice_numpy, rule=_slice_rule, partial="additive",
+register("slice", doc="x[starts:stops:steps] per dim (static bounds)",
+         example=(("f32[8, 16]",), {"starts": (0, 2), "stops": (8, 10), "steps": (1, 1)}),
+         flops=no_flops, infer=_slice_infer, numpy=_slice_numpy, rule=_slice_rule, partial=PartialMode.additive,
          localize=_slice_localize, partition=partition_slice,
-         jax=_slice_jax, family="elementwise")
+         jax=_slice_jax, family=Family.layout)
 
 # ---------------------------------------------------------------------------------- pad
 
@@ -160,9 +167,11 @@ def _pad_numpy(x, *, lo, hi, value):
     return np.pad(x, list(zip(lo, hi)), constant_values=np.asarray(value).astype(x.dtype))
 
 
-register("pad", flops=no_flops, infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family="elementwise",
+register("pad", doc="lo[d] and hi[d] elements of `value` added before and after each dim d",
+         example=(("f32[8, 16]",), {"lo": (0, 1), "hi": (0, 2), "value": 0.0}),
+         flops=no_flops, infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family=Family.layout,
          partition=partition_pad,
-         partial=lambda attrs: "additive" if attrs["value"] == 0 else None,
+         partial=lambda attrs: PartialMode.additive if attrs["value"] == 0 else None,
          jax=lambda a, attrs, out: (f"jnp.pad({a[0]}, {list(zip(attrs['lo'], attrs['hi']))}, "
                                     f"constant_values={py_literal(attrs['value'])})"))
 
@@ -190,9 +199,11 @@ def _concat_rule(operands, results, attrs):
     return b.build([dims] * len(operands), [dims])
 
 
-register("concat", flops=no_flops, infer=_concat_infer, numpy=lambda *xs, axis: np.concatenate(xs, axis=axis),
+register("concat", doc="the operands one after the other along `axis`",
+         example=(("f32[4, 8]", "f32[4, 3]"), {"axis": 1}),
+         flops=no_flops, infer=_concat_infer, numpy=lambda *xs, axis: np.concatenate(xs, axis=axis),
          partition=partition_concat,
-         rule=_concat_rule, partial="additive", family="elementwise",
+         rule=_concat_rule, partial=PartialMode.additive, family=Family.layout,
          jax=lambda a, attrs, out: f"jnp.concatenate([{', '.join(a)}], axis={attrs['axis']})")
 
 # ---------------------------------------------------------------------------------- roll
@@ -211,8 +222,10 @@ def _roll_rule(operands, results, attrs):
     return b.build([[(f,) for f in fs]], [[(f,) for f in fs]])
 
 
-register("roll", flops=no_flops, infer=_roll_infer, numpy=lambda x, *, shift, axis: np.roll(x, shift, axis=axis),
+register("roll", doc="rotate by `shift` along `axis`: element i moves to (i + shift) mod n",
+         example=(("f32[8, 16]",), {"shift": 3, "axis": 0}),
+         flops=no_flops, infer=_roll_infer, numpy=lambda x, *, shift, axis: np.roll(x, shift, axis=axis),
          partition=partition_roll,
-         rule=_roll_rule, partial="additive", family="elementwise",
+         rule=_roll_rule, partial=PartialMode.additive, family=Family.layout,
          jax=lambda a, attrs, out: f"jnp.roll({a[0]}, {attrs['shift']}, axis={attrs['axis']})")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from math import prod
 
+from ..ir.mesh import Sharding
 from ..partition.factors import PERMUTATION
 from ..partition.halo import Window, window_bytes, window_collectives
-from ..partition.mesh import Sharding
 from ..partition.reshard import FLOPS_PER_BYTE, LATENCY_BYTES, chunk, comm_cost, plan_reshard
 
 

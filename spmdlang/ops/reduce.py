@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import types as T
+from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder
-from .registry import check, operand_flops, register
+from .registry import Family, PartialMode, ReduceKind, check, operand_flops, register
 
 
 def _reduce_infer(name):
@@ -56,10 +57,10 @@ def _fill(kind):
 
 
 _REDUCE = {
-    "reduce_sum": (np.sum, "jnp.sum", "sum"),
-    "reduce_prod": (np.prod, "jnp.prod", "prod"),
-    "reduce_max": (np.max, "jnp.max", "max"),
-    "reduce_min": (np.min, "jnp.min", "min"),
+    "reduce_sum": (np.sum, "jnp.sum", ReduceKind.sum),
+    "reduce_prod": (np.prod, "jnp.prod", ReduceKind.prod),
+    "reduce_max": (np.max, "jnp.max", ReduceKind.max),
+    "reduce_min": (np.min, "jnp.min", ReduceKind.min),
 }
 
 
@@ -79,9 +80,10 @@ def _reduce_jax(fn):
 
 
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
-    register(_name, infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
+    register(_name, doc=f"{_kind} over `axes`, which the result drops", example=(("f32[8, 16, 4]",), {"axes": (1,)}),
+             infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
              jax=_reduce_jax(_jax), reduce_fill=_fill(_kind), reduce_kind=_kind, flops=operand_flops,
-             partial="additive" if _kind == "sum" else None, family="reduce")
+             partial=PartialMode.additive if _kind == "sum" else None, family=Family.reduce)
 
 
 def _arg_infer(name):
@@ -105,8 +107,6 @@ def _arg_partition(kind):
     all_reduce of the values picks the extreme and an all_reduce(min) of the indices that attain
     it picks the first, as numpy does. Otherwise local (generic)."""
     def partition(ctx):
-        from ..partition.mesh import Sharding
-
         (x,) = ctx.op.operands
         axis = ctx.attrs["axis"]
         s = ctx.layout(0)
@@ -131,11 +131,15 @@ def _arg_partition(kind):
     return partition
 
 
-register("argmax", infer=_arg_infer("argmax"), partition=_arg_partition("argmax"), flops=operand_flops,
+register("argmax", doc="index of the first largest element along `axis` (i32)",
+         example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer("argmax"), partition=_arg_partition("argmax"),
+         flops=operand_flops,
          numpy=lambda x, *, axis: np.argmax(x, axis=axis).astype(np.int32), rule=_arg_rule,
          jax=lambda a, attrs, out: f"jnp.argmax({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
-         family="reduce")
-register("argmin", infer=_arg_infer("argmin"), partition=_arg_partition("argmin"), flops=operand_flops,
+         family=Family.reduce)
+register("argmin", doc="index of the first smallest element along `axis` (i32)",
+         example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer("argmin"), partition=_arg_partition("argmin"),
+         flops=operand_flops,
          numpy=lambda x, *, axis: np.argmin(x, axis=axis).astype(np.int32), rule=_arg_rule,
          jax=lambda a, attrs, out: f"jnp.argmin({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
-         family="reduce")
+         family=Family.reduce)

@@ -8,8 +8,8 @@ The presets are rough public figures, meant for comparing plans, not for predict
 
 from __future__ import annotations
 
+from ..ir import registry
 from ..ir.core import Op, Program
-from ..ops import registry
 
 PRESETS = {
     "tpu-v4": {"bandwidth_gbps": 45.0, "latency_us": 2.0},

@@ -22,9 +22,22 @@ from dataclasses import dataclass
 from functools import cached_property
 from math import gcd
 
-from .mesh import Mesh
+from ..ir.mesh import Mesh
+from ..ir.registry import Named
 
-PASS, REDUCTION, REPLICATE, PERMUTATION = "pass", "reduction", "replicate", "permutation"
+
+class FactorKind(Named):
+    pass_ = "pass"
+    reduction = "reduction"
+    replicate = "replicate"
+    permutation = "permutation"
+
+
+PASS, REDUCTION, REPLICATE, PERMUTATION = FactorKind.pass_, FactorKind.reduction, FactorKind.replicate, \
+    FactorKind.permutation
+
+# Shardy's names for the kinds that are not pass-through, as its rule printer writes them
+_SHARDY_KIND = {REDUCTION: "reduction", REPLICATE: "need_replication", PERMUTATION: "permutation"}
 
 DimFactors = tuple[int, ...]
 TensorFactors = tuple[DimFactors, ...]
@@ -45,6 +58,39 @@ class FactorRule:
     def multi_factor_dims(self) -> bool:
         """Whether some dim is made of several factors (reshape), so that projections can lose axes."""
         return any(len(fs) > 1 for t in self.tensors for fs in t)
+
+    def __str__(self) -> str:
+        """Shardy's notation, factors lettered i, j, k, ... in order of first appearance:
+        `([i, j], [j, k]) -> ([i, k]) reduction={j}`; a dim of several factors is `[ij]`, a dim
+        of none (size 1) is `1`; `{i=8, ...}` sizes are left out, see `sizes_text`."""
+        names = self._letters()
+
+        def tensors(ts):
+            return "(" + ", ".join("[" + ", ".join("".join(names[f] for f in d) or "1" for d in t) + "]"
+                                   for t in ts) + ")"
+
+        text = f"{tensors(self.operands)} -> {tensors(self.results)}"
+        for kind, word in _SHARDY_KIND.items():
+            fs = [names[f] for f in names if self.kinds[f] == kind]
+            if fs:
+                text += f" {word}={{{', '.join(fs)}}}"
+        return text
+
+    def sizes_text(self) -> str:
+        """The factor sizes, `{i=8, j=16, k=4}`."""
+        names = self._letters()
+        return "{" + ", ".join(f"{n}={self.sizes[f]}" for f, n in names.items()) + "}"
+
+    def _letters(self) -> dict[int, str]:
+        names: dict[int, str] = {}
+        for t in self.tensors:
+            for d in t:
+                for f in d:
+                    if f not in names:
+                        k = len(names)
+                        letter = "ijklmnopqrstuvwxyzabcdefgh"[k % 26]
+                        names[f] = letter if k < 26 else f"{letter}_{k // 26}"
+        return names
 
     def factor_dims(self, tensor: int, factor: int) -> int | None:
         """Which dim of tensor `tensor` (operands first, then results) holds `factor`, if any."""

@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ..ir import registry
 from ..ir.core import Op, Program, Value
-from ..ops import registry
+from ..ir.mesh import Mesh, Sharding
 from .factors import REDUCTION, REPLICATE, FactorRule, project, restrict, unproject_dim
-from .mesh import Mesh, Sharding
 
 PHASES = (0, 1, 2)
 
@@ -101,7 +101,7 @@ def _admitted(op: Op, kind: str, phase: int) -> bool:
     if kind == REPLICATE:
         return False
     if phase == 0:
-        return registry.get(op.kind).family == "elementwise"
+        return registry.get(op.kind).propagates_first
     if phase == 1:
         return kind != REDUCTION
     return True
@@ -110,7 +110,7 @@ def _admitted(op: Op, kind: str, phase: int) -> bool:
 def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, forward: bool = False):
     """This op's proposals: [(value, dim, axes, strength, source value)]; only for its results
     when `forward`."""
-    if phase == 0 and registry.get(op.kind).family != "elementwise":
+    if phase == 0 and not registry.get(op.kind).propagates_first:
         return []
     tensors = op.operands + op.results
     mesh = st.mesh

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
 
-from .mesh import Mesh, Sharding
+from ..ir.mesh import Mesh, Sharding
 
 
 @dataclass(frozen=True)

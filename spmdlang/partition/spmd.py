@@ -19,12 +19,12 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..errors import Span
+from ..ir import registry
 from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.mesh import Mesh, Sharding
 from ..ir.types import TensorType, itemsize
-from ..ops import registry
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
-from .mesh import Mesh, Sharding
 from .propagate import Propagation, op_rule
 from .reshard import FLOPS_PER_BYTE, Step, comm_cost, drop_trivial_axes, plan_reshard, step_bytes
 

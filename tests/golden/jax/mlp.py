@@ -87,6 +87,13 @@ def mesh_order_pairs(pairs, axes, sizes, mesh_axes):
     return [(renumber(s), renumber(d)) for s, d in pairs]
 
 
+def all_to_all(x, axes, split_dim, concat_dim):
+    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
+    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
+    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
+    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
+
+
 def shard_slice(x, idx, *, dim, size, group):
     """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
     if x.shape[dim] < size * group:
@@ -102,13 +109,6 @@ def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
     shape[dim] = x.shape[dim]
     pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
     return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
-
-
-def all_to_all(x, axes, split_dim, concat_dim):
-    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
-    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
-    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
-    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
 
 
 def body(x, w1, b1, w2, b2):

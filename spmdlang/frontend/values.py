@@ -1,0 +1,95 @@
+"""Values of the frontend that are not tensors, and the checks on them shared by lowering and builtins.
+
+Expressions evaluate to a `Value` (a tensor in the IR) or to a static Python value (int, float,
+bool, str, list, spec, `StaticType`, `Dtype`); these helpers describe, check and convert the latter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import SpmdError
+from ..ir import types as T
+from ..ir.core import Value
+from ..ir.types import TensorType
+from . import ast as A
+
+
+@dataclass(frozen=True)
+class StaticType:
+    """A type written as an argument, e.g. zeros(f32[4, 8])."""
+
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class Dtype:
+    """A dtype written as an argument, e.g. cast(x, bf16)."""
+
+    name: str
+
+
+def did_you_mean(name: str, options) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def static_int(value, span, what="value") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpmdError(f"{what} must be a static integer, got {describe(value)}", span)
+    return value
+
+
+def scalar_value(v, dtype: str, span, what="") -> bool | int | float:
+    """A static number as a Python value of `dtype`; integers must fit it (numpy would overflow at
+    run time), floats must be integral for an int dtype."""
+    if dtype == "bool":
+        return bool(v)
+    if T.is_float(dtype):
+        try:
+            return float(v)
+        except OverflowError:
+            raise SpmdError(f"{what}the integer {_short(v)} is too large for {dtype}", span) from None
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")) or v != int(v):
+            raise SpmdError(f"{what}{v} is not an integer and cannot be a {dtype} value", span)
+    info = np.iinfo(T.np_dtype(dtype))
+    if not info.min <= int(v) <= info.max:
+        raise SpmdError(f"{what}{_short(int(v))} does not fit {dtype} (range {info.min}..{info.max})", span)
+    return int(v)
+
+
+def _short(n: int) -> str:
+    text = str(n)
+    return text if len(text) <= 24 else f"{text[:3]}...({len(text)} digits)"
+
+
+def float_for(dtype: str) -> str:
+    """The float dtype an int (or bool) computes in where a float is needed: i64 -> f64, else f32."""
+    return dtype if T.is_float(dtype) else "f64" if T.itemsize(dtype) == 8 else "f32"
+
+
+def describe(value) -> str:
+    if isinstance(value, Value):
+        return f"a tensor {value.type}"
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, StaticType):
+        return f"the type {value.type}"
+    if isinstance(value, Dtype):
+        return f"the dtype {value.name}"
+    if isinstance(value, A.SpecExpr):
+        return "a sharding spec"
+    return type(value).__name__

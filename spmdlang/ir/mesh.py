@@ -1,0 +1,122 @@
+"""The device mesh and the Sharding of a tensor over it.
+
+A Sharding lists, per tensor dim, the mesh axes splitting it (major first); axes it does not name
+replicate the tensor. `partial` axes mark a value whose shards still owe a sum over those axes.
+`open_dims` only appears on `shard()` constraints: dims that propagation may still refine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from math import prod
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Named axes (major to minor) and the device id of each mesh position (row-major)."""
+
+    axes: tuple[tuple[str, int], ...]
+    devices: tuple[int, ...]
+
+    def __post_init__(self):
+        # hashed once: the device list has an entry per device, and meshes key the partitioner's
+        # caches, so rehashing it on every lookup would make compile time grow with the mesh
+        object.__setattr__(self, "_hash", hash((self.axes, self.devices)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @staticmethod
+    def make(axes: dict[str, int], devices=None) -> Mesh:
+        n = prod(axes.values())
+        return Mesh(tuple(axes.items()), tuple(devices) if devices is not None else tuple(range(n)))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.axes)
+
+    @cached_property
+    def shape(self) -> dict[str, int]:
+        return dict(self.axes)
+
+    @property
+    def size(self) -> int:
+        return prod(s for _, s in self.axes)
+
+    def axis_size(self, axis: str) -> int:
+        return self.shape[axis]
+
+    def group_size(self, axes) -> int:
+        shape = self.shape
+        n = 1
+        for a in axes:
+            n *= shape[a]
+        return n
+
+    def order(self, axes) -> tuple[str, ...]:
+        """Axes sorted in mesh order (major first)."""
+        s = set(axes)
+        return tuple(a for a in self.names if a in s)
+
+    def coords(self, position: int) -> dict[str, int]:
+        """Mesh coordinates of a row-major mesh position (used by the simulator and tests only)."""
+        out = {}
+        for name, size in reversed(self.axes):
+            out[name] = position % size
+            position //= size
+        return dict(reversed(list(out.items())))
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(f"{a}={s}" for a, s in self.axes) + "]"
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Per dim the splitting mesh axes; pending-sum axes; open dims (constraints only)."""
+
+    dims: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+    open_dims: frozenset[int] = field(default_factory=frozenset)
+    partial_op: str = "sum"  # what the pending reduction over `partial` is: sum, max, min or prod
+
+    @staticmethod
+    def replicated(rank: int) -> Sharding:
+        return Sharding(((),) * rank)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def used_axes(self) -> tuple[str, ...]:
+        return tuple(a for d in self.dims for a in d)
+
+    def shards(self, mesh: Mesh, dim: int) -> int:
+        return mesh.group_size(self.dims[dim])
+
+    def local_shape(self, shape, mesh: Mesh) -> tuple[int, ...]:
+        """Static per-partition shape: a dim of n split k ways holds ceil(n/k)."""
+        return tuple(-(-n // self.shards(mesh, i)) for i, n in enumerate(shape))
+
+    def with_partial(self, partial, op: str = "sum") -> Sharding:
+        return Sharding(self.dims, tuple(partial), self.open_dims, op if partial else "sum")
+
+    def closed(self) -> Sharding:
+        return Sharding(self.dims, self.partial, frozenset(), self.partial_op)
+
+    def __str__(self) -> str:
+        parts = []
+        for i, d in enumerate(self.dims):
+            if i in self.open_dims and not d:
+                parts.append("?")
+            elif not d:
+                parts.append("_")
+            elif len(d) == 1:
+                parts.append(d[0])
+            else:
+                parts.append("(" + ", ".join(d) + ")")
+        text = "{" + ", ".join(parts) + "}"
+        if self.partial:
+            op = "" if self.partial_op == "sum" else "_" + self.partial_op
+            text += f" partial{op}(" + ", ".join(self.partial) + ")"
+        return text
