@@ -45,9 +45,16 @@ class Compiled:
     """A compiled program. Stages (IR, shardings, per-partition IR, jax source) are computed on
     first use; every stage is a pure function of the previous one."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, verify: bool | None = None):
+        from .ir.verify import enabled
+
         self.program = program
         self._runners: dict = {}
+        self.verify = enabled(verify)  # run the IR verifier after every pass
+        if self.verify:
+            from .ir.verify import verify as check
+
+            check(program)
 
     @property
     def mesh(self):
@@ -63,14 +70,24 @@ class Compiled:
         """The global program after canonicalisation (ir.simplify), which partitioning starts from."""
         from .ir.simplify import cse, simplify
 
-        return simplify(cse(self.program)[0])
+        prog = simplify(cse(self.program)[0])
+        if self.verify:
+            from .ir.verify import verify
+
+            verify(prog)
+        return prog
 
     @cached_property
     def propagation(self):
         """Sharding propagation over the canonical global program (partition.propagate)."""
         from .partition.propagate import propagate
 
-        return propagate(self.canonical)
+        prop = propagate(self.canonical)
+        if self.verify:
+            from .ir.verify import verify_shardings
+
+            verify_shardings(self.canonical, prop.shardings)
+        return prop
 
     @cached_property
     def spmd(self):
@@ -78,7 +95,15 @@ class Compiled:
         from .partition.combine import finish
         from .partition.spmd import partition
 
-        return finish(partition(self.canonical, self.propagation))
+        spmd = partition(self.canonical, self.propagation)
+        if self.verify:
+            from .ir.verify import verify_spmd
+
+            verify_spmd(spmd)
+        spmd = finish(spmd)
+        if self.verify:
+            verify_spmd(spmd)
+        return spmd
 
     @cached_property
     def spmd_ir(self) -> str:
@@ -231,8 +256,10 @@ def _compare(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tupl
 
 
 def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, int] | None = None,
-            entry: str | None = None, filename: str | None = None) -> Compiled:
+            entry: str | None = None, filename: str | None = None, verify: bool | None = None) -> Compiled:
     """Compile a .spmd file (a path) or source text. `mesh` overrides axis sizes, `consts` consts.
+    `verify` runs the IR verifier after every pass (default: the SPMDLANG_VERIFY environment
+    variable); a verifier failure is a compiler bug and raises AssertionError.
 
     Raises SpmdError for anything wrong with the program or the overrides.
     """
@@ -243,7 +270,7 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
         filename = filename or "<input>"
     module, source = parse(text, filename)
     _check_overrides(module, source, mesh, consts)
-    return Compiled(lower(module, source, mesh, consts, entry))
+    return Compiled(lower(module, source, mesh, consts, entry), verify)
 
 
 def _check_overrides(module, source, mesh, consts):

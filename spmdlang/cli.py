@@ -12,10 +12,10 @@ import os
 import sys
 import tempfile
 
+from .api import BACKENDS
 from .errors import OverrideError, SpmdError
 
 TARGETS = ("ir", "spmd", "jax", "xla")
-BACKENDS = ("ref", "sim", "jax", "xla")
 
 
 class UsageError(Exception):
@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override integer consts")
     common.add_argument("--entry", metavar="NAME", help="the entry function (default: main)")
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    common.add_argument("--verify", action="store_true",
+                        help="check the IR after every pass (as SPMDLANG_VERIFY=1 does); for compiler debugging")
 
     p = argparse.ArgumentParser(prog="spmdlang", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -150,7 +152,8 @@ def _compile(args):
         raise UsageError(f"no such file: '{args.file}'")
     if os.path.isdir(args.file):
         raise UsageError(f"'{args.file}' is a directory, not a .spmd file")
-    return compile_program(args.file, mesh=args.mesh, consts=args.consts, entry=args.entry)
+    return compile_program(args.file, mesh=args.mesh, consts=args.consts, entry=args.entry,
+                           verify=True if args.verify else None)
 
 
 def _write_atomic(path: str, data: bytes) -> None:

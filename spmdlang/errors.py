@@ -86,4 +86,10 @@ class OverrideError(SpmdError):
 
 
 class ShapeError(Exception):
-    """Raised by op-table rules (which know no spans); the IR builder re-raises it as SpmdError."""
+    """Raised by op-table rules (which know no spans); the IR builder re-raises it as SpmdError.
+    `blame` names what is wrong: an operand (its index) or an attribute (its name); the builder
+    locates the error there when the caller gave that argument's span."""
+
+    def __init__(self, message: str, blame: int | str | None = None):
+        super().__init__(message)
+        self.blame = blame

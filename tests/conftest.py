@@ -1,4 +1,5 @@
-"""Shared pytest setup: tests marked `slow` (long fuzzing and sweeps) run only with --runslow.
+"""Shared pytest setup: tests marked `slow` (long fuzzing and sweeps) run only with --runslow;
+SPMDLANG_VERIFY=1, so the IR verifier runs after every pass of every compile.
 
 jax fixes its device count when first imported; the suite's meshes need up to 64 devices, so ask
 for that many virtual CPU devices before anything imports jax (no effect on real accelerators).
@@ -10,6 +11,9 @@ import os
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=64").strip()
+
+# every compile in the tests runs the IR verifier after every pass (spmdlang.ir.verify)
+os.environ.setdefault("SPMDLANG_VERIFY", "1")
 
 import pytest  # noqa: E402
 

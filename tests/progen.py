@@ -4,7 +4,8 @@
 (sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
 contracting dims, reductions, arg-reductions, softmax/logsumexp, layout ops, slicing, concat, pad,
-roll, take, one_hot, iota, where, cast) and random `shard()` constraints, open `?` dims included.
+roll, take, one_hot, iota, where, cast, logical ops, conv) and random `shard()` constraints, open
+`?` dims included. tests/test_coverage.py fails when an op of the op table can not come out of it.
 Dims are mostly small primes so uneven sharding is the common case.
 
 The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
@@ -249,7 +250,8 @@ class Generator:
             form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})"])
         else:
             form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})",
-                                   "{} * {} + 1.0"] + ([] if literal else ["{} / (abs({}) + 1.0)"]))
+                                   "{} * {} + 1.0", "pow(abs({}) + 0.5, {})"]
+                                  + ([] if literal else ["{} / (abs({}) + 1.0)"]))
         if self.ch.chance(0.3):
             x, y = form.format(b, a.name), shape  # operands swapped: scalar on the left too
             return self.assign(x, y, a.dtype, a.exact and exact)
@@ -278,6 +280,36 @@ class Generator:
         y = self.ch.choice([fill, x.name])
         args = (x.name, y) if self.ch.chance(0.5) else (y, x.name)
         return self.assign(f"where({cond}, {args[0]}, {args[1]})", shape, x.dtype, x.exact)
+
+    def op_logical(self):
+        a = self.pick(lambda v: v.dtype == "bool" and v.exact)
+        if a is None:
+            return None
+        b = self.pick(lambda v: v.dtype == "bool" and v.exact and _broadcast(v.shape, a.shape) is not None
+                      and self.small(_broadcast(v.shape, a.shape)))
+        fn = self.ch.choice(["logical_and", "logical_or"])
+        return self.assign(f"{fn}({a.name}, {b.name})", _broadcast(a.shape, b.shape), "bool", True)
+
+    def op_conv(self):
+        """A 1-D or 2-D convolution [N, spatial..., C] x [window..., C, F], SAME or VALID, stride 1-2."""
+        a = self.pick(lambda v: v.dtype == "f32" and len(v.shape) in (3, 4))
+        if a is None:
+            return None
+        nsp = len(a.shape) - 2
+        window = tuple(self.ch.choice([1, 2, 3]) for _ in range(nsp))
+        stride = self.ch.choice([1, 2])
+        padding = self.ch.choice(["SAME", "VALID"])
+        spatial = []
+        for n, k in zip(a.shape[1:-1], window):
+            m = -(-n // stride) if padding == "SAME" else (n - k) // stride + 1
+            if m < 1:
+                return None
+            spatial.append(m)
+        shape = (a.shape[0], *spatial, self.ch.choice([1, 2, 4]))
+        if not self.small(shape):
+            return None
+        w = self.param(window + (a.shape[-1], shape[-1]), "f32")
+        return self.assign(f'conv({a.name}, {w.name}, {stride}, "{padding}")', shape, "f32", False)
 
     def contractible(self, v: Val) -> bool:
         return v.dtype == "f32" or v.dtype == "bf16" and "bf16_einsum" not in KNOWN_BUGS
@@ -595,7 +627,7 @@ class Generator:
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
-           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4))
+           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]

@@ -117,6 +117,17 @@ RULES = [
     ("pad", "pad", [(8, 16)], {"lo": (0, 1), "hi": (0, 2), "value": 0.0}, "([i, j]) -> ([i, j]) permutation={j}"),
     ("roll", "roll", [(8, 16)], {"shift": 3, "axis": 0}, "([i, j]) -> ([i, j]) permutation={i}"),
 ]
+# the rest of the elementwise family: the same rule as their representative above
+RULES += [(f"{op} like exp", op, [(8, 16)], {}, "([i, j]) -> ([i, j])")
+          for op in "log sqrt rsqrt tanh sigmoid gelu sin cos floor ceil neg abs sign relu".split()]
+RULES += [("logical_not like exp", "logical_not", [("bool", (8, 16))], {}, "([i, j]) -> ([i, j])")]
+RULES += [(f"{op} like add", op, [(8, 16), (8, 16)], {}, "([i, j], [i, j]) -> ([i, j])")
+          for op in "div maximum minimum pow lt le gt ge eq ne".split()]
+RULES += [(f"{op} like add", op, [("bool", (8, 16)), ("bool", (8, 16))], {}, "([i, j], [i, j]) -> ([i, j])")
+          for op in ("logical_and", "logical_or")]
+RULES += [(f"{op} like reduce_sum", op, [(8, 16, 4)], {"axes": (1,)}, "([i, j, k]) -> ([i, k]) reduction={j}")
+          for op in ("reduce_prod", "reduce_min")]
+RULES += [("argmin", "argmin", [(8, 16)], {"axis": 0}, "([i, j]) -> ([j]) reduction={i}")]
 
 
 @pytest.mark.parametrize("name, op, operands, attrs, expected", RULES, ids=[r[0] for r in RULES])

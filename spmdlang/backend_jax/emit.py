@@ -14,7 +14,7 @@ import keyword
 from ..ir import registry
 from ..ir import types as T
 from ..ir.core import Program, Value
-from ..ir.mesh import Mesh, Sharding
+from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.printer import Namer
 from ..partition import permute
 
@@ -42,17 +42,9 @@ def pyname(namer: Namer, v: Value) -> str:
 
 
 def spec_text(s: Sharding) -> str:
-    parts = []
-    for i, d in enumerate(s.dims):
-        if not d and i in s.open_dims:
-            parts.append("P.UNCONSTRAINED")
-        elif not d:
-            parts.append("None")
-        elif len(d) == 1:
-            parts.append(repr(d[0]))
-        else:
-            parts.append("(" + ", ".join(map(repr, d)) + ")")
-    return "P(" + ", ".join(parts) + ")"
+    """A Sharding as jax's PartitionSpec source text."""
+    return "P(" + ", ".join("P.UNCONSTRAINED" if not d and i in s.open_dims else axes_text(d, "None", repr)
+                            for i, d in enumerate(s.dims)) + ")"
 
 
 def _header(prog: Program, what: str) -> list[str]:

@@ -1,14 +1,16 @@
 """The collectives XLA actually runs: parsed from a compiled module's HLO text.
 
 Each collective instruction (the -start half of async pairs) with its group size and the bytes one
-device sends, by the same formulas as the ledger (CLI.md), so our plan and XLA's can be compared
-like for like.
+device sends, by the ledger's own formulas (partition.cost.step_bytes), so our plan and XLA's can
+be compared like for like.
 """
 
 from __future__ import annotations
 
 import re
 from math import prod
+
+from ..partition.cost import step_bytes
 
 _KINDS = {"all-gather": "all_gather", "all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter",
           "all-to-all": "all_to_all", "collective-permute": "collective_permute"}
@@ -62,16 +64,9 @@ def collectives(hlo_text: str) -> list[dict]:
             shape = "{}[{}]".format(*parts[-1]) if parts else shape
         size = _shape_bytes(shape)
         k = _group_size(line)
-        if kind == "collective_permute":
-            sent = size
-        elif kind == "all_gather":
-            sent = (k - 1) * size / k if k else 0
-        elif kind == "all_reduce":
-            sent = 2 * (k - 1) / k * size if k else 0
-        elif kind == "reduce_scatter":
-            sent = (k - 1) * size
-        else:
-            sent = (k - 1) / k * size if k else 0
+        # the shape is the result's; the formulas take the operand's local bytes
+        operand = size / k if kind == "all_gather" else size * k if kind == "reduce_scatter" else size
+        sent = step_bytes(kind, k, operand) if k else 0
         out.append({"kind": kind, "group": k, "bytes_per_device": sent})
     return out
 

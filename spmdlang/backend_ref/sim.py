@@ -28,13 +28,10 @@ def poison(dtype: np.dtype):
 
 def block_slices(shape, s: Sharding, mesh: Mesh, pos: int):
     """The global index ranges device `pos` holds, per dim: (start, stop, chunk)."""
-    c = mesh.coords(pos)
     out = []
     for n, axes in zip(shape, s.dims):
         k = mesh.group_size(axes)
-        idx = 0
-        for a in axes:
-            idx = idx * mesh.axis_size(a) + c[a]
+        idx = mesh.group_index(pos, axes)
         ch = -(-n // k)
         out.append((min(idx * ch, n), min((idx + 1) * ch, n), ch))
     return out
@@ -77,10 +74,15 @@ def _isnan(a):
 def run_sim(spmd, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run the per-partition program (partition.spmd.SpmdProgram) on every device of its mesh."""
     prog = spmd.program
+    shards = [scatter(np.asarray(inputs[p.name]), s, prog.mesh) for p, s in zip(prog.params, spmd.in_shardings)]
+    return run_shards(spmd, shards)
+
+
+def run_shards(spmd, shards: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Run on given per-device inputs (one list of mesh.size arrays per parameter); global results."""
+    prog = spmd.program
     mesh = prog.mesh
-    env: dict = {}
-    for p, s in zip(prog.params, spmd.in_shardings):
-        env[p.value] = scatter(np.asarray(inputs[p.name]), s, mesh)
+    env: dict = {p.value: list(s) for p, s in zip(prog.params, shards)}
     with np.errstate(all="ignore"):
         for op in prog.ops:
             opdef = registry.get(op.kind)
@@ -89,8 +91,8 @@ def run_sim(spmd, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
             else:
                 per_device = [opdef.evaluate([env[v][pos] for v in op.operands], op.attrs) for pos in range(mesh.size)]
                 outs = [[np.asarray(d[i]) for d in per_device] for i in range(len(op.results))]
-            for r, shards in zip(op.results, outs):
-                env[r] = shards
+            for r, per_device_result in zip(op.results, outs):
+                env[r] = per_device_result
     results = []
     for r, s, g in zip(prog.results, spmd.out_shardings, spmd.global_program.results):
         results.append(assemble(env[r.value], g.value.type.shape, env[r.value][0].dtype, s, mesh))

@@ -14,7 +14,7 @@ from ..errors import OverrideError, Source, Span, SpmdError
 from ..ir import types as T
 from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
-from ..ir.mesh import Mesh, Sharding
+from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.types import TensorType
 from . import ast as A
 from .builtins import BUILTINS, call_builtin
@@ -342,10 +342,7 @@ class Lowerer:
         return Sharding(tuple(dims), (), frozenset(open_dims))
 
     def _spec_text(self, spec: A.SpecExpr) -> str:
-        parts = []
-        for e in spec.entries:
-            parts.append("?" if e.axes is None else e.axes[0] if len(e.axes) == 1 else f"({', '.join(e.axes)})")
-        return "{" + ", ".join(parts) + "}"
+        return "{" + ", ".join("?" if e.axes is None else axes_text(e.axes) for e in spec.entries) + "}"
 
     # ------------------------------------------------------------------ expressions
 

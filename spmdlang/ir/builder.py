@@ -11,20 +11,23 @@ class Builder:
     def __init__(self):
         self.ops: list[Op] = []
 
-    def emit_op(self, kind: str, operands, attrs=None, span: Span | None = None, names=None) -> tuple[Value, ...]:
+    def emit_op(self, kind: str, operands, attrs=None, span: Span | None = None, names=None,
+                blame=None) -> tuple[Value, ...]:
+        """Append an op; `blame` maps operand indices and attribute names to the spans where the
+        source wrote them, so a shape-rule error points at the argument it is about."""
         opdef = registry.get(kind)
         attrs = freeze(attrs)
         try:
             types = opdef.infer_types([v.type for v in operands], attrs)
         except ShapeError as e:
-            raise SpmdError(str(e), span) from None
+            raise SpmdError(str(e), (blame or {}).get(e.blame) or span) from None
         names = names or [None] * len(types)
         results = tuple(Value(t, n) for t, n in zip(types, names))
         self.ops.append(Op(kind, tuple(operands), results, attrs, span))
         return results
 
     def emit(self, kind: str, *operands: Value, span: Span | None = None, name: str | None = None,
-             **attrs) -> Value:
+             blame=None, **attrs) -> Value:
         """Emit a single-result op; attrs as keywords."""
-        (v,) = self.emit_op(kind, operands, attrs, span, [name])
+        (v,) = self.emit_op(kind, operands, attrs, span, [name], blame)
         return v

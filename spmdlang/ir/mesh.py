@@ -67,8 +67,27 @@ class Mesh:
             position //= size
         return dict(reversed(list(out.items())))
 
+    def group_index(self, position: int, axes) -> int:
+        """A mesh position's index in its group over `axes`: its linear coordinate over them, first
+        axis major, as jax.lax.axis_index(axes) counts (simulator and tests only)."""
+        c = self.coords(position)
+        idx = 0
+        for a in axes:
+            idx = idx * self.axis_size(a) + c[a]
+        return idx
+
     def __str__(self) -> str:
         return "[" + ", ".join(f"{a}={s}" for a, s in self.axes) + "]"
+
+
+def axes_text(axes, empty: str = "_", name=str) -> str:
+    """One dim of a spec: `_` (or `empty`) unsplit, `a`, or `(a, b)` major first; every printer of
+    specs (IR text, source specs in messages, the emitted PartitionSpecs) goes through it."""
+    if not axes:
+        return empty
+    if len(axes) == 1:
+        return name(axes[0])
+    return "(" + ", ".join(map(name, axes)) + ")"
 
 
 @dataclass(frozen=True)
@@ -105,17 +124,8 @@ class Sharding:
         return Sharding(self.dims, self.partial, frozenset(), self.partial_op)
 
     def __str__(self) -> str:
-        parts = []
-        for i, d in enumerate(self.dims):
-            if i in self.open_dims and not d:
-                parts.append("?")
-            elif not d:
-                parts.append("_")
-            elif len(d) == 1:
-                parts.append(d[0])
-            else:
-                parts.append("(" + ", ".join(d) + ")")
-        text = "{" + ", ".join(parts) + "}"
+        text = "{" + ", ".join("?" if i in self.open_dims and not d else axes_text(d)
+                               for i, d in enumerate(self.dims)) + "}"
         if self.partial:
             op = "" if self.partial_op == "sum" else "_" + self.partial_op
             text += f" partial{op}(" + ", ".join(self.partial) + ")"

@@ -72,19 +72,29 @@ def cse(prog: Program, keep=frozenset()) -> tuple[Program, dict]:
     return prog.replace(ops=tuple(ops), params=params, results=results, names=names), repl
 
 
-def simplify(prog: Program) -> Program:
-    producers = {r: op for op in prog.ops for r in op.results}
-    ops = []
-    for op in prog.ops:
-        ops.append(_rotation(op, producers) or op)
-    named = {v for _, v, _ in prog.names}
-    live = {r.value for r in prog.results} | named
+def live_ops(ops, roots) -> list[Op]:
+    """The ops some root value depends on, in order (every op is pure: the rest is dead code)."""
+    live = set(roots)
     kept = []
     for op in reversed(ops):
         if any(r in live for r in op.results):
             kept.append(op)
             live.update(op.operands)
     kept.reverse()
+    return kept
+
+
+def dead_code(prog: Program, keep=()) -> Program:
+    """Drop ops that neither a result nor a value of `keep` depends on."""
+    return prog.replace(ops=tuple(live_ops(prog.ops, {r.value for r in prog.results} | set(keep))))
+
+
+def simplify(prog: Program) -> Program:
+    producers = {r: op for op in prog.ops for r in op.results}
+    ops = []
+    for op in prog.ops:
+        ops.append(_rotation(op, producers) or op)
+    kept = live_ops(ops, {r.value for r in prog.results} | {v for _, v, _ in prog.names})
     if len(kept) == len(prog.ops) and all(a is b for a, b in zip(kept, prog.ops)):
         return prog
     return prog.replace(ops=tuple(kept))

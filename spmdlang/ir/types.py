@@ -60,6 +60,12 @@ def np_is_narrow_float(dt) -> bool:
     return np_is_float(dt) and np.dtype(dt).itemsize < 4
 
 
+def widen(x: np.ndarray) -> np.ndarray:
+    """Half floats (f16, bf16) as f32, where the reference computes and accumulates them (as XLA
+    does on CPU); every other array as is. Callers round the result back to the input's dtype."""
+    return x.astype(np.float32) if np_is_narrow_float(x.dtype) else x
+
+
 def promote(a: str, b: str) -> str:
     """jax-like promotion between two tensor dtypes: bool < int < float, wider wins; bf16+f16 -> f32."""
     if a == b:

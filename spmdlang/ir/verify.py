@@ -1,16 +1,35 @@
-"""The IR verifier: SSA order, known ops, and every op's types agree with its shape rule.
+"""The IR verifier: run after every pass (lowering, simplify, propagate, partition, finish) in the
+tests, and under `--verify` or SPMDLANG_VERIFY=1. A failure here is a compiler bug, never a user
+error, so it raises VerifyError (an AssertionError), not SpmdError.
 
-Tests run it after every pass; a failure here is a compiler bug, never a user error.
+  verify(prog)                      SSA order; known ops; every op's result types agree with its
+                                    shape rule; ops belong to the program's stage (no collective in
+                                    a global program, no shard() constraint left in a per-partition
+                                    one); collective attributes agree with the mesh
+  verify_shardings(prog, shardings) every value has a sharding of its rank, over the mesh's axes,
+                                    each axis used at most once
+  verify_spmd(spmd)                 the per-partition program, and its parameters and results hold
+                                    the local shapes their shardings give the global types
 """
 
 from __future__ import annotations
 
+import os
+
 from . import registry
-from .core import Program
+from .core import Op, Program
+from .mesh import Mesh, Sharding
 
 
 class VerifyError(AssertionError):
     pass
+
+
+def enabled(flag: bool | None = None) -> bool:
+    """Verification on? An explicit flag wins, else the SPMDLANG_VERIFY environment variable."""
+    if flag is not None:
+        return flag
+    return os.environ.get("SPMDLANG_VERIFY", "") not in ("", "0")
 
 
 def verify(prog: Program) -> None:
@@ -22,9 +41,13 @@ def verify(prog: Program) -> None:
         opdef = registry.OPS[op.kind]
         if opdef.local_only and not prog.local:
             raise VerifyError(f"{where}: per-partition op in a global program")
+        if opdef.global_only and prog.local:
+            raise VerifyError(f"{where}: global-only op left in a per-partition program")
         for v in op.operands:
             if v not in defined:
                 raise VerifyError(f"{where}: operand {v!r} used before definition")
+        if "axes" in op.attrs and opdef.local_only:
+            _check_group(op, prog.mesh, where)
         try:
             types = opdef.infer_types([v.type for v in op.operands], op.attrs)
         except Exception as e:  # noqa: BLE001  (any failure is a verifier finding)
@@ -39,3 +62,66 @@ def verify(prog: Program) -> None:
     for r in prog.results:
         if r.value not in defined:
             raise VerifyError(f"result {r.value!r} is not defined")
+
+
+def _check_group(op: Op, mesh: Mesh, where: str) -> None:
+    """A collective (or partition index) names a group of mesh axes its attributes agree with."""
+    axes = tuple(op.attrs["axes"])
+    if not axes or len(set(axes)) != len(axes) or any(a not in mesh.names for a in axes):
+        raise VerifyError(f"{where}: axes {list(axes)} are not distinct axes of mesh {mesh}")
+    if "group" in op.attrs and op.attrs["group"] != mesh.group_size(axes):
+        raise VerifyError(f"{where}: group {op.attrs['group']} but axes {list(axes)} hold {mesh.group_size(axes)}")
+    if "sizes" in op.attrs and tuple(op.attrs["sizes"]) != tuple(mesh.axis_size(a) for a in axes):
+        raise VerifyError(f"{where}: sizes {list(op.attrs['sizes'])} are not the sizes of axes {list(axes)}")
+    if "reduce" in op.attrs and op.attrs["reduce"] not in tuple(registry.ReduceKind):
+        raise VerifyError(f"{where}: unknown reduction {op.attrs['reduce']!r}")
+    rank = op.operands[0].type.rank if op.operands else 0
+    for key in ("dim", "split_dim", "concat_dim"):
+        if key in op.attrs and not 0 <= op.attrs[key] < rank:
+            raise VerifyError(f"{where}: {key} {op.attrs[key]} out of range for rank {rank}")
+
+
+def check_sharding(s: Sharding, rank: int, mesh: Mesh, what: str) -> None:
+    if s.rank != rank:
+        raise VerifyError(f"{what}: sharding {s} has {s.rank} dims for rank {rank}")
+    used = [a for d in s.dims for a in d] + list(s.partial)
+    if any(a not in mesh.names for a in used):
+        raise VerifyError(f"{what}: sharding {s} names an axis mesh {mesh} lacks")
+    if len(set(used)) != len(used):
+        raise VerifyError(f"{what}: sharding {s} uses an axis twice")
+
+
+def verify_shardings(prog: Program, shardings) -> None:
+    """Every value of the global program has a well-formed sharding (propagation's output)."""
+    for v in prog.values():
+        if v not in shardings:
+            raise VerifyError(f"value {v!r} has no sharding")
+        check_sharding(shardings[v], v.type.rank, prog.mesh, repr(v))
+        if shardings[v].partial:
+            raise VerifyError(f"value {v!r}: propagation never makes a pending sum, got {shardings[v]}")
+
+
+def verify_spmd(spmd) -> None:
+    """A partition.spmd.SpmdProgram: its program, and local shapes at its boundary."""
+    prog, gprog = spmd.program, spmd.global_program
+    if not prog.local:
+        raise VerifyError("the per-partition program is not marked local")
+    verify(prog)
+    mesh = prog.mesh
+    boundary = [("parameter", spmd.in_shardings, prog.params, gprog.params),
+                ("result", spmd.out_shardings, prog.results, gprog.results)]
+    for what, shardings, local, glob in boundary:
+        if not len(shardings) == len(local) == len(glob):
+            raise VerifyError(f"{len(shardings)} {what} shardings for {len(local)} local and {len(glob)} global")
+        for i, (s, lv, gv) in enumerate(zip(shardings, local, glob)):
+            name = f"{what} {i}"
+            check_sharding(s, gv.value.type.rank, mesh, name)
+            if s.partial:
+                raise VerifyError(f"{name}: a pending sum at the program's boundary ({s})")
+            want = s.local_shape(gv.value.type.shape, mesh)
+            if lv.value.type.shape != want or lv.value.type.dtype != gv.value.type.dtype:
+                raise VerifyError(f"{name}: local {lv.value.type}, but {gv.value.type} {s} is {list(want)} per device")
+    ops = set(prog.ops)
+    for c in spmd.ledger:
+        if c.local_op is not None and c.local_op not in ops:
+            raise VerifyError(f"ledger entry {c.kind} (line {c.line}) points at an op not in the program")

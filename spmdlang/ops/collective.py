@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.types import TensorType
+from ..ir.types import TensorType, widen
 from ..partition.permute import permute_pairs
 from .registry import Family, Stage, check, no_flops, py_literal, register
 
@@ -24,10 +24,7 @@ def groups(mesh, axes) -> list[list[int]]:
     for pos in range(mesh.size):
         c = mesh.coords(pos)
         key = tuple((a, c[a]) for a in mesh.names if a not in axes)
-        idx = 0
-        for a in axes:
-            idx = idx * mesh.axis_size(a) + c[a]
-        out.setdefault(key, []).append((idx, pos))
+        out.setdefault(key, []).append((mesh.group_index(pos, axes), pos))
     return [[p for _, p in sorted(members)] for members in out.values()]
 
 
@@ -41,14 +38,7 @@ def _with_dim(t: TensorType, dim: int, n: int) -> TensorType:
 
 
 def _sim_axis_index(arrays, attrs, mesh):
-    out = []
-    for pos in range(mesh.size):
-        c = mesh.coords(pos)
-        idx = 0
-        for a in attrs["axes"]:
-            idx = idx * mesh.axis_size(a) + c[a]
-        out.append(np.asarray(idx, dtype=np.int32))
-    return [out]
+    return [[np.asarray(mesh.group_index(pos, attrs["axes"]), dtype=np.int32) for pos in range(mesh.size)]]
 
 
 register("axis_index", doc="this partition's linear index over `axes` (first axis major), an i32 scalar",
@@ -86,13 +76,6 @@ register("all_gather", doc="concatenate the group's shards along `dim`, in group
 _REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
 
 
-def _widened(x: np.ndarray) -> np.ndarray:
-    """Half floats (f16, and bf16, whose numpy dtype kind is 'V') combine in f32, as the reference
-    accumulates them; everything else as is."""
-    narrow = x.dtype.itemsize < 4 and (x.dtype.kind == "f" or x.dtype.name == "bfloat16")
-    return x.astype(np.float32) if narrow else x
-
-
 def _sim_all_reduce(arrays, attrs, mesh):
     """Variadic: one all_reduce may carry several operands (a combined collective)."""
     fn = _REDUCERS[attrs["reduce"]]
@@ -101,7 +84,7 @@ def _sim_all_reduce(arrays, attrs, mesh):
         out = [None] * mesh.size
         for g in groups(mesh, attrs["axes"]):
             stacked = np.stack([xs[p] for p in g])
-            r = np.asarray(fn(_widened(stacked), axis=0)).astype(xs[g[0]].dtype)
+            r = np.asarray(fn(widen(stacked), axis=0)).astype(xs[g[0]].dtype)
             for p in g:
                 out[p] = r
         results.append(out)
@@ -140,7 +123,7 @@ def _sim_reduce_scatter(arrays, attrs, mesh):
     dim = attrs["dim"]
     for g in groups(mesh, attrs["axes"]):
         stacked = np.stack([xs[p] for p in g])
-        total = np.sum(_widened(stacked), axis=0).astype(xs[g[0]].dtype)
+        total = np.sum(widen(stacked), axis=0).astype(xs[g[0]].dtype)
         parts = np.split(total, len(g), axis=dim)
         for i, p in enumerate(g):
             out[p] = parts[i]

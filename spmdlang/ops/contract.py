@@ -50,7 +50,7 @@ def _einsum_infer(operands, attrs):
 
 def _einsum_numpy(*xs, spec):
     dt = xs[0].dtype
-    wide = [x.astype(np.float32) if T.np_is_narrow_float(dt) else x for x in xs]
+    wide = [T.widen(x) for x in xs]
     return np.asarray(np.einsum(spec, *wide, optimize=len(xs) > 1)).astype(dt)
 
 
@@ -130,8 +130,7 @@ def _conv_rule(operands, results, attrs):
 def conv_numpy(x, w, *, strides, padding):
     """Direct convolution: a sum over window offsets of strided slices times kernel taps."""
     dt = x.dtype
-    xw = x.astype(np.float32) if dt.itemsize < 4 else x
-    ww = w.astype(np.float32) if dt.itemsize < 4 else w
+    xw, ww = T.widen(x), T.widen(w)
     nsp = len(strides)
     xp = np.pad(xw, [(0, 0)] + [tuple(p) for p in padding] + [(0, 0)])
     out_sp = [conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i]) for i in range(nsp)]

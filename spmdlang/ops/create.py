@@ -28,7 +28,8 @@ register("full", doc="a tensor of `shape` filled with `value`", family=Family.cr
 def _iota_infer(operands, attrs):
     shape, axis = tuple(attrs["shape"]), attrs["axis"]
     check(0 <= axis < len(shape), f"iota: bad axis {axis} for shape {list(shape)}")
-    check(T.kind(attrs["dtype"]) in ("int", "float"), f"iota needs a numeric dtype, got {attrs['dtype']}")
+    check(T.kind(attrs["dtype"]) in ("int", "float"), f"iota needs a numeric dtype, got {attrs['dtype']}",
+          blame="dtype")
     return TensorType(attrs["dtype"], shape)
 
 
@@ -64,8 +65,8 @@ def _take_infer(operands, attrs):
     table, ids = operands
     axis = attrs["axis"]
     check(0 <= axis < table.rank, f"take: bad axis {axis} for {table}")
-    check(T.is_int(ids.dtype), f"take: ids must be integers, got {ids}")
-    check(table.shape[axis] > 0, "take: cannot gather from an empty axis")
+    check(T.is_int(ids.dtype), f"take: ids must be integers, got {ids}", blame=1)
+    check(table.shape[axis] > 0, "take: cannot gather from an empty dimension", blame=0)
     return TensorType(table.dtype, table.shape[:axis] + ids.shape + table.shape[axis + 1:])
 
 

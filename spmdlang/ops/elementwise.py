@@ -15,10 +15,6 @@ from ..partition.factors import elementwise_rule
 from .registry import Family, PartialMode, check, no_flops, register
 
 
-def _wide(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float32) if T.np_is_narrow_float(x.dtype) else x
-
-
 def _same_shape(types) -> tuple[int, ...]:
     shapes = {t.shape for t in types if t.rank}
     check(len(shapes) <= 1, "operand shapes differ: " + " vs ".join(str(t) for t in types))
@@ -67,7 +63,7 @@ def _unary_infer(name, allowed):
 
 def _unary_numpy(fn):
     def run(x):
-        return np.asarray(fn(_wide(x))).astype(x.dtype)
+        return np.asarray(fn(T.widen(x))).astype(x.dtype)
 
     return run
 
@@ -162,7 +158,7 @@ def _arith_numpy(name, fn):
             return np.where(b == 0, 0, out).astype(a.dtype)
         if name == "pow" and a.dtype.kind in "iu":
             return _int_pow(a, b).astype(a.dtype)
-        return np.asarray(fn(_wide(a), _wide(b))).astype(a.dtype)
+        return np.asarray(fn(T.widen(a), T.widen(b))).astype(a.dtype)
 
     return run
 
@@ -197,7 +193,7 @@ for _name, (_fn, _jax, _doc) in _LOGICAL.items():
 
 def _select_infer(operands, attrs):
     c, a, b = operands
-    check(c.dtype == "bool", f"where: the condition must be bool, got {c}")
+    check(c.dtype == "bool", f"where: the condition must be bool, got {c}", blame=0)
     check(a.dtype == b.dtype, f"where: branch dtypes differ: {a} vs {b}")
     return TensorType(a.dtype, _same_shape(operands))
 

@@ -44,7 +44,8 @@ def _reshape_infer(operands, attrs):
     (x,) = operands
     shape = tuple(attrs["shape"])
     out = TensorType(x.dtype, shape)
-    check(out.size == x.size, f"reshape: cannot reshape {x} ({x.size} elements) to {list(shape)} ({out.size})")
+    check(out.size == x.size, f"reshape: cannot reshape {x} ({x.size} elements) to {list(shape)} ({out.size})",
+          blame="shape")
     return out
 
 
@@ -151,7 +152,7 @@ def _pad_infer(operands, attrs):
     (x,) = operands
     lo, hi = attrs["lo"], attrs["hi"]
     check(len(lo) == len(hi) == x.rank, f"pad: needs one [lo, hi] pair per dim of {x}")
-    check(all(v >= 0 for v in lo + hi), "pad: padding must be non-negative")
+    check(all(v >= 0 for v in lo + hi), "pad: padding must be non-negative", blame="lo")
     return x.with_shape(n + a + b for n, a, b in zip(x.shape, lo, hi))
 
 
@@ -182,10 +183,10 @@ def _concat_infer(operands, attrs):
     axis = attrs["axis"]
     first = operands[0]
     check(0 <= axis < first.rank, f"concat: bad axis {axis} for {first}")
-    for t in operands[1:]:
-        check(t.dtype == first.dtype, f"concat: dtypes differ: {first} vs {t}")
-        check(t.rank == first.rank and all(a == b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis),
-              f"concat: shapes {first} and {t} differ outside axis {axis}")
+    for i, t in enumerate(operands[1:], 1):
+        check(t.dtype == first.dtype, f"concat: dtypes differ: {first} vs {t}", blame=i)
+        check(t.rank == first.rank and all(a == b for d, (a, b) in enumerate(zip(t.shape, first.shape)) if d != axis),
+              f"concat: shapes {first} and {t} differ outside axis {axis}", blame=i)
     shape = list(first.shape)
     shape[axis] = sum(t.shape[axis] for t in operands)
     return first.with_shape(shape)

@@ -23,7 +23,8 @@ def _reduce_infer(name):
         check(all(0 <= a < x.rank for a in axes) and len(set(axes)) == len(axes),
               f"{name}: bad axes {list(axes)} for {x}")
         if name in ("reduce_max", "reduce_min"):
-            check(all(x.shape[a] > 0 for a in axes), f"{name} over an empty axis has no identity")
+            check(all(x.shape[a] > 0 for a in axes),
+                  f"{name.removeprefix('reduce_')} over an empty dimension has no identity", blame="axes")
         return TensorType(x.dtype, tuple(n for i, n in enumerate(x.shape) if i not in axes))
 
     return infer
@@ -92,7 +93,7 @@ def _arg_infer(name):
         check(T.kind(x.dtype) in ("float", "int"), f"{name} needs a numeric operand, got {x}")
         axis = attrs["axis"]
         check(0 <= axis < x.rank, f"{name}: bad axis {axis} for {x}")
-        check(x.shape[axis] > 0, f"{name} of an empty axis")
+        check(x.shape[axis] > 0, f"{name} of an empty dimension", blame="axis")
         return TensorType("i32", tuple(n for i, n in enumerate(x.shape) if i != axis))
 
     return infer

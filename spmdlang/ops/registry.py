@@ -26,7 +26,8 @@ def py_literal(value) -> str:
     return repr(value)
 
 
-def check(cond: bool, message: str) -> None:
-    """Shape rules call this; the IR builder turns the ShapeError into a located SpmdError."""
+def check(cond: bool, message: str, blame: int | str | None = None) -> None:
+    """Shape rules call this; the IR builder turns the ShapeError into a located SpmdError, at the
+    operand (index) or attribute (name) `blame` names when it knows where that was written."""
     if not cond:
-        raise ShapeError(message)
+        raise ShapeError(message, blame)

@@ -16,18 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir.core import Op, Program
-from ..ir.simplify import cse
-
-
-def _dead_code(prog: Program) -> Program:
-    live = {r.value for r in prog.results}
-    kept = []
-    for op in reversed(prog.ops):
-        if any(r in live for r in op.results):
-            kept.append(op)
-            live.update(op.operands)
-    kept.reverse()
-    return prog.replace(ops=tuple(kept))
+from ..ir.simplify import cse, dead_code
 
 
 def _combine(prog: Program, ledger):
@@ -127,7 +116,7 @@ def _combine(prog: Program, ledger):
 def finish(spmd):
     """CSE, dead code, then all_reduce combining, on a partition.spmd.SpmdProgram."""
     prog, repl = cse(spmd.program)
-    prog = _dead_code(prog)
+    prog = dead_code(prog)
     live = {op for op in prog.ops}
     ledger = []
     for c in spmd.ledger:

@@ -16,6 +16,29 @@ PRESETS = {
     "gpu-nvlink": {"bandwidth_gbps": 150.0, "latency_us": 5.0},
 }
 
+# The partitioner's cost model, in bytes: what moves, a fixed charge per collective (latency: about
+# alpha * beta at 2 us and 32 GB/s), and local work at FLOPS_PER_BYTE, so that neither many tiny
+# collectives nor replicating a contraction on every device wins on bytes alone. (partition.reshard
+# adds them up for a plan: comm_cost.)
+LATENCY_BYTES = 64 * 1024
+FLOPS_PER_BYTE = 64
+
+
+def step_bytes(kind: str, k: int, size: float) -> float:
+    """Bytes one device sends in a collective over a group of k, `size` being its local bytes before
+    the step (the ledger's measure; backend_jax.hlo reads XLA's collectives by the same formulas)."""
+    if kind == "all_gather":
+        return (k - 1) * size
+    if kind == "all_reduce":
+        return 2 * (k - 1) / k * size
+    if kind in ("reduce_scatter", "all_to_all"):
+        return (k - 1) / k * size
+    if kind == "collective_permute":
+        return size
+    return 0.0
+
+
+
 def op_flops(op: Op) -> int:
     """Floating-point operations of one op on its (local) shapes, as its op-table entry counts them."""
     return registry.get(op.kind).count_flops([v.type for v in op.operands], [r.type for r in op.results], op.attrs)

@@ -17,8 +17,10 @@ An input that is not split on d is windowed locally (pad, then dynamic_slice): n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..ir.core import Value
+from ..ir.mesh import Mesh
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,28 @@ def window_collectives(w: Window, c: int, k: int, n: int | None = None) -> int:
     return sum(1 for q, _start, _stop in ps if _sent(q, k, w.wrap))
 
 
-def window(p, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: str) -> Value:
+class Emitter(Protocol):
+    """What windows emit through: partition.spmd.OpContext (see its methods)."""
+
+    @property
+    def mesh(self) -> Mesh: ...
+
+    def emit(self, kind: str, *operands: Value, name: str | None = None, **attrs) -> Value: ...
+
+    def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value: ...
+
+    def axis_index(self, axes) -> Value: ...
+
+    def affine_index(self, axes, scale: int, shift: int = 0) -> Value: ...
+
+    def slice_dim(self, x: Value, dim: int, start: int, stop: int) -> Value: ...
+
+    def pad_dim(self, x: Value, dim: int, lo: int, hi: int, value=None) -> Value: ...
+
+    def fill_dim(self, x: Value, dim: int, size: int, value) -> Value: ...
+
+
+def window(p: Emitter, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: str) -> Value:
     """The window of local `x` on `dim` (global size n) for the output shard this device holds.
     The input is split over `in_axes`, which are either the output's `out_axes` or none."""
     in_axes, out_axes = tuple(in_axes), tuple(out_axes)
@@ -143,7 +166,7 @@ def window(p, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: 
     return win
 
 
-def _local_window(p, x: Value, dim: int, out_axes, n: int, w: Window) -> Value:
+def _local_window(p: Emitter, x: Value, dim: int, out_axes, n: int, w: Window) -> Value:
     """Unsplit input: pad by the window on both sides (with the fill), then slice this shard's part.
     A wrapping window rotates the whole input locally first, then needs no padding."""
     k = p.mesh.group_size(out_axes) if out_axes else 1

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from ..ir import registry
 from ..ir.core import Op, Program, Value
 from ..ir.mesh import Mesh, Sharding
+from ..ir.mesh import axes_text as _axes_text
 from .factors import REDUCTION, REPLICATE, FactorRule, project, restrict, unproject_dim
 
 PHASES = (0, 1, 2)
@@ -257,10 +258,6 @@ def _dedupe(notes):
             seen.add((op, text))
             out.append((op, text))
     return out
-
-
-def _axes_text(axes) -> str:
-    return axes[0] if len(axes) == 1 else "(" + ", ".join(axes) + ")"
 
 
 def _conflict_text(op, winner, wa, loser, la) -> str:

@@ -30,6 +30,9 @@ from functools import lru_cache
 from math import prod
 
 from ..ir.mesh import Mesh, Sharding
+from .cost import FLOPS_PER_BYTE, LATENCY_BYTES, step_bytes
+
+__all__ = ["FLOPS_PER_BYTE", "LATENCY_BYTES", "Step", "comm_cost", "plan_cost", "plan_reshard", "step_bytes"]
 
 
 @dataclass(frozen=True)
@@ -59,19 +62,6 @@ def nests(n: int, k_coarse: int, m: int) -> bool:
 
 def local_bytes(shape, itemsize: int, mesh: Mesh, s: Sharding) -> int:
     return prod(s.local_shape(shape, mesh)) * itemsize
-
-
-def step_bytes(kind: str, k: int, size: float) -> float:
-    """CLI.md's bytes sent per device, for a group of k and `size` local bytes before the step."""
-    if kind == "all_gather":
-        return (k - 1) * size
-    if kind == "all_reduce":
-        return 2 * (k - 1) / k * size
-    if kind in ("reduce_scatter", "all_to_all"):
-        return (k - 1) / k * size
-    if kind == "collective_permute":
-        return size
-    return 0.0
 
 
 class _Planner:
@@ -343,13 +333,6 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
 
 def plan_cost(steps) -> float:
     return sum(s.bytes for s in steps)
-
-
-# The partitioner's cost model, in bytes: what moves, a fixed charge per collective (latency: about
-# alpha * beta at 2 us and 32 GB/s), and local work at FLOPS_PER_BYTE, so that neither many tiny
-# collectives nor replicating a contraction on every device wins on bytes alone.
-LATENCY_BYTES = 64 * 1024
-FLOPS_PER_BYTE = 64
 
 
 def comm_cost(steps) -> float:

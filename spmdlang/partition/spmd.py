@@ -427,21 +427,22 @@ def _zero(dtype: str):
 
 
 class OpContext:
-    """What an op's custom `partition` step sees: its operands' local values and layouts, the
-    planned layouts of its results, and emission helpers. It must call set_result for every
-    result (or fall back to `generic`)."""
+    """What an op's custom `partition` step (OpDef.partition) gets: the op, its operands' local
+    values and layouts, the planned layouts of its results, and the emission helpers below. The
+    step must call `set_result` for every result, or hand the op to `generic`.
 
-    _DELEGATED = frozenset({"mesh", "emit", "axis_index", "offset", "affine_index", "mask", "slice_dim",
-                            "pad_dim", "fill_dim"})
+    Everything it emits goes into the one per-partition program, with the op's source span;
+    collectives go through `collective` (or `reshard`/`window`), so the ledger sees them.
+    """
 
     def __init__(self, p: Partitioner, op: Op):
-        self.p, self.op = p, op
+        self._p, self.op = p, op
 
-    def __getattr__(self, name):
-        # plain emission helpers are the partitioner's own; what is op-specific is defined below
-        if name in OpContext._DELEGATED:
-            return getattr(self.p, name)
-        raise AttributeError(name)
+    # ---- the op and its layouts
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._p.mesh
 
     @property
     def attrs(self):
@@ -451,30 +452,74 @@ class OpContext:
         return op_rule(self.op)
 
     def layout(self, i: int) -> Sharding:
-        return self.p.state[self.op.operands[i]][1]
+        """The current layout of operand i (a pending sum included)."""
+        return self._p.state[self.op.operands[i]][1]
 
     def target(self, j: int = 0) -> Sharding:
-        return self.p.target(self.op.results[j]).closed().with_partial(())
+        """The layout propagation planned for result j (no pending sum)."""
+        return self._p.target(self.op.results[j]).closed().with_partial(())
 
-    def reshard(self, i: int, want: Sharding) -> Value:
-        return self.p.reshard(self.op.operands[i], want, f"for {self.op.kind}")
-
-    def constant(self, value, dtype: str) -> Value:
-        return self.p.emit("full", dtype=dtype, shape=(), value=value)
-
-    def local_shape(self, v: Value, s: Sharding):
+    def local_shape(self, v: Value, s: Sharding) -> tuple[int, ...]:
         return s.local_shape(v.type.shape, self.mesh)
 
+    # ---- getting operands, giving results
+
+    def reshard(self, i: int, want: Sharding) -> Value:
+        """Operand i's local value laid out as `want` (collectives logged as for this op)."""
+        return self._p.reshard(self.op.operands[i], want, f"for {self.op.kind}")
+
     def set_result(self, local: Value, s: Sharding, j: int = 0) -> None:
+        """Result j is `local`, laid out as s (which may owe a pending sum)."""
         r = self.op.results[j]
         assert local.type.shape == s.local_shape(r.type.shape, self.mesh), (self.op.kind, local.type, s)
-        self.p.state[r] = (local, s)
-
-    def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
-        return self.p.collective(kind, x, f"{reason} for {self.op.kind}", **attrs)
+        self._p.state[r] = (local, s)
 
     def generic(self, forbid=frozenset()) -> None:
-        self.p.generic(self.op, frozenset(forbid))
+        """Partition the op by its factor rule instead (never splitting the factors in `forbid`)."""
+        self._p.generic(self.op, frozenset(forbid))
+
+    # ---- emission
+
+    def emit(self, kind: str, *operands: Value, name: str | None = None, **attrs) -> Value:
+        """Append a single-result op to the per-partition program."""
+        return self._p.emit(kind, *operands, name=name, **attrs)
+
+    def constant(self, value, dtype: str) -> Value:
+        """A scalar constant."""
+        return self._p.emit("full", dtype=dtype, shape=(), value=value)
+
+    def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
+        """One collective over attrs["axes"], logged in the ledger with `reason` for this op."""
+        return self._p.collective(kind, x, f"{reason} for {self.op.kind}", **attrs)
+
+    def axis_index(self, axes) -> Value:
+        """This partition's linear index over `axes` (first axis major), an i32 scalar."""
+        return self._p.axis_index(axes)
+
+    def affine_index(self, axes, scale: int, shift: int = 0) -> Value:
+        """axis_index(axes) * scale + shift, as an i32 scalar."""
+        return self._p.affine_index(axes, scale, shift)
+
+    def offset(self, axes, c: int) -> Value:
+        """The global index of this partition's first element along a dim split over `axes` in
+        chunks of c."""
+        return self._p.offset(axes, c)
+
+    def mask(self, x: Value, dim: int, axes, n: int, value) -> Value:
+        """Fill the padding of dim `dim` (split over `axes`, global size n) with `value`."""
+        return self._p.mask(x, dim, axes, n, value)
+
+    def slice_dim(self, x: Value, dim: int, start: int, stop: int) -> Value:
+        """x restricted to [start, stop) on dim (nothing emitted for the whole dim)."""
+        return self._p.slice_dim(x, dim, start, stop)
+
+    def pad_dim(self, x: Value, dim: int, lo: int, hi: int, value=None) -> Value:
+        """x with lo and hi elements of `value` (default zero) added on dim."""
+        return self._p.pad_dim(x, dim, lo, hi, value)
+
+    def fill_dim(self, x: Value, dim: int, size: int, value) -> Value:
+        """A constant block shaped like x except for `size` elements on `dim`."""
+        return self._p.fill_dim(x, dim, size, value)
 
     def window(self, x: Value, dim: int, in_axes, out_axes, n: int, w) -> Value:
         """See partition.halo: the input elements this device's output shard needs on `dim`."""
