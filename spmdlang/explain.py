@@ -158,8 +158,11 @@ def render_diff(console, report) -> None:
         ok = "[green]ok[/green]" if r["ok"] else "[red]MISMATCH[/red]"
         if r.get("upstream_disagreement"):
             ok = "[yellow]MISMATCH: upstream disagreement[/yellow]"
-        table.add_row(r["backend"], str(r["output"]), f"{r['max_abs_err']:.3g}", ok)
+        err = "failed to compile" if r.get("error") else f"{r['max_abs_err']:.3g}"
+        table.add_row(r["backend"], str(r["output"]), err, ok)
     console.print(table)
+    for r in {r["backend"]: r for r in report["results"] if r.get("error")}.values():
+        console.print(f"{r['backend']}: {r['error']}", markup=False)
     if report["ok"]:
         console.print("[green]all backends agree[/green]")
         return

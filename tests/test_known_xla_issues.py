@@ -113,3 +113,25 @@ def test_xla_alone_is_not_judged(monkeypatch, capsys):
     _perturb(monkeypatch, "xla")
     code, out = _diff(capsys, MLP, "--backends", "ref,xla", "--json")
     assert code == 1 and json.loads(out.out)["upstream_disagreement"] == []
+
+
+def test_xla_baseline_that_fails_to_compile_is_a_failed_result(monkeypatch, capsys):
+    """XLA's partitioner can also reject the baseline (seed 400303: its HLO verifier on a strided
+    slice): a failed xla row, upstream when ours agree, exit 1; not an internal error."""
+    from jax.errors import JaxRuntimeError
+
+    real = spmdlang.api.Compiled.run
+
+    def run(self, inputs=None, backend="ref", *a, **k):
+        if backend == "xla":
+            raise JaxRuntimeError("INTERNAL: during context [hlo verifier]: Expected instruction to have shape")
+        return real(self, inputs, backend, *a, **k)
+
+    monkeypatch.setattr(spmdlang.api.Compiled, "run", run)
+    code, out = _diff(capsys, MLP, "--backends", "ref,sim,xla", "--json")
+    d = json.loads(out.out)
+    assert code == 1 and d["upstream_disagreement"] == ["xla"]
+    (x,) = [r for r in d["results"] if r["backend"] == "xla"]
+    assert not x["ok"] and x["max_abs_err"] is None and x["error"].startswith("INTERNAL: during context")
+    code, out = _diff(capsys, MLP, "--backends", "ref,sim,xla")
+    assert code == 1 and "failed to compile" in out.out and "hlo verifier" in out.out
