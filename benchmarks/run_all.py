@@ -1,13 +1,15 @@
 """Benchmark every program in programs/ against XLA's GSPMD, and our compile time against mesh size.
 
-    python benchmarks/run_all.py [--repeat 20] [--out benchmarks/results] [--quick]
+    python benchmarks/run_all.py [--repeat 20] [--rounds 5] [--out /tmp/results] [--quick]
 
 For each program, and the patterns in benchmarks/patterns/ (at the sizes in SIZES, where compute
-is not negligible): median time per call
-of our shard_map module and of the XLA baseline on the same mesh and inputs, the collectives and
-bytes per device in each compiled HLO, and compile times. Then the compile time of a deep
-transformer stack (thousands of ops) on meshes from 8 to 2048 devices, which should be flat.
-Writes <out>.md and <out>.json.
+is not negligible): our shard_map module and the XLA baseline on the same mesh and inputs, called
+in turn (ours, XLA, ours, ...) for --rounds rounds of --repeat calls each (backend_jax.bench);
+the median and fastest call of each, the ratio of the medians with the lowest and highest ratio
+among the rounds; the collectives and bytes per device in each compiled HLO, and compile times.
+Then the compile time of a deep transformer stack (thousands of ops) on meshes from 8 to 2048
+devices, which should be flat. Prints the markdown table; with --out PATH also writes PATH.md and
+PATH.json (nothing is written by default, so a run never overwrites the tracked results).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def bench_programs(repeat: int, quick: bool) -> list[dict]:
+def bench_programs(repeat: int, quick: bool, rounds: int = 5) -> list[dict]:
     rows = []
     paths = sorted(glob.glob(os.path.join(ROOT, "programs", "*.spmd")))
     paths += sorted(glob.glob(os.path.join(HERE, "patterns", "*.spmd")))
@@ -58,10 +60,11 @@ def bench_programs(repeat: int, quick: bool) -> list[dict]:
         consts = {} if quick else SIZES.get(name, {})
         c = spmdlang.compile(path, consts=consts)
         print(f"{name}: measuring ...", file=sys.stderr, flush=True)
-        r = measure(c, repeat=repeat)
+        r = measure(c, repeat=repeat, rounds=rounds)
         r.update(program=name, consts=consts, ops=len(c.program.ops))
         rows.append(r)
-        print(f"  ours {r['ours_s'] * 1e3:.2f} ms, xla {r['xla_s'] * 1e3:.2f} ms, ratio {r['ratio']:.3f}; "
+        print(f"  ours {r['ours_s'] * 1e3:.2f} ms, xla {r['xla_s'] * 1e3:.2f} ms, ratio {r['ratio']:.3f} "
+              f"(rounds {r['ratio_min']:.3f}..{r['ratio_max']:.3f}); "
               f"collectives {r['ours_collectives']} vs {r['xla_collectives']}; bytes {r['ours_bytes_per_device']:,} "
               f"vs {r['xla_bytes_per_device']:,}", file=sys.stderr, flush=True)
     return rows
@@ -97,15 +100,18 @@ def compile_sweep(layers: int, runs: int = 5) -> list[dict]:
 
 
 def markdown(rows, sweep) -> str:
-    out = ["| program | ours (ms) | XLA (ms) | ours/XLA | collectives ours / XLA | bytes/device ours / XLA "
-           "| our compile (ms) | jit ours / XLA (s) |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| program | ours median / min (ms) | XLA median / min (ms) | ours/XLA | ratio over rounds "
+           "| collectives ours / XLA | bytes/device ours / XLA | our compile (ms) | jit ours / XLA (s) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['program']} | {r['ours_s'] * 1e3:.2f} | {r['xla_s'] * 1e3:.2f} | {r['ratio']:.2f} | "
+        flag = "" if r["ratio_spread"] <= 0.05 else " (over +-5%)"
+        out.append(f"| {r['program']} | {r['ours_s'] * 1e3:.2f} / {r['ours_min_s'] * 1e3:.2f} | "
+                   f"{r['xla_s'] * 1e3:.2f} / {r['xla_min_s'] * 1e3:.2f} | {r['ratio']:.2f} | "
+                   f"{r['ratio_min']:.2f}..{r['ratio_max']:.2f}{flag} | "
                    f"{r['ours_collectives']} / {r['xla_collectives']} | {r['ours_bytes_per_device']:,} / "
                    f"{r['xla_bytes_per_device']:,} | {r['compile_s'] * 1e3:.0f} | {r['ours_jit_s']:.2f} / "
                    f"{r['xla_jit_s']:.2f} |")
-    out.append(f"| **geomean** | | | **{geomean([r['ratio'] for r in rows]):.2f}** | | | | |")
+    out.append(f"| **geomean** | | | **{geomean([r['ratio'] for r in rows]):.2f}** | | | | | |")
     out += ["", "| devices | mesh | ops | compile (s) | x of 8 devices |", "|---:|---|---:|---:|---:|"]
     base = sweep[0]["compile_s"] if sweep else 1
     for s in sweep:
@@ -118,17 +124,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--layers", type=int, default=24, help="transformer layers in the compile sweep")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of ours and XLA in turn")
+    ap.add_argument("--out", metavar="PATH", help="also write PATH.md and PATH.json (default: print only)")
     ap.add_argument("--quick", action="store_true", help="default program sizes, fewer repeats")
     args = ap.parse_args(argv)
-    rows = bench_programs(3 if args.quick else args.repeat, args.quick)
+    rows = bench_programs(3 if args.quick else args.repeat, args.quick, 2 if args.quick else args.rounds)
     sweep = compile_sweep(4 if args.quick else args.layers)
     md = markdown(rows, sweep)
-    with open(args.out + ".md", "w") as f:
-        f.write(md)
-    with open(args.out + ".json", "w") as f:
-        json.dump({"programs": rows, "compile_sweep": sweep, "geomean_ratio": geomean([r["ratio"] for r in rows])},
-                  f, indent=2, default=str)
+    if args.out:
+        with open(args.out + ".md", "w") as f:
+            f.write(md)
+        with open(args.out + ".json", "w") as f:
+            json.dump({"programs": rows, "compile_sweep": sweep,
+                       "geomean_ratio": geomean([r["ratio"] for r in rows])}, f, indent=2, default=str)
     print(md)
     return 0
 

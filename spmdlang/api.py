@@ -19,10 +19,11 @@ BACKENDS = ("ref", "sim", "jax", "xla")
 
 def read_source(path: str) -> str:
     """Read a .spmd file as UTF-8 text; unreadable, binary or undecodable files are located user errors."""
+    from .limits import MAX_SOURCE_BYTES, read_bounded
+
     where = Span(Source(path, ""), 1, 1)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_bounded(path, MAX_SOURCE_BYTES, "the program")
     except IsADirectoryError:
         raise SpmdError("this is a directory, not a .spmd file", where) from None
     except OSError as e:
@@ -114,7 +115,9 @@ class Compiled:
     def jax_source(self) -> str:
         """Our per-partition program as a standalone Python module (shard_map + jax.lax)."""
         from .backend_jax.emit import emit_shard_map
+        from .limits import check_jax_mesh
 
+        check_jax_mesh(self.program, "jax")
         return emit_shard_map(self.spmd)
 
     @cached_property
@@ -122,7 +125,9 @@ class Compiled:
         """The global program as a jax.numpy module for XLA's own GSPMD (the baseline). Boundary
         layouts are the same as ours: annotations, else what propagation chose."""
         from .backend_jax.emit import emit_xla
+        from .limits import check_jax_mesh
 
+        check_jax_mesh(self.program, "xla")
         return emit_xla(self.canonical, self.spmd.in_shardings, self.spmd.out_shardings)
 
     def runner(self, backend: str):
@@ -131,7 +136,8 @@ class Compiled:
             from .backend_jax.runner import ModuleRunner
 
             source = self.jax_source if backend == "jax" else self.xla_source
-            self._runners[backend] = ModuleRunner(source, f"spmdlang_{backend}", self.mesh.size)
+            self._runners[backend] = ModuleRunner(source, f"spmdlang_{backend}", self.mesh.size,
+                                                  program=self.program, backend=backend)
         return self._runners[backend]
 
     @property
@@ -144,27 +150,38 @@ class Compiled:
         return out
 
     def check_report(self) -> dict:
-        """The `check --json` document (CLI.md)."""
+        """The `check --json` document (docs/cli.md)."""
         from .explain import check_report
 
         return check_report(self)
 
     def explain_report(self, bandwidth=None, latency=None, preset: str = "tpu-v4") -> dict:
-        """The `explain --json` document (CLI.md)."""
+        """The `explain --json` document (docs/cli.md)."""
         from .explain import explain_report
 
         return explain_report(self, bandwidth, latency, preset)
 
-    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0) -> dict:
+    def check_memory(self, backend: str, max_memory: int | None = None) -> None:
+        """Raise a located SpmdError if a run on `backend` would need more memory than `max_memory`
+        bytes (default: the memory available now), by the cost model's estimate (spmdlang.limits)."""
+        from .limits import check_memory
+
+        check_memory(self, backend, max_memory)
+
+    def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0, processes: int = 1,
+             max_memory: int | None = None) -> dict:
         """Run the same inputs through each backend and compare every result with ref.
 
         A result matches when |got - ref| <= atol * scale + rtol * |ref| elementwise, with
         scale = max(1, max |ref|) (reductions may sum in another order); NaNs must coincide;
         integer and bool results must be equal. Defaults follow the narrowest float the program
         computes in (f32: 1e-4, f16: 1e-2, bf16: 2e-2), whatever the result's own dtype.
+        `processes` > 1 runs the jax backends across that many local processes (see run).
         """
+        for b in ("ref", *backends):
+            self.check_memory(b, max_memory)
         inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
-        ref = self.run(inputs, backend="ref")
+        ref = self.run(inputs, backend="ref", max_memory=max_memory)
         results, ok = [], True
         narrowest = _narrowest_float(self.program)
         for b in backends:
@@ -174,7 +191,7 @@ class Compiled:
                 from jax.errors import JaxRuntimeError
 
                 try:
-                    got = self.run(inputs, backend=b)
+                    got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory)
                 except JaxRuntimeError as e:  # XLA's own partitioner failed on the baseline module
                     error = str(e).strip().splitlines()[0][:300]
                     results += [{"backend": b, "output": i, "max_abs_err": None, "ok": False, "error": error}
@@ -182,15 +199,22 @@ class Compiled:
                     ok = False
                     continue
             else:
-                got = self.run(inputs, backend=b)
+                got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory)
             for i, (r, g) in enumerate(zip(ref, got)):
                 err, good = _compare(r, g, *_tolerance(r.dtype, rtol, atol, narrowest))
                 ok &= good
                 results.append({"backend": b, "output": i, "max_abs_err": err, "ok": good})
         # the float tolerance applied (integer and bool results are always compared exactly)
         float_rtol, float_atol = _tolerance(np.float32, rtol, atol, narrowest)
-        return {"ok": bool(ok), "backends": list(backends), "results": results, "rtol": float_rtol, "atol": float_atol,
-                "upstream_disagreement": _upstream_disagreement(results), "known_issues": KNOWN_ISSUES}
+        report = {"ok": bool(ok), "backends": list(backends), "results": results, "rtol": float_rtol,
+                  "atol": float_atol, "upstream_disagreement": _upstream_disagreement(results),
+                  "known_issues": KNOWN_ISSUES}
+        notes = [f"ref's out{i} has {n} non-finite value{'s' if n > 1 else ''} (inf or nan) of {r.size}; "
+                 "backends are compared on them too (equal infinities and NaNs in the same places)"
+                 for i, r in enumerate(ref) if (n := _nonfinite(r))]
+        if notes:
+            report["notes"] = notes
+        return report
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         return random_inputs(self.program, seed)
@@ -199,10 +223,16 @@ class Compiled:
         return check_inputs(self.program, inputs, origin)
 
     def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
-            origin: str = "inputs") -> list[np.ndarray]:
-        """Run on `inputs` (name -> array; random from `seed` when None); results in order."""
+            origin: str = "inputs", processes: int = 1, max_memory: int | None = None) -> list[np.ndarray]:
+        """Run on `inputs` (name -> array; random from `seed` when None); results in order.
+
+        With `processes` > 1 the jax backends run across that many local processes, as on that many
+        hosts (jax.distributed on 127.0.0.1, mesh/processes CPU devices each, gloo collectives).
+        Refuses (SpmdError) a run whose estimated peak memory exceeds `max_memory` bytes (default:
+        the memory available now)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        self.check_memory(backend, max_memory)
         inputs = check_inputs(self.program, inputs if inputs is not None else self.random_inputs(seed), origin)
         if backend == "ref":
             from .backend_ref import run_global
@@ -212,7 +242,19 @@ class Compiled:
             from .backend_ref import run_sim
 
             return run_sim(self.spmd, inputs)
-        return self.runner(backend)([inputs[p.name] for p in self.program.params])
+        arrays = [inputs[p.name] for p in self.program.params]
+        if processes > 1:
+            from .backend_jax.multiprocess import run_processes
+
+            source = self.jax_source if backend == "jax" else self.xla_source
+            return run_processes(source, arrays, self.mesh.size, processes)
+        return self.runner(backend)(arrays)
+
+
+def _nonfinite(a: np.ndarray) -> int:
+    if not a.size or not (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
+        return 0
+    return int(np.count_nonzero(~np.isfinite(np.asarray(a, dtype=np.float64))))
 
 
 _TOLERANCE = {"bf16": 2e-2, "f16": 1e-2, "f32": 1e-4, "f64": 1e-9}
@@ -280,13 +322,20 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
     else:
         text = program
         filename = filename or "<input>"
+    from .limits import deep_call
+
+    return deep_call(_compile_text, text, filename, mesh, consts, entry, verify)
+
+
+def _compile_text(text, filename, mesh, consts, entry, verify) -> Compiled:
     module, source = parse(text, filename)
     _check_overrides(module, source, mesh, consts)
     return Compiled(lower(module, source, mesh, consts, entry), verify)
 
 
 def _check_overrides(module, source, mesh, consts):
-    where = Span(source, 1, 1)
+    # point at the declaration the override is checked against (the mesh, the consts), not at line 1
+    where = module.meshes[0].span if module.meshes else Span(source, 1, 1)
     axes = {a.name for m in module.meshes for a in m.axes}
     for name, size in (mesh or {}).items():
         if name not in axes:
@@ -295,6 +344,7 @@ def _check_overrides(module, source, mesh, consts):
         if not isinstance(size, int) or size < 1:
             raise OverrideError(f"--mesh {name}={size}: sizes must be positive integers", where)
     names = {c.name for c in module.consts}
+    where = module.consts[0].span if module.consts else where
     for name in consts or {}:
         if name not in names:
             raise OverrideError(f"--set names const '{name}', which the program does not declare"

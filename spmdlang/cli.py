@@ -1,4 +1,4 @@
-"""The `spmdlang` command (see CLI.md): a thin shell over spmdlang.compile and its stages.
+"""The `spmdlang` command (docs/cli.md): a thin shell over spmdlang.compile and its stages.
 
 Exit status: 0 success; 1 the program, its inputs or a diff is wrong; 2 the command line is wrong.
 Program errors print `FILE:LINE:COL: error: MESSAGE`, the source line and a caret; never a traceback.
@@ -7,13 +7,15 @@ Program errors print `FILE:LINE:COL: error: MESSAGE`, the source line and a care
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
 import os
 import sys
-import tempfile
 
 from .api import BACKENDS
 from .errors import OverrideError, SpmdError
+from .outfile import OutputPathError, OutputWriteError, write_output
 
 TARGETS = ("ir", "spmd", "jax", "xla")
 
@@ -68,9 +70,18 @@ def _positive_float(text):
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got '{text}'")
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite non-negative number, got '{text}'")
     return v
+
+
+def _size_arg(text):
+    from .limits import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _backends_arg(text):
@@ -84,7 +95,7 @@ def _backends_arg(text):
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("file", metavar="FILE", help="a .spmd program")
+    common.add_argument("file", metavar="FILE", help="a .spmd program, or - to read it from standard input")
     common.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
                         help="override the file's mesh axis sizes")
     common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=INT,...", dest="consts",
@@ -94,23 +105,41 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--verify", action="store_true",
                         help="check the IR after every pass (as SPMDLANG_VERIFY=1 does); for compiler debugging")
 
-    p = argparse.ArgumentParser(prog="spmdlang", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
+        "one per-partition program with collectives.",
+        epilog="Reference: docs/language.md (the language) and docs/cli.md (the commands, the Python API and "
+        "the emitted module) in spmdlang's source tree. `spmdlang COMMAND --help` lists a command's options.")
+    p.add_argument("--version", action="version", version=f"spmdlang {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("check", parents=[common], help="parse, type-check, propagate; every value's type and sharding")
     c = sub.add_parser("compile", parents=[common], help="emit IR, per-partition IR or a jax module")
-    c.add_argument("--target", required=True, choices=TARGETS)
-    c.add_argument("-o", dest="output", metavar="PATH", help="write here instead of stdout")
+    c.add_argument("--target", required=True, choices=TARGETS,
+                   help="ir: the global IR; spmd: the per-partition IR; jax: our shard_map module; "
+                   "xla: the XLA-GSPMD baseline module")
+    c.add_argument("-o", dest="output", metavar="PATH", help="write here instead of stdout ('-': stdout)")
     r = sub.add_parser("run", parents=[common], help="run the program on one backend")
-    r.add_argument("--backend", required=True, choices=BACKENDS)
+    r.add_argument("--backend", required=True, choices=BACKENDS,
+                   help="ref: numpy reference; sim: numpy simulation of every device; jax: our shard_map "
+                   "module; xla: the XLA-GSPMD baseline")
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
-    r.add_argument("--seed", type=_count(0), default=0, help="seed for random inputs (default 0)")
-    r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ...")
+    r.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ... ('-': stdout)")
+    r.add_argument("--processes", type=_count(1), default=1, metavar="N",
+                   help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
+    r.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
     d = sub.add_parser("diff", parents=[common], help="run several backends on the same inputs and compare")
-    d.add_argument("--backends", type=_backends_arg, default=list(BACKENDS), metavar="B,...")
-    d.add_argument("--inputs", metavar="IN.npz")
-    d.add_argument("--seed", type=_count(0), default=0)
-    d.add_argument("--rtol", type=_positive_float, default=None)
-    d.add_argument("--atol", type=_positive_float, default=None)
+    d.add_argument("--backends", type=_backends_arg, default=list(BACKENDS), metavar="B,...",
+                   help=f"backends to compare with ref (default {','.join(BACKENDS)})")
+    d.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
+    d.add_argument("--processes", type=_count(1), default=1, metavar="N",
+                   help="run the jax/xla backends across N local processes, as on N hosts (default 1)")
+    d.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    d.add_argument("--rtol", type=_positive_float, default=None, metavar="R",
+                   help="relative tolerance (default: by the narrowest float the program uses, f32 1e-4)")
+    d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
+                   help="absolute tolerance, times max(1, max|ref|) (default: as --rtol's)")
+    d.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
     e = sub.add_parser("explain", parents=[common], help="why each sharding, what each collective costs")
     e.add_argument("--show", metavar="NAME", action="append", default=[],
                    help="draw this value's layout over the devices (repeatable)")
@@ -120,12 +149,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-collective latency per mesh axis in microseconds")
     e.add_argument("--preset", choices=("tpu-v4", "gpu-nvlink"), default="tpu-v4",
                    help="alpha-beta defaults (default tpu-v4)")
+    e.add_argument("--xla", action="store_true",
+                   help="also compile with jax and show XLA's cost_analysis() and memory_analysis() "
+                   "beside our estimates")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
-    b.add_argument("--seed", type=_count(0), default=0)
-    b.add_argument("--repeat", type=_count(1), default=20, help="timed runs after warm-up (default 20)")
+    b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
+                   help="timed calls of each side per round, after warm-up (default 20)")
+    b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
+                   help="rounds of ours and XLA called in turn; the ratio's spread is over rounds (default 5)")
+    b.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return p
+
+
+_MAX_MEMORY_HELP = ("refuse to run when the estimated peak memory exceeds SIZE (e.g. 4G, 512M; "
+                    "default: the memory available now)")
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def _mesh_bw_arg(text):
@@ -136,8 +182,8 @@ def _mesh_bw_arg(text):
             v = float(value)
         except ValueError:
             v = -1
-        if not eq or not name.strip() or v <= 0:
-            raise argparse.ArgumentTypeError(f"expected AXIS=NUMBER[,...] with positive numbers, got '{part}'")
+        if not eq or not name.strip() or not math.isfinite(v) or v <= 0:
+            raise argparse.ArgumentTypeError(f"expected AXIS=NUMBER[,...] with finite positive numbers, got '{part}'")
         out[name.strip()] = v
     return out
 
@@ -145,9 +191,15 @@ def _mesh_bw_arg(text):
 # ---------------------------------------------------------------------------------- commands
 
 
+STDIN_NAME = "<stdin>"
+
+
 def _compile(args):
     from .api import compile as compile_program
 
+    if args.file == "-":
+        return compile_program(_read_stdin(), mesh=args.mesh, consts=args.consts, entry=args.entry,
+                               filename=STDIN_NAME, verify=True if args.verify else None)
     if not os.path.exists(args.file):
         raise UsageError(f"no such file: '{args.file}'")
     if os.path.isdir(args.file):
@@ -156,31 +208,32 @@ def _compile(args):
                            verify=True if args.verify else None)
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write all or nothing: a temp file in the same directory, renamed into place."""
-    if os.path.isdir(path):
-        raise UsageError(f"cannot write '{path}': it is a directory")
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UsageError(f"cannot write '{path}': no such directory '{directory}'")
+def _read_stdin() -> str:
+    """The program text from standard input, checked as read_source checks a file."""
+    from .errors import Source, Span
+    from .limits import MAX_SOURCE_BYTES, format_bytes
+
+    stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
+    data = stream.read(MAX_SOURCE_BYTES + 1) if stream else sys.stdin.read(MAX_SOURCE_BYTES + 1).encode()
+    where = Span(Source(STDIN_NAME, ""), 1, 1)
+    if len(data) > MAX_SOURCE_BYTES:
+        raise SpmdError(f"standard input is longer than {format_bytes(MAX_SOURCE_BYTES)}, the most accepted", where)
+    if b"\x00" in data:
+        raise SpmdError("standard input is binary, not spmdlang source text", where)
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".spmdlang-")
-    except OSError as e:
-        raise UsageError(f"cannot write '{path}': {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise SpmdError(f"standard input is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})",
+                        where) from None
+    if not text.strip():
+        raise SpmdError("standard input is empty: expected a mesh declaration and a function", where)
+    return text
 
 
-def _console():
+def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, stderr=stderr)
 
 
 def cmd_check(args) -> int:
@@ -200,7 +253,7 @@ def cmd_compile(args) -> int:
     text = {"ir": lambda: c.ir, "spmd": lambda: c.spmd_ir, "jax": lambda: c.jax_source,
             "xla": lambda: c.xla_source}[args.target]()
     if args.output:
-        _write_atomic(args.output, text.encode())
+        write_output(args.output, text.encode())
         if args.json:
             print(json.dumps({"target": args.target, "output": args.output}))
     elif args.json:
@@ -214,66 +267,111 @@ def _inputs(c, args):
     if getattr(args, "inputs", None):
         from .inputs import load_npz
 
-        return c.check_inputs(load_npz(args.inputs), origin=args.inputs)
+        return c.check_inputs(load_npz(args.inputs, c.program), origin=args.inputs)
     return c.random_inputs(args.seed)
+
+
+def _nonfinite_notes(outs) -> list[str]:
+    import numpy as np
+
+    notes = []
+    for i, a in enumerate(outs):
+        if a.size and (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
+            bad = int(np.count_nonzero(~np.isfinite(np.asarray(a, dtype=np.float64))))
+            if bad:
+                notes.append(f"out{i} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
+                             f"of {a.size}")
+    return notes
 
 
 def cmd_run(args) -> int:
     import numpy as np
 
     c = _compile(args)
-    outs = c.run(_inputs(c, args), backend=args.backend)
+    if args.processes > 1 and args.backend not in ("jax", "xla"):
+        raise UsageError(f"--processes {args.processes} needs --backend jax or xla")
+    c.check_memory(args.backend, args.max_memory)  # before drawing inputs
+    outs = c.run(_inputs(c, args), backend=args.backend, processes=args.processes, max_memory=args.max_memory)
     if args.output:
         import io
 
         buf = io.BytesIO()
         np.savez(buf, **{f"out{i}": a for i, a in enumerate(outs)})
-        _write_atomic(args.output, buf.getvalue())
+        write_output(args.output, buf.getvalue())
+    notes = _nonfinite_notes(outs)
     summary = [{"output": i, "type": str(r.value.type), "shape": list(a.shape), "dtype": str(a.dtype),
                 "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
                for i, (r, a) in enumerate(zip(c.program.results, outs))]
+    to_stdout = args.output != "-"  # with `-o -` the results' bytes own stdout; the summary goes to stderr
     if args.json:
-        print(json.dumps({"backend": args.backend, "outputs": summary, "file": args.output}))
+        doc = {"backend": args.backend, "outputs": summary, "file": args.output}
+        if notes:
+            doc["notes"] = notes
+        print(json.dumps(doc), file=sys.stdout if to_stdout else sys.stderr)
         return 0
-    con = _console()
+    con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})")
+        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
-    if args.output:
+    if args.output and to_stdout:
         con.print(f"wrote {args.output}")
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
     return 0
 
 
 def cmd_diff(args) -> int:
     c = _compile(args)
-    report = c.diff(_inputs(c, args), backends=args.backends, rtol=args.rtol, atol=args.atol)
+    for b in ["ref", *args.backends]:
+        c.check_memory(b, args.max_memory)
+    report = c.diff(_inputs(c, args), backends=args.backends, rtol=args.rtol, atol=args.atol,
+                    processes=args.processes, max_memory=args.max_memory)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         from .explain import render_diff
 
         render_diff(_console(), report)
+        for n in report.get("notes", []):
+            print(f"note: {n}", file=sys.stderr)
     return 0 if report["ok"] else 1
 
 
 def cmd_explain(args) -> int:
     c = _compile(args)
+    from .explain import find_value
+
+    for name in args.show:  # before anything is printed
+        try:
+            find_value(c, name)
+        except SpmdError as e:
+            raise UsageError(e.message) from None
     report = c.explain_report(bandwidth=args.bandwidth, latency=args.latency, preset=args.preset)
+    if args.xla:
+        from .explain import xla_analysis
+
+        report["xla"] = xla_analysis(c)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    from .explain import render_explain
+    from .explain import render_explain, render_xla
 
-    render_explain(_console(), c, report, show=args.show)
+    console = _console()
+    render_explain(console, c, report, show=args.show)
+    if args.xla:
+        render_xla(console, report)
     return 0
 
 
 def cmd_bench(args) -> int:
     c = _compile(args)
-    from .backend_jax.bench import bench, render_bench
+    for b in ("jax", "xla"):
+        c.check_memory(b, args.max_memory)
+    from .backend_jax.bench import bench
+    from .explain import render_bench
 
-    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json)
+    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -293,29 +391,79 @@ COMMANDS = {"check": cmd_check, "compile": cmd_compile, "run": cmd_run, "diff": 
             "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops}
 
 
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG}
+
+
+def _run_command(args) -> int:
+    """The command itself, on the compiler's deep-stack thread: numpy's floating-point warnings
+    (overflow to inf and the like) stay off the terminal; non-finite results are reported as notes."""
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        code = COMMANDS[args.command](args)
+    sys.stdout.flush()  # a full disk or a closed pipe shows here, not at interpreter exit
+    return code
+
+
+def _silence_stdout() -> None:
+    """After stdout failed, point it at /dev/null so the interpreter's final flush stays quiet."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv=None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .limits import deep_call
+
     try:
-        return COMMANDS[args.command](args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return deep_call(_run_command, args)
+    except OverrideError as e:  # --mesh / --set name something the program lacks: the command line is wrong
+        where = f" ({e.span.file}:{e.span.line})" if e.span and e.span.source and e.span.source.text else ""
+        parser.print_usage(sys.stderr)
+        print(f"spmdlang {args.command}: error: {e.message}{where}", file=sys.stderr)
+        return 2
     except SpmdError as e:
         print(e.render(), file=sys.stderr)
-        return 2 if isinstance(e, OverrideError) else 1
-    except UsageError as e:
+        return 1
+    except (UsageError, OutputPathError) as e:
         parser.print_usage(sys.stderr)
         print(f"spmdlang: error: {e}", file=sys.stderr)
         return 2
+    except OutputWriteError as e:
+        print(f"spmdlang: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("spmdlang: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+    except MemoryError:
+        print("spmdlang: error: out of memory; the estimate that --max-memory checks was too low for this run",
+              file=sys.stderr)
+        return 1
+    except OSError as e:
+        if e.errno not in _WRITE_ERRNOS:
+            return _internal_error(e)
+        _silence_stdout()
+        print(f"spmdlang: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001  (a compiler bug: say so plainly, no traceback)
-        if os.environ.get("SPMDLANG_DEBUG"):
-            raise
-        print(f"spmdlang: internal error: {type(e).__name__}: {e}\n"
-              "This is a bug in spmdlang; rerun with SPMDLANG_DEBUG=1 for a traceback.", file=sys.stderr)
-        return 3
+        return _internal_error(e)
+
+
+def _internal_error(e: Exception) -> int:
+    if os.environ.get("SPMDLANG_DEBUG"):
+        raise e
+    print(f"spmdlang: internal error: {type(e).__name__}: {e}\n"
+          "This is a bug in spmdlang; rerun with SPMDLANG_DEBUG=1 for a traceback.", file=sys.stderr)
+    return 3
 
 
 if __name__ == "__main__":  # pragma: no cover

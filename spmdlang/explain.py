@@ -32,20 +32,44 @@ def check_report(c) -> dict:
                           for op, text in prop.conflicts]}
 
 
-def render_check(console, c, report) -> None:
+# Rendering at any width (80 columns, tmux panes): headings are lines of their own, not table titles
+# (a title wraps to its table's width); every text is escaped (`[data=2]` is not rich markup); short
+# columns never wrap and the free-text column is at least as wide as its longest token, so rich
+# breaks lines between tokens, never inside one.
+
+
+def heading(console, text: str) -> None:
+    from rich.text import Text
+
+    console.print(Text(text, style="bold"))
+
+
+def table(*columns: str, text_column: str | None = None, texts=()):
+    """A rich Table whose columns keep their tokens whole; `text_column` wraps between words."""
+    from rich import box
     from rich.table import Table
 
-    mesh = ", ".join(f"{a}={s}" for a, s in report["mesh"]["axes"].items())
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    longest = max((len(w) for x in texts for w in x.split()), default=1)
+    for col in columns:
+        if col == text_column:
+            t.add_column(col, overflow="fold", min_width=min(longest, 48))
+        else:
+            t.add_column(col, no_wrap=True)
+    return t
+
+
+def render_check(console, c, report) -> None:
     from rich.markup import escape
 
-    table = Table(title=escape(f"{c.program.source.name if c.program.source else ''}  mesh [{mesh}]"),
-                  title_justify="left")
-    for col in ("name", "type", "sharding", "line", "why"):
-        table.add_column(col, overflow="fold")
+    mesh = ", ".join(f"{a}={s}" for a, s in report["mesh"]["axes"].items())
+    heading(console, f"{c.program.source.name if c.program.source else ''}  mesh [{mesh}]")
+    t = table("name", "type", "sharding", "line", "why", text_column="why",
+              texts=[row["reason"] for row in report["values"]])
     for row in report["values"]:
-        table.add_row(*(escape(x) for x in (row["name"], row["type"], row["sharding"], str(row["line"] or ""),
-                                             row["reason"])))
-    console.print(table)
+        t.add_row(*(escape(x) for x in (row["name"], row["type"], row["sharding"], str(row["line"] or ""),
+                                         row["reason"])))
+    console.print(t)
     for conflict in report["conflicts"]:
         console.print(f"[yellow]conflict[/yellow] {escape(conflict['message'])}")
 
@@ -80,17 +104,16 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
 
 def render_explain(console, c, report, show=()) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
     render_check(console, c, report)
-    table = Table(title="collectives (per device)", title_justify="left")
-    for col in ("line", "kind", "axes", "bytes", "time (us)", "why"):
-        table.add_column(col, overflow="fold")
+    cols = table("line", "kind", "axes", "bytes", "time (us)", "why", text_column="why",
+                 texts=[x["reason"] for x in report["collectives"]])
     for x in report["collectives"]:
-        table.add_row(str(x["line"] or ""), x["kind"], ",".join(x["axes"]), f"{x['bytes_per_device']:,}",
-                      f"{x['time_us']:.1f}", escape(x["reason"]))
+        cols.add_row(str(x["line"] or ""), x["kind"], ",".join(x["axes"]), f"{x['bytes_per_device']:,}",
+                     f"{x['time_us']:.1f}", escape(x["reason"]))
     if report["collectives"]:
-        console.print(table)
+        heading(console, "collectives (per device)")
+        console.print(cols)
     else:
         console.print("no collectives: every op runs on local data")
     t = report["totals"]
@@ -101,66 +124,76 @@ def render_explain(console, c, report, show=()) -> None:
         render_layout(console, c, name)
 
 
-def render_layout(console, c, name: str) -> None:
-    """Which block of a value each device holds, for any rank: one cell per device of the mesh."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from .backend_ref.sim import block_slices
+def find_value(c, name: str):
+    """The value `--show NAME` means: a source name, `returnN`, or an IR name (`%12` or `12`)."""
     from .errors import SpmdError
     from .ir.printer import Namer
 
     values = {n: v for n, v, _ in c.canonical.names}
     values.update({f"return{i}": r.value for i, r in enumerate(c.canonical.results)})
-    if name not in values:
-        raw = {n: v for v, n in Namer.for_program(c.canonical).names.items()}
-        if name.lstrip("%") not in raw:
-            raise SpmdError(f"--show: no value named '{name}' (named values: {', '.join(values)})")
-        values[name] = raw[name.lstrip("%")]
-    v = values[name]
+    if name in values:
+        return values[name]
+    raw = {n: v for v, n in Namer.for_program(c.canonical).names.items()}
+    if name.lstrip("%") not in raw:
+        raise SpmdError(f"--show: no value named '{name}' (named values: {', '.join(values)})")
+    return raw[name.lstrip("%")]
+
+
+def render_layout(console, c, name: str) -> None:
+    """Which block of a value each device holds, for any rank: one cell per device of the mesh."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .backend_ref.sim import block_slices
+
+    v = find_value(c, name)
     s = c.propagation.shardings[v]
     mesh = c.mesh
     axes = mesh.names
     rows = mesh.axis_size(axes[0]) if axes else 1
     cols = mesh.size // rows
-    table = Table(title=f"{name}: {v.type} {s} over mesh {mesh}", title_justify="left", show_lines=True)
-    table.add_column(axes[0] if axes else "")
+    heading(console, f"{name}: {v.type} {s} over mesh {mesh}")
+    picture = Table(box=box.SQUARE, show_lines=True)
+    picture.add_column(escape(axes[0]) if axes else "", no_wrap=True)
     rest = axes[1:]
     for j in range(cols):
         coords = mesh.coords(j)
-        table.add_column(",".join(f"{a}={coords[a]}" for a in rest) or "device")
+        picture.add_column(escape(",".join(f"{a}={coords[a]}" for a in rest) or "device"), overflow="fold")
     palette = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
+    blocks = {pos: [":" if (a, b) == (0, n) else f"{a}:{b}"
+                    for (a, b, _), n in zip(block_slices(v.type.shape, s, mesh, pos), v.type.shape)]
+              for pos in range(rows * cols)}
+    # blocks written without spaces when a row of them fits the terminal; else wrapped between dims
+    widest = max((len(",".join(b)) + 2 for b in blocks.values()), default=0)
+    first = max(len(axes[0]) + 3, len(f"{axes[0]}={rows - 1}")) if axes else 0
+    labels = max((len(str(col.header)) for col in picture.columns[1:]), default=0)
+    sep = "," if first + 3 + cols * (max(widest, labels, 6) + 3) + 1 <= console.width else ", "
     colors: dict = {}
     for i in range(rows):
         cells = [f"{axes[0]}={i}" if axes else ""]
         for j in range(cols):
             pos = i * cols + j
-            blocks = block_slices(v.type.shape, s, mesh, pos)
-            text = "[" + ", ".join(":" if (a, b) == (0, n) else f"{a}:{b}"
-                                   for (a, b, _), n in zip(blocks, v.type.shape)) + "]"
+            text = "[" + sep.join(blocks[pos]) + "]"
             color = colors.setdefault(text, palette[len(colors) % len(palette)])
             cells.append(f"[{color}]dev {mesh.devices[pos]}\n{escape(text)}[/{color}]")
-        table.add_row(*cells)
-    console.print(table)
+        picture.add_row(*cells)
+    console.print(picture)
 
 
 # ---------------------------------------------------------------------------------- diff
 
 
 def render_diff(console, report) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"compared with ref (rtol {report['rtol']}, atol {report['atol']} x scale)",
-                  title_justify="left")
-    for col in ("backend", "output", "max abs err", "ok"):
-        table.add_column(col)
+    heading(console, f"compared with ref (rtol {report['rtol']}, atol {report['atol']} x scale)")
+    t = table("backend", "output", "max abs err", "ok")
     for r in report["results"]:
         ok = "[green]ok[/green]" if r["ok"] else "[red]MISMATCH[/red]"
         if r.get("upstream_disagreement"):
             ok = "[yellow]MISMATCH: upstream disagreement[/yellow]"
         err = "failed to compile" if r.get("error") else f"{r['max_abs_err']:.3g}"
-        table.add_row(r["backend"], str(r["output"]), err, ok)
-    console.print(table)
+        t.add_row(r["backend"], str(r["output"]), err, ok)
+    console.print(t)
     for r in {r["backend"]: r for r in report["results"] if r.get("error")}.values():
         console.print(f"{r['backend']}: {r['error']}", markup=False)
     if report["ok"]:
@@ -175,3 +208,73 @@ def render_diff(console, report) -> None:
             f"({', '.join(ours)}) agree: an upstream disagreement, not a bug of spmdlang's partitioning. "
             f"Known XLA issues: {report.get('known_issues', 'docs/known_xla_issues.md')} in the spmdlang "
             f"repository. To compare only our backends: --backends ref,sim,jax", markup=False)
+
+
+# ---------------------------------------------------------------------------------- bench
+
+
+def render_bench(console, r: dict) -> None:
+    mesh = ", ".join(f"{a}={s}" for a, s in r["mesh"].items())
+    rounds = r.get("rounds", 1)
+    heading(console, f"mesh [{mesh}], {rounds} rounds of {r['repeat']} calls each, ours and XLA in turn")
+    t = table("", "ours (shard_map)", "XLA GSPMD")
+    t.add_row("median per call", f"{r['ours_s'] * 1e3:.3f} ms", f"{r['xla_s'] * 1e3:.3f} ms")
+    if "ours_min_s" in r:
+        t.add_row("fastest call", f"{r['ours_min_s'] * 1e3:.3f} ms", f"{r['xla_min_s'] * 1e3:.3f} ms")
+    t.add_row("collectives (compiled HLO)", str(r["ours_collectives"]), str(r["xla_collectives"]))
+    t.add_row("bytes sent per device", f"{r['ours_bytes_per_device']:,}", f"{r['xla_bytes_per_device']:,}")
+    t.add_row("jit compile", f"{r['ours_jit_s']:.2f} s", f"{r['xla_jit_s']:.2f} s")
+    console.print(t)
+    line = f"ratio ours/XLA = {r['ratio']:.3f}"
+    if "ratio_min" in r:
+        line += f" (rounds {r['ratio_min']:.3f} .. {r['ratio_max']:.3f}, +-{r['ratio_spread'] * 100:.0f}%)"
+        if r["ratio_spread"] > 0.05:
+            line += "; spread over 5%: the machine is busy or the program too small to time"
+    console.print(line + f"; spmdlang compile {r['compile_s'] * 1e3:.1f} ms")
+
+
+# ---------------------------------------------------------------------------------- explain --xla
+
+
+def xla_analysis(c, seed: int = 0) -> dict:
+    """XLA's own cost_analysis() and memory_analysis() of our compiled module and of the GSPMD
+    baseline, per device, beside our estimates. XLA's peak is argument + output + temp - alias:
+    what the compiled program holds at once after fusion and buffer reuse; ours (cost.peak_bytes)
+    is an upper bound with neither."""
+    inputs = c.random_inputs(seed)
+    arrays = [inputs[p.name] for p in c.program.params]
+    out = {}
+    for side, name in (("jax", "ours"), ("xla", "xla_gspmd")):
+        r = c.runner(side)
+        compiled = r.fn.lower(*r.module.place(arrays, r.mesh)).compile()
+        cost = compiled.cost_analysis()
+        cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
+        mem = compiled.memory_analysis()
+        peak = None
+        if mem is not None:
+            peak = int(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+                       - mem.alias_size_in_bytes)
+        out[name] = {"flops_per_device": int(cost.get("flops", 0)),
+                     "bytes_accessed_per_device": int(cost.get("bytes accessed", 0)),
+                     "peak_bytes_per_device": peak,
+                     "temp_bytes_per_device": int(mem.temp_size_in_bytes) if mem is not None else None}
+    return out
+
+
+def render_xla(console, report: dict) -> None:
+    t, x = report["totals"], report["xla"]
+    heading(console, "our estimates beside XLA's own analysis (per device)")
+    table_ = table("", "our estimate", "XLA: our module", "XLA: GSPMD baseline")
+
+    def num(v):
+        return "-" if v is None else f"{v:,}"
+
+    table_.add_row("FLOPs", num(t["flops_per_device"]), num(x["ours"]["flops_per_device"]),
+                   num(x["xla_gspmd"]["flops_per_device"]))
+    table_.add_row("peak bytes", num(t["peak_bytes_per_device"]), num(x["ours"]["peak_bytes_per_device"]),
+                   num(x["xla_gspmd"]["peak_bytes_per_device"]))
+    table_.add_row("bytes accessed", "-", num(x["ours"]["bytes_accessed_per_device"]),
+                   num(x["xla_gspmd"]["bytes_accessed_per_device"]))
+    console.print(table_)
+    console.print("Our peak counts every per-partition buffer live from its op to its last use, with no fusion "
+                  "or buffer reuse: an upper bound. XLA's is argument + output + temp after fusion.", markup=False)

@@ -71,7 +71,7 @@ def test_explain_text_with_layout_picture(capsys):
 
 def test_explain_show_unknown_value(capsys):
     code, _, err = run_cli(capsys, "explain", MLP, "--show", "nope")
-    assert code == 1 and "no value named 'nope'" in err and "Traceback" not in err
+    assert code == 2 and "no value named 'nope'" in err and "Traceback" not in err
 
 
 def test_explain_bad_bandwidth_is_usage_error(capsys):

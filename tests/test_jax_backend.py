@@ -78,7 +78,8 @@ def jax_sweep(seeds, max_devices: int = 16, compiler_options=FAST_CPU_COMPILE) -
         try:
             c = spmdlang.compile(src)
             if compiler_options is not None:  # this test's cheaper compile; diff is unchanged
-                c._runners["jax"] = ModuleRunner(c.jax_source, "spmdlang_jax", c.mesh.size, compiler_options)
+                c._runners["jax"] = ModuleRunner(c.jax_source, "spmdlang_jax", c.mesh.size, program=c.program,
+                                                 compiler_options=compiler_options)
             d = c.diff(backends=["ref", "sim", "jax"], rtol=_tol(src), atol=_tol(src))
             if not d["ok"]:
                 bad = [r for r in d["results"] if not r["ok"]]

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent / "spmdlang"
 # module (or package) name prefix -> layer; the longest matching prefix wins
 LAYERS = {
     "spmdlang.errors": 0,
+    "spmdlang.limits": 0,  # resource limits: imports only errors, inspects the IR by duck typing
     "spmdlang.ir": 1,
     "spmdlang.partition": 2,
     "spmdlang.ops": 3,
@@ -28,6 +29,7 @@ LAYERS = {
     "spmdlang.oplist": 5,
     "spmdlang.api": 6,
     "spmdlang.cli": 7,
+    "spmdlang.outfile": 7,
     "spmdlang.__main__": 7,
     "spmdlang": 7,  # the package itself: registers the op table and re-exports the API
 }

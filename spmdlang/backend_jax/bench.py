@@ -1,8 +1,12 @@
 """`spmdlang bench`: our shard_map module against the XLA-GSPMD baseline, same mesh, same inputs.
 
-Each side is jitted and compiled once (compile time recorded), warmed up, then timed `repeat`
-times; we report medians. The collectives and bytes of each side come from its compiled HLO
-(backend_jax.hlo), so they are what XLA really runs, not what either compiler meant to emit.
+Each side is jitted and compiled once (compile time recorded) and warmed up. Then the two are timed
+call by call in turn (ours, XLA, ours, XLA, ...) for `rounds` rounds of `repeat` calls each, so a
+change in machine load hits both sides alike. We report, per side, the minimum and the median
+call time over all calls, and the ours/XLA ratio of the medians with its spread: the lowest and
+highest ratio among the rounds (each round's median against the same round's median). The
+collectives and bytes of each side come from its compiled HLO (backend_jax.hlo), so they are what
+XLA really runs, not what either compiler meant to emit.
 """
 
 from __future__ import annotations
@@ -11,20 +15,24 @@ import statistics
 import time
 
 
-def _time_calls(fn, args, repeat: int, warmup: int = 3) -> list[float]:
+def _interleaved(fns, args, repeat: int, rounds: int, warmup: int = 3) -> list[list[list[float]]]:
+    """times[side][round] = the call times of side `side` in that round, sides taking turns."""
     import jax
 
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
+    for fn, a in zip(fns, args):
+        for _ in range(warmup):
+            jax.block_until_ready(fn(*a))
+    times = [[[] for _ in range(rounds)] for _ in fns]
+    for r in range(rounds):
+        for _ in range(repeat):
+            for side, (fn, a) in enumerate(zip(fns, args)):
+                t = time.perf_counter()
+                jax.block_until_ready(fn(*a))
+                times[side][r].append(time.perf_counter() - t)
     return times
 
 
-def measure(c, seed: int = 0, repeat: int = 20, progress=None) -> dict:
+def measure(c, seed: int = 0, repeat: int = 20, progress=None, rounds: int = 5) -> dict:
     """Time and inspect both sides; `progress(step_text)` is called as the work advances."""
     from .hlo import collectives
 
@@ -35,50 +43,46 @@ def measure(c, seed: int = 0, repeat: int = 20, progress=None) -> dict:
     inputs = c.random_inputs(seed)
     arrays = [inputs[p.name] for p in c.program.params]
     out = {"compile_s": compile_s}
+    compiled, args = [], []
     for side in ("jax", "xla"):
         name = "ours" if side == "jax" else "xla"
         step(f"jit-compiling {name}")
         runner = c.runner(side)
-        args = runner.module.place(arrays, runner.mesh)
+        a = runner.module.place(arrays, runner.mesh)
         t = time.perf_counter()
-        compiled = runner.fn.lower(*args).compile()
+        fn = runner.fn.lower(*a).compile()
         out[f"{name}_jit_s"] = time.perf_counter() - t
-        cols = collectives(compiled.as_text())
+        cols = collectives(fn.as_text())
         out[f"{name}_collectives"] = len(cols)
         out[f"{name}_bytes_per_device"] = int(sum(x["bytes_per_device"] for x in cols))
         out[f"{name}_collective_kinds"] = sorted({x["kind"] for x in cols})
-        step(f"timing {name}")
-        times = _time_calls(compiled, args, repeat)
-        out[f"{name}_s"] = statistics.median(times)
+        compiled.append(fn)
+        args.append(a)
+    step("timing ours and XLA in turn")
+    times = _interleaved(compiled, args, repeat, rounds)
+    for name, per_round in zip(("ours", "xla"), times):
+        flat = [x for r in per_round for x in r]
+        out[f"{name}_s"] = statistics.median(flat)
+        out[f"{name}_min_s"] = min(flat)
+    ratios = [statistics.median(o) / statistics.median(x) for o, x in zip(*times)]
     out["ratio"] = out["ours_s"] / out["xla_s"] if out["xla_s"] else float("nan")
+    out["ratio_min"], out["ratio_max"] = min(ratios), max(ratios)
+    out["ratio_spread"] = (max(ratios) - min(ratios)) / 2 / out["ratio"] if out["ratio"] else float("nan")
     out["ledger_collectives"] = len(c.spmd.ledger)
     out["mesh"] = dict(c.mesh.axes)
     out["repeat"] = repeat
+    out["rounds"] = rounds
     return out
 
 
-def bench(c, seed: int = 0, repeat: int = 20, progress: bool = True) -> dict:
+def bench(c, seed: int = 0, repeat: int = 20, progress: bool = True, rounds: int = 5) -> dict:
     """Run `measure` with a progress display on stderr (none when `progress` is False)."""
     if not progress:
-        return measure(c, seed, repeat)
+        return measure(c, seed, repeat, rounds=rounds)
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("compiling", total=None)
-        return measure(c, seed, repeat, lambda text: bar.update(task, description=text))
-
-
-def render_bench(console, r: dict) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"mesh {r['mesh']}, median of {r['repeat']} runs after warm-up", title_justify="left")
-    for col in ("", "ours (shard_map)", "XLA GSPMD"):
-        table.add_column(col)
-    table.add_row("time per call", f"{r['ours_s'] * 1e3:.3f} ms", f"{r['xla_s'] * 1e3:.3f} ms")
-    table.add_row("collectives (compiled HLO)", str(r["ours_collectives"]), str(r["xla_collectives"]))
-    table.add_row("bytes sent per device", f"{r['ours_bytes_per_device']:,}", f"{r['xla_bytes_per_device']:,}")
-    table.add_row("jit compile", f"{r['ours_jit_s']:.2f} s", f"{r['xla_jit_s']:.2f} s")
-    console.print(table)
-    console.print(f"ratio ours/XLA = {r['ratio']:.3f}; spmdlang compile {r['compile_s'] * 1e3:.1f} ms")
+        return measure(c, seed, repeat, lambda text: bar.update(task, description=text), rounds=rounds)

@@ -1,9 +1,11 @@
 """Running emitted modules on a jax mesh, with virtual CPU devices when there is no accelerator.
 
-jax fixes its device count when first imported, so the embedded default sets
-XLA_FLAGS=--xla_force_host_platform_device_count before that import (at least 8, or what the mesh
-needs). The flag only concerns the CPU platform: on a TPU/GPU host, jax still uses the accelerator,
-and the emitted module falls back to CPU devices only if the accelerator has too few.
+jax decides how many CPU devices it has when it first uses a device. Before that (whether or not
+jax is already imported) `jax.config.update("jax_num_cpu_devices", N)` sets it; the setting only
+concerns the CPU platform, so on a TPU/GPU host jax still uses the accelerator, and the emitted
+module falls back to CPU devices only if the accelerator has too few. XLA_FLAGS'
+--xla_force_host_platform_device_count, if the user set it, is respected. Only once jax has used
+its devices is the count fixed: then a mesh bigger than it is an error saying what to do.
 """
 
 from __future__ import annotations
@@ -12,23 +14,35 @@ import os
 import sys
 import types
 
+from ..errors import SpmdError
+
 _FLAG = "--xla_force_host_platform_device_count"
 
 
 def ensure_devices(n: int) -> None:
-    """Make sure jax, once imported, has at least n CPU devices (a no-op after jax is imported)."""
-    if "jax" in sys.modules:
+    """Make sure jax has at least n CPU devices, if it has not used its devices yet."""
+    if _FLAG in os.environ.get("XLA_FLAGS", ""):
         return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _FLAG in flags:
-        return
-    os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={max(n, 8)}".strip()
+    from . import require_jax
+
+    jax = require_jax()
+    try:
+        from jax._src import xla_bridge
+
+        if xla_bridge.backends_are_initialized():
+            return
+    except (ImportError, AttributeError):
+        pass
+    try:
+        current = jax.config.jax_num_cpu_devices
+        if current < 0 or current < n:
+            jax.config.update("jax_num_cpu_devices", max(n, 8))
+    except (AttributeError, RuntimeError):  # already initialised, or a jax without the option
+        pass
 
 
 def check_devices(n: int) -> None:
     import jax
-
-    from ..errors import SpmdError
 
     if len(jax.devices()) >= n:
         return
@@ -37,9 +51,33 @@ def check_devices(n: int) -> None:
     except RuntimeError:
         cpus = 0
     if cpus < n:
-        raise SpmdError(f"the mesh needs {n} devices but jax has {len(jax.devices())} (and {cpus} CPU devices); "
-                        f"jax was imported before spmdlang could ask for virtual devices: set "
-                        f"XLA_FLAGS={_FLAG}={n} before importing jax")
+        raise SpmdError(f"the mesh needs {n} devices but jax has {len(jax.devices())} (and {cpus} CPU devices), "
+                        f"and jax has already used its devices, so their number is fixed: call "
+                        f'jax.config.update("jax_num_cpu_devices", {n}) right after importing jax, or set '
+                        f"XLA_FLAGS={_FLAG}={n} before starting Python")
+
+
+def _runs_on_cpu(n: int) -> bool:
+    """Whether a mesh of n devices would run on (virtual) CPU devices. Asking jax would initialise
+    its backends and fix the CPU device count before ensure_devices could raise it, so until jax
+    has initialised them, go by the requested platform: CPU unless an accelerator is asked for."""
+    initialised = False
+    if "jax" in sys.modules:
+        try:
+            from jax._src import xla_bridge
+
+            initialised = xla_bridge.backends_are_initialized()
+        except (ImportError, AttributeError):
+            initialised = False
+    if not initialised:
+        platforms = os.environ.get("JAX_PLATFORMS", "") or os.environ.get("JAX_PLATFORM_NAME", "")
+        return not platforms or "cpu" in platforms.split(",")[0]
+    import jax
+
+    try:
+        return jax.default_backend() == "cpu" or len(jax.devices()) < n
+    except RuntimeError:
+        return True
 
 
 def load(source: str, name: str) -> types.ModuleType:
@@ -51,31 +89,38 @@ def load(source: str, name: str) -> types.ModuleType:
 
 
 class ModuleRunner:
-    """A loaded module with its mesh and jitted function, reused across runs."""
+    """A loaded module with its mesh; the module's run() caches its jitted function."""
 
-    def __init__(self, source: str, name: str, n_devices: int, compiler_options: dict | None = None):
+    def __init__(self, source: str, name: str, n_devices: int, program=None, backend: str = "jax",
+                 compiler_options: dict | None = None):
         """compiler_options: XLA options for this module's compile only (jax's
         `Lowered.compile(compiler_options=...)`), e.g. cheaper CPU codegen for bulk testing."""
+        if program is not None:
+            from ..limits import check_jax_devices
+
+            check_jax_devices(program, backend, cpu=_runs_on_cpu(n_devices))
+        from . import require_jax
+
+        require_jax()
         ensure_devices(n_devices)
         check_devices(n_devices)
         self.module = load(source, name)
+        gather = getattr(self.module, "_gather", None)
+        if gather is not None:  # jax cannot assemble some sharded empty arrays
+            import numpy as np  # ("could not broadcast input array from shape (8,0) into shape (4,0)")
+
+            self.module._gather = lambda out, shape: (np.zeros(shape, dtype=out.dtype) if 0 in tuple(shape)
+                                                      else gather(out, shape))
         self.mesh = self.module.make_mesh()
         self.fn = self.module.build(self.mesh)
         self.compiler_options = compiler_options
         self._compiled = None
 
     def __call__(self, arrays):
-        import numpy as np
-
+        if self.compiler_options is None:
+            return self.module.run(*arrays, mesh=self.mesh)
         m = self.module
         args = m.place(arrays, self.mesh)
-        if self.compiler_options is None:
-            outs = self.fn(*args)
-        else:
-            if self._compiled is None:
-                self._compiled = self.fn.lower(*args).compile(compiler_options=self.compiler_options)
-            outs = self._compiled(*args)
-        shapes = getattr(m, "RESULT_SHAPES", None)
-        if shapes is None:
-            return [np.asarray(o) for o in outs]
-        return [np.asarray(o)[tuple(slice(0, n) for n in shape)] for o, shape in zip(outs, shapes)]
+        if self._compiled is None:
+            self._compiled = self.fn.lower(*args).compile(compiler_options=self.compiler_options)
+        return [m._gather(o, shape) for o, shape in zip(self._compiled(*args), m.RESULT_SHAPES)]

@@ -16,15 +16,14 @@ from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.types import TensorType
+from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from . import ast as A
 from .builtins import BUILTINS, call_builtin
 from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
 from .values import static_int as _check_static_int
 
-# Unrolling and inlining happen at compile time; past these a program is a mistake, not a workload.
-MAX_UNROLLED = 100_000
-MAX_OPS = 200_000
-MAX_DEVICES = 1 << 20
+# Unrolling and inlining happen at compile time; past these limits (spmdlang.limits) a program is a
+# mistake, not a workload.
 
 
 class Lowerer:
@@ -194,6 +193,9 @@ class Lowerer:
             chain = " -> ".join(self.stack + [f.name])
             raise SpmdError(f"recursive call to '{f.name}' ({chain}); functions are inlined, "
                             "so recursion is not supported", span)
+        if len(self.stack) > MAX_CALL_DEPTH:
+            raise SpmdError(f"calls nest more than {MAX_CALL_DEPTH} deep ({self.stack[0]} -> {self.stack[1]} -> ... "
+                            f"-> {f.name}); functions are inlined, and this is the limit", span)
         self.called.add(f.name)
         self._check_params(f)
         env: dict[str, Any] = {}
@@ -310,7 +312,9 @@ class Lowerer:
             if n < 0:
                 raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
             dims.append(n)
-        return TensorType(t.dtype, tuple(dims))
+        out = TensorType(t.dtype, tuple(dims))
+        check_type(out, t.span)
+        return out
 
     def sharding_of(self, spec: A.SpecExpr, t: TensorType, allow_open: bool) -> Sharding:
         if len(spec.entries) != t.rank:
@@ -471,7 +475,9 @@ class Lowerer:
                 if n < 0:
                     raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
                 dims.append(n)
-            return StaticType(TensorType(base.name, tuple(dims)))
+            out = TensorType(base.name, tuple(dims))
+            check_type(out, node.span)
+            return StaticType(out)
         if not isinstance(base, Value):
             raise SpmdError(f"cannot index {describe(base)}", node.span)
         return self.index(base, node, env)

@@ -9,10 +9,12 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.visitors import Transformer_NonRecursive
 
 from ..errors import Source, Span, SpmdError
+from ..limits import MAX_NESTING, MAX_SOURCE_BYTES, format_bytes
 from . import ast as A
 
 _KEYWORDS = {"mesh", "devices", "const", "func", "return", "for", "in", "range", "true", "false"}
@@ -124,16 +126,33 @@ def parse(text: str, filename: str = "<input>") -> tuple[A.Module, Source]:
     # a byte-order mark is an encoding detail, not a character; a lone \r ends a line, as in Python
     text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     source = Source(filename, text)
+    if len(text) > MAX_SOURCE_BYTES:
+        raise SpmdError(f"the program is {format_bytes(len(text))} long; at most {format_bytes(MAX_SOURCE_BYTES)} "
+                        "of source is accepted", Span(source, 1, 1))
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as e:
         raise _syntax_error(e, source) from None
+    _check_nesting(tree, source)
     try:
         return _ToAst(source).transform(tree), source
     except VisitError as e:
         if isinstance(e.orig_exc, SpmdError):
             raise e.orig_exc from None
         raise
+
+
+def _check_nesting(tree: Tree, source: Source) -> None:
+    """Expressions and blocks nest at most MAX_NESTING deep (a chain of binary operators nests one
+    level per operator): past that, a located error instead of exhausting the compiler's stack."""
+    stack = [(tree, 1)]
+    while stack:
+        t, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise SpmdError(f"the program nests more than {MAX_NESTING} levels deep here (parentheses, calls, "
+                            "indexing, blocks, and each operator of a chain count one level); split it with "
+                            "assignments", _span(source, t.meta))
+        stack.extend((c, depth + 1) for c in t.children if isinstance(c, Tree))
 
 
 def _span(source: Source, meta) -> Span:
@@ -146,11 +165,20 @@ def _tok_span(source: Source, tok: Token) -> Span:
     return Span(source, tok.line, tok.column, tok.end_line, tok.end_column)
 
 
-@v_args(meta=True)
-class _ToAst(Transformer):
+class _ToAst(Transformer_NonRecursive):
+    """Parse tree -> AST, bottom-up without recursion (deep programs need no deep stack here).
+    Each rule's method takes (meta, children)."""
+
+    __visit_tokens__ = False
+
     def __init__(self, source: Source):
-        super().__init__()
+        super().__init__(visit_tokens=False)
         self.source = source
+
+    def _call_userfunc(self, tree, new_children=None):
+        # call rule methods directly: lark's v_args wrappers cost a functools.update_wrapper per node
+        children = new_children if new_children is not None else tree.children
+        return getattr(self, tree.data)(tree.meta, children)
 
     def sp(self, meta) -> Span:
         return _span(self.source, meta)

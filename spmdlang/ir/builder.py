@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import ShapeError, Span, SpmdError
+from ..limits import check_attrs, check_type
 from . import registry
 from .core import Op, Value, freeze
 
@@ -17,10 +18,13 @@ class Builder:
         source wrote them, so a shape-rule error points at the argument it is about."""
         opdef = registry.get(kind)
         attrs = freeze(attrs)
+        check_attrs(kind, attrs, span)
         try:
             types = opdef.infer_types([v.type for v in operands], attrs)
         except ShapeError as e:
             raise SpmdError(str(e), (blame or {}).get(e.blame) or span) from None
+        for t in types:
+            check_type(t, span)
         names = names or [None] * len(types)
         results = tuple(Value(t, n) for t, n in zip(types, names))
         self.ops.append(Op(kind, tuple(operands), results, attrs, span))

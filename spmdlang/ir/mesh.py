@@ -130,3 +130,6 @@ class Sharding:
             op = "" if self.partial_op == "sum" else "_" + self.partial_op
             text += f" partial{op}(" + ", ".join(self.partial) + ")"
         return text
+
+    def __repr__(self) -> str:  # what a user sees at the prompt: the spec, as written in programs
+        return f"Sharding {self}"

@@ -1,0 +1,106 @@
+"""Running an emitted module across N local processes, as on N hosts: `--processes N`.
+
+Each process initialises jax.distributed against a coordinator on 127.0.0.1, gets mesh/N virtual
+CPU devices and gloo CPU collectives, loads the same module and calls its run(): every process
+places only the blocks of the inputs that its own devices hold (inputs are .npy files opened as
+memory maps) and receives the global results (gathered with process_allgather). Process 0 writes
+them back. This is exactly what a multi-host user does, with processes instead of hosts.
+
+`python -m spmdlang.backend_jax.multiprocess WORKDIR RANK N PORT` is one such process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import SpmdError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(source: str, arrays, n_devices: int, processes: int, timeout: float = 300.0) -> list:
+    """Run module `source` on `arrays` across `processes` local processes; global numpy results."""
+    import numpy as np
+
+    if processes < 1 or n_devices % processes:
+        raise SpmdError(f"--processes {processes}: the mesh's {n_devices} devices must split evenly over the "
+                        f"processes (each gets mesh/N devices)")
+    with tempfile.TemporaryDirectory(prefix="spmdlang-mp-") as tmp:
+        work = Path(tmp)
+        (work / "module.py").write_text(source)
+        for i, a in enumerate(arrays):
+            np.save(work / f"in{i}.npy", _portable(np.asarray(a)))
+        (work / "meta").write_text(f"{len(arrays)} {n_devices // processes}")
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        procs = [subprocess.Popen([sys.executable, "-m", "spmdlang.backend_jax.multiprocess", tmp, str(rank),
+                                   str(processes), str(port)], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=open(work / f"err{rank}.txt", "w"))  # noqa: SIM115
+                 for rank in range(processes)]
+        deadline = time.monotonic() + timeout
+        try:
+            for p in procs:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise SpmdError(f"--processes {processes}: the processes did not finish within {timeout:.0f} s") from None
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            log = (work / f"err{failed[0]}.txt").read_text().strip().splitlines()
+            tail = "\n".join(line for line in log if not line.startswith("[Gloo]"))[-1500:]
+            raise SpmdError(f"--processes {processes}: process {failed[0]} failed:\n{tail}")
+        out = np.load(work / "out.npz")
+        return [out[f"out{i}"].astype(_dtype(str(out[f"dtype{i}"]))) for i in range(len(out.files) // 2)]
+
+
+def _portable(a):
+    """.npy cannot hold ml_dtypes' bfloat16: such arrays travel as float32 (exactly)."""
+    return a.astype("float32") if a.dtype.name == "bfloat16" else a
+
+
+def _dtype(name: str):
+    import ml_dtypes
+    import numpy as np
+
+    return np.dtype(getattr(ml_dtypes, name)) if name == "bfloat16" else np.dtype(name)
+
+
+def _worker(work: Path, rank: int, processes: int, port: int) -> None:
+    import numpy as np
+
+    n_inputs, local_devices = map(int, (work / "meta").read_text().split())
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", local_devices)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=processes, process_id=rank)
+    from .runner import load
+
+    module = load((work / "module.py").read_text(), "spmdlang_mp")
+    arrays = [np.load(work / f"in{i}.npy", mmap_mode="r") for i in range(n_inputs)]
+    outs = module.run(*arrays)
+    if rank == 0:
+        np.savez(work / "out.npz", **{f"out{i}": _portable(o) for i, o in enumerate(outs)},
+                 **{f"dtype{i}": np.array(o.dtype.name) for i, o in enumerate(outs)})
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))

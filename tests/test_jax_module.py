@@ -1,0 +1,186 @@
+"""The emitted module as a jax user meets it: its run() caches the jitted function, build() and
+place() work on the caller's mesh (other axis names, other axis order, Auto axes), inputs may be
+numpy, plain jax arrays or jax arrays on any sharding, and importing jax before spmdlang works."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import spmdlang
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = str(ROOT / "programs" / "mlp.spmd")
+UNEVEN = """mesh [data=2, model=4]
+func main(x: f32[5, 6] {data, model}, w: f32[6, 3] {model, _}) -> f32[5, 3] {data, _} {
+  return relu(x @ w)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    c = spmdlang.compile(MLP, consts={"B": 8, "D": 16, "F": 32})
+    mod = c.runner("jax").module
+    inputs = c.random_inputs(1)
+    arrays = [inputs[p.name] for p in c.program.params]
+    return c, mod, arrays, c.run(inputs, backend="ref")
+
+
+def _close(outs, ref):
+    assert len(outs) == len(ref)
+    for a, b in zip(outs, ref):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a, np.float64), b.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_run_caches_its_jitted_function(mlp):
+    c, mod, arrays, ref = mlp
+    mod._BUILT.clear()
+    _close(mod.run(*arrays), ref)
+    built = dict(mod._BUILT)
+    fn = [f for k, f in built.items() if k != "default"]
+    assert len(fn) == 1
+    _close(mod.run(*arrays), ref)
+    assert mod._BUILT == built  # the same mesh and jitted function, not a new jax.jit per call
+    assert fn[0]._cache_size() == 1  # compiled once
+
+
+def test_make_mesh_uses_jax_make_mesh_without_a_device_order(mlp):
+    import jax
+
+    _, mod, _, _ = mlp
+    assert "jax.make_mesh(" in spmdlang.compile(MLP).jax_source
+    m = mod.make_mesh()
+    assert m.axis_names == ("data", "model") and m.devices.shape == (2, 4)
+    assert all(t == jax.sharding.AxisType.Auto for t in m.axis_types)
+    ordered = spmdlang.compile("mesh [x=2, y=2] devices [0, 2, 1, 3]\nfunc main(a: f32[4] {x}) -> f32[4] { return a }")
+    assert "jax.make_mesh(" not in ordered.jax_source  # an explicit device order is kept as written
+
+
+def test_axis_names_map_onto_the_callers_mesh(mlp):
+    import jax
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    c, mod, arrays, ref = mlp
+    theirs = jax.make_mesh((4, 2), ("tp", "dp"), axis_types=(AxisType.Auto,) * 2)  # other names, other order
+    names = {"data": "dp", "model": "tp"}
+    f = mod.build(theirs, axis_names=names)
+    outs = f(*mod.place(arrays, theirs, axis_names=names))
+    _close([np.asarray(o) for o in outs], ref)
+    _close(mod.run(*arrays, mesh=theirs, axis_names=names), ref)
+    # inputs already on the caller's mesh, with the caller's own layouts, and plain jax arrays
+    on_theirs = [jax.device_put(a, NamedSharding(theirs, P("tp") if a.ndim else P())) for a in arrays]
+    _close(mod.run(*on_theirs, mesh=theirs, axis_names=names), ref)
+    plain = [jax.numpy.asarray(a) for a in arrays]
+    _close(mod.run(*plain), ref)
+    with pytest.raises(ValueError, match="no axis 'data'.*axis_names"):
+        mod.build(theirs)
+    with pytest.raises(ValueError, match="size 4"):
+        mod.build(theirs, axis_names={"data": "tp", "model": "dp"})
+
+
+def test_inputs_on_another_mesh_and_explicit_axes(mlp):
+    import jax
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    c, mod, arrays, ref = mlp
+    other = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+    moved = [jax.device_put(a, NamedSharding(other, P(*([None] * a.ndim)))) for a in arrays]
+    _close(mod.run(*moved), ref)
+    explicit = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    _close(mod.run(*arrays, mesh=explicit), ref)
+
+
+def test_uneven_inputs_are_placed_block_by_block():
+    c = spmdlang.compile(UNEVEN)
+    mod = c.runner("jax").module
+    inputs = c.random_inputs(2)
+    arrays = [inputs[p.name] for p in c.program.params]
+    placed = mod.place(arrays, mod.make_mesh())
+    assert placed[0].shape == (6, 8)  # padded to shard multiples
+    np.testing.assert_array_equal(np.asarray(placed[0])[:5, :6], arrays[0])
+    assert not np.asarray(placed[0])[5:].any()
+    _close(mod.run(*arrays), c.run(inputs, backend="ref"))
+    _close(c.runner("xla").module.run(*arrays), c.run(inputs, backend="ref"))
+
+
+def test_importing_jax_first_still_gets_virtual_devices(tmp_path):
+    code = (
+        "import jax\n"
+        "import spmdlang\n"
+        f"c = spmdlang.compile({MLP!r}, consts={{'B': 8, 'D': 16, 'F': 32}})\n"
+        "d = c.diff(backends=['ref', 'jax'])\n"
+        "assert d['ok'], d\n"
+        "print(len(jax.devices()))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) >= 8
+
+
+def test_too_few_devices_after_jax_started_is_a_clear_error(tmp_path):
+    code = (
+        "import jax\n"
+        "jax.devices()\n"  # jax has started with its default (1 CPU device): the count is fixed now
+        "import spmdlang\n"
+        f"c = spmdlang.compile({MLP!r})\n"
+        "try:\n"
+        "    c.run(backend='jax')\n"
+        "except spmdlang.SpmdError as e:\n"
+        "    print('SpmdError', e.message)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "SpmdError the mesh needs 8 devices" in r.stdout and "jax_num_cpu_devices" in r.stdout
+
+
+def test_too_old_jax_is_a_clear_error(monkeypatch):
+    import jax
+
+    from spmdlang.backend_jax import require_jax
+
+    monkeypatch.setattr(jax, "__version__", "0.6.0")
+    with pytest.raises(spmdlang.SpmdError, match=r"need jax >= 0\.6\.1, but jax 0\.6\.0 is installed"):
+        require_jax()
+
+
+def test_declared_jax_bound_is_the_checked_one():
+    import re
+
+    from spmdlang.backend_jax import MIN_JAX
+
+    text = (ROOT / "pyproject.toml").read_text()
+    want = ".".join(map(str, MIN_JAX))
+    for name in ("jax", "jaxlib"):
+        bound = rf'"{name}>={re.escape(want)},<[0-9.]+"'
+        assert re.search(bound, text), f"pyproject.toml's {name} bound is not >={want}"
+
+
+@pytest.mark.parametrize("program", ["mlp", "uneven"])
+def test_two_processes_as_two_hosts(program):
+    """jax.distributed over 2 local processes (4 CPU devices each, gloo): the module's run() places
+    each process's blocks and gathers the results; both backends agree with ref."""
+    if program == "mlp":
+        c, backends = spmdlang.compile(MLP, consts={"B": 8, "D": 16, "F": 32}), ["ref", "jax", "xla"]
+    else:
+        c, backends = spmdlang.compile(UNEVEN), ["ref", "jax"]
+    d = c.diff(backends=backends, seed=4, processes=2)
+    assert d["ok"], d["results"]
+    assert {r["backend"] for r in d["results"]} == set(backends) - {"ref"}
+
+
+def test_processes_must_split_the_mesh():
+    c = spmdlang.compile(MLP, consts={"B": 8, "D": 16, "F": 32})
+    with pytest.raises(spmdlang.SpmdError, match="must split evenly"):
+        c.run(backend="jax", processes=3)
