@@ -89,7 +89,8 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
         collectives.append({
             "kind": col.kind, "axes": list(col.axes), "bytes_per_device": int(round(col.bytes_per_device)),
             "line": col.line, "op": col.op, "reason": col.reason,
-            "time_us": round(collective_time_us(col.bytes_per_device, col.axes, bandwidth, latency, preset), 3),
+            "time_us": round(collective_time_us(col.kind, c.mesh.group_size(col.axes), col.bytes_per_device,
+                                                col.axes, bandwidth, latency, preset), 3),
         })
     total_bytes = sum(x["bytes_per_device"] for x in collectives)
     return {

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder, reshape_rule
-from .moving import partition_concat, partition_pad, partition_roll, partition_slice
+from .moving import partition_concat, partition_pad, partition_reshape, partition_roll, partition_slice
 from .registry import Family, PartialMode, check, no_flops, py_literal, register
 
 # ---------------------------------------------------------------------------------- transpose
@@ -56,7 +56,7 @@ def _local_shape(attrs, operands, shapes):
 register("reshape", doc="the same elements in row-major order, in `shape`",
          example=(("f32[8, 64, 256]",), {"shape": (8, 64, 8, 32)}),
          flops=no_flops, infer=_reshape_infer, numpy=lambda x, *, shape: np.reshape(x, shape),
-         localize=_local_shape,
+         localize=_local_shape, partition=partition_reshape,
          rule=lambda ops, res, attrs: reshape_rule(ops[0].shape, res[0].shape),
          partial=PartialMode.additive, family=Family.layout,
          jax=lambda a, attrs, out: f"jnp.reshape({a[0]}, {tuple(out[0].shape)})")

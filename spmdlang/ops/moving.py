@@ -12,9 +12,10 @@ from __future__ import annotations
 from math import prod
 
 from ..ir.mesh import Sharding
+from ..partition.cost import comm_cost, exchange_cost, replicated_cost
 from ..partition.factors import PERMUTATION
-from ..partition.halo import Window, window_bytes, window_collectives
-from ..partition.reshard import FLOPS_PER_BYTE, LATENCY_BYTES, chunk, comm_cost, plan_reshard
+from ..partition.halo import Window, parts, window, window_directions
+from ..partition.reshard import chunk, plan_reshard
 
 
 def _moving_dims(ctx) -> list[int]:
@@ -43,9 +44,9 @@ def _itemsize(v) -> int:
 
 
 def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
-    """(windows, gather): in the partitioner's model (bytes plus a latency charge per collective),
-    what operand i costs taken by windows (after any reshard into `dims`), and gathered whole on
-    the moved dims instead."""
+    """(windows, gather) in the cost model (partition.cost): operand i resharded into `dims`, then
+    each window one exchange whose two directions run at once; against gathering the moved dims
+    whole, which also pays for the bytes it holds beyond the windows (replicated memory)."""
     v = ctx.op.operands[i]
     mesh = ctx.mesh
     cur = ctx.layout(i)
@@ -53,26 +54,35 @@ def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
     want = Sharding(dims)
     cost = comm_cost(plan_reshard(shape, isz, mesh, cur, want))
     local = want.local_shape(shape, mesh)
+    held = list(local)
+    for d in {d for d, _ in windows}:
+        # what the windows hold: the span every shard's window is cut from (a rotation: two)
+        held[d] = sum(_span(w, local[d], mesh.group_size(dims[d]), shape[d]) if dims[d] else shape[d]
+                      for e, w in windows if e == d)
     for d, w in windows:
         if not dims[d]:
             continue
         k = mesh.group_size(dims[d])
-        row = isz
-        for e, n in enumerate(local):
-            if e != d:
-                row *= n
-        cost += (window_bytes(w, local[d], k, row, shape[d])
-                 + LATENCY_BYTES * window_collectives(w, local[d], k, shape[d]))
+        row = isz * prod(n for e, n in enumerate(local) if e != d)
+        cost += exchange_cost(window_directions(w, local[d], k, row, shape[d]))
     moved = {d for d, _ in windows}
     gathered = tuple(() if d in moved else a for d, a in enumerate(cur.dims))
-    return cost, comm_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered)))
+    whole = Sharding(gathered).local_shape(shape, mesh)
+    gather = comm_cost(plan_reshard(shape, isz, mesh, cur, Sharding(gathered)))
+    gather += replicated_cost(max(0, prod(whole) - prod(held)) * isz)
+    return cost, gather
+
+
+def _span(w: Window, c: int, k: int, n: int) -> int:
+    lo, hi, _ = parts(w, c, k, n)
+    return hi + w.length - lo
 
 
 def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0) -> bool:
     """Do windows cost no more than gathering the moved dims, counting the extra local work
     (`replicated_work` FLOPs) that running the op on the gathered dims would add?"""
     window, gather = _costs(ctx, i, dims, windows)
-    return window <= gather + replicated_work / FLOPS_PER_BYTE
+    return window <= gather + replicated_cost(0, replicated_work)
 
 
 def _positions(ctx, shape, dim: int, axes, c: int):
@@ -143,8 +153,78 @@ def _pad_rest(ctx, x, split):
     return ctx.emit("pad", x, lo=tuple(lo), hi=tuple(hi), value=ctx.attrs["value"])
 
 
-partition_slice = _single(_slice_window, _slice_rest)
+_partition_one_slice = _single(_slice_window, _slice_rest)
 partition_pad = _single(_pad_window, _pad_rest)
+
+
+def partition_slice(ctx):
+    """A slice that is one of several unit-step shifted slices of one tensor (a depthwise conv
+    written as shifted slices, often of a padded tensor) takes its window from ONE exchange
+    shared by all of them; any other slice is windowed on its own."""
+    if not _shared_slice(ctx):
+        _partition_one_slice(ctx)
+
+
+def _siblings(ctx, x, d):
+    """The slices of global x that shift along dim d only: unit step, same length, same layout."""
+    me = ctx.op
+    n_out = me.result.type.shape[d]
+    want = ctx.target_of(me.result).dims[d]
+    return [op for op in ctx.users(x)
+            if op.kind == "slice" and op.attrs["steps"][d] == 1 and op.result.type.shape[d] == n_out
+            and ctx.target_of(op.result).dims[d] == want]
+
+
+def _shared_slice(ctx) -> bool:
+    (x,) = ctx.op.operands
+    out = ctx.target()
+    moving = _moving_dims(ctx)
+    split = [d for d in moving if out.dims[d]]
+    if len(split) != 1 or ctx.layout(0).partial:
+        return False
+    d = split[0]
+    axes = out.dims[d]
+    if ctx.attrs["steps"][d] != 1:
+        return False
+    siblings = _siblings(ctx, x, d)
+    if len(siblings) < 2:
+        return False
+    # look through a pad on d alone: the window on its input, with the pad value outside
+    src, lo, fill = x, 0, 0
+    pad = ctx.producer(x)
+    if pad is not None and pad.kind == "pad" and not ctx.is_result(x):
+        inner = ctx.layout_of(pad.operands[0])
+        if (all(v == 0 for e, v in enumerate(pad.attrs["lo"]) if e != d)
+                and all(v == 0 for e, v in enumerate(pad.attrs["hi"]) if e != d)
+                and inner is not None and inner.dims[d] == axes and not inner.partial):
+            src, lo, fill = pad.operands[0], pad.attrs["lo"][d], pad.attrs["value"]
+    if src is x and ctx.layout(0).dims[d] != axes:
+        return False
+    k = ctx.mesh.group_size(axes)
+    c_out = chunk(ctx.op.result.type.shape[d], k)
+    starts = [op.attrs["starts"][d] for op in siblings]
+    first = min(starts)
+    dims = tuple(axes if e == d else out.dims[e] if e not in moving else () for e in range(len(out.dims)))
+    key = ("shared_window", src, d, dims, c_out, first, max(starts))
+    cache = ctx.memo
+    if key not in cache:
+        w = Window(a=c_out, s=first - lo, length=c_out + max(starts) - first, fill=fill)
+        # slices far apart would pull every row between them: then each takes its own window
+        isz, n = _itemsize(src), src.type.shape[d]
+        local_shape = Sharding(dims).local_shape(src.type.shape, ctx.mesh)
+        row = isz * prod(m for e, m in enumerate(local_shape) if e != d)
+        shared = exchange_cost(window_directions(w, local_shape[d], k, row, n))
+        gather = comm_cost(plan_reshard(src.type.shape, isz, ctx.mesh, Sharding(dims),
+                                        Sharding(tuple(() if e == d else a for e, a in enumerate(dims)))))
+        if shared > gather:
+            return False
+        local = ctx.reshard_value(src, Sharding(dims))
+        why = f"halo of %{src.name or 'operand'} for {len(siblings)} shifted slices"
+        cache[key] = window(ctx, local, d, axes, axes, src.type.shape[d], w, why)
+    mine = ctx.attrs["starts"][d] - first
+    local = ctx.slice_dim(cache[key], d, mine, mine + c_out)
+    ctx.set_result(_slice_rest(ctx, local, split), out)
+    return True
 
 
 def partition_roll(ctx):
@@ -256,3 +336,64 @@ def partition_conv(ctx):
         xl = ctx.window(xl, d, xdims[d], out.dims[d], x.type.shape[d], win)
     pads = tuple((0, 0) if i in split else tuple(padding[i]) for i in range(nsp))
     ctx.set_result(ctx.emit("conv", xl, wl, strides=tuple(strides), padding=pads), out)
+
+
+# ---------------------------------------------------------------------------------- reshape
+
+
+def _merge_group(shape_in, shape_out, d: int, e: int):
+    """(end_in, end_out) of the reshape group starting at input dim d and output dim e (the
+    same flat offset), up to the first dims where the row-major prefixes meet again; None when d
+    and e do not start at the same offset."""
+    if prod(shape_in[:d]) != prod(shape_out[:e]):
+        return None
+    j, f = d + 1, e + 1
+    while j <= len(shape_in) and f <= len(shape_out):
+        a, b = prod(shape_in[:j]), prod(shape_out[:f])
+        if a == b:
+            return j, f
+        if a < b:
+            j += 1
+        else:
+            f += 1
+    return None
+
+
+def partition_reshape(ctx):
+    """A reshape whose split dim leads a group that merges and splits dims (f32[B, 7, 10] {_, x, _}
+    -> f32[B, 14, 5] {_, x, _}): where the shard borders of input and output do not coincide
+    (uneven splits), each shard exchanges only the elements that cross a border (a halo on the
+    group's flattened dim: XLA's ReshapeMergeDimsWithHaloExchange) instead of gathering the dim.
+    Anything else takes the generic factor path."""
+    (x,) = ctx.op.operands
+    out, cur = ctx.target(), ctx.layout(0)
+    shape_in, shape_out = x.type.shape, ctx.op.result.type.shape
+    split_out = [e for e, a in enumerate(out.dims) if a]
+    split_in = [d for d, a in enumerate(cur.dims) if a]
+    if len(split_out) != 1 or len(split_in) != 1 or cur.partial:
+        return ctx.generic()
+    d, e = split_in[0], split_out[0]
+    axes = out.dims[e]
+    group = _merge_group(shape_in, shape_out, d, e) if cur.dims[d] == axes else None
+    if group is None:
+        return ctx.generic()
+    j, f = group
+    inner_in, inner_out = prod(shape_in[d + 1:j]), prod(shape_out[e + 1:f])
+    k = ctx.mesh.group_size(axes)
+    c_in, c_out = chunk(shape_in[d], k), chunk(shape_out[e], k)
+    local = ctx.operand_local(0)
+    local_out = out.local_shape(shape_out, ctx.mesh)
+    if c_in * inner_in == c_out * inner_out:  # the borders coincide (padding too): a local reshape
+        return ctx.set_result(ctx.emit("reshape", local, shape=tuple(local_out), name=ctx.op.result.name), out)
+    n = shape_in[d] * inner_in
+    flat_in = local.type.shape[:d] + (c_in * inner_in,) + local.type.shape[j:]
+    w = Window(a=c_out * inner_out, s=0, length=c_out * inner_out, fill=0)
+    isz = _itemsize(x)
+    row = isz * prod(flat_in[:d]) * prod(flat_in[d + 1:])
+    halo = exchange_cost(window_directions(w, c_in * inner_in, k, row, n))
+    gather = comm_cost(plan_reshard(shape_in, isz, ctx.mesh, cur, Sharding(((),) * len(shape_in))))
+    if halo > gather:
+        return ctx.generic()
+    flat = ctx.emit("reshape", local, shape=flat_in)
+    win = window(ctx, flat, d, axes, axes, n, w, f"halo of %{x.name or 'operand'} for reshape")
+    ctx.set_result(ctx.emit("reshape", win, shape=tuple(local_out), name=ctx.op.result.name), out)

@@ -1,6 +1,6 @@
 """Per-partition IR passes after partitioning: CSE, all_reduce combining, dead code.
 
-XLA combines independent all-reduces over the same group into one (tuple) all-reduce and
+XLA combines independent all-reduces over the same group (and element type) into one (tuple) all-reduce and
 removes duplicates and dead collectives; doing it here keeps the ledger (what `explain` shows)
 equal to what XLA actually runs, and the simulator and the emitted module see the same plan.
 
@@ -17,6 +17,11 @@ from dataclasses import replace
 
 from ..ir.core import Op, Program
 from ..ir.simplify import cse, dead_code
+
+
+def _key(op: Op) -> tuple:
+    # XLA's compiled module splits a tuple all-reduce of mixed element types into one per type
+    return tuple(op.attrs["axes"]), op.attrs["reduce"], op.operands[0].type.dtype
 
 
 def _combine(prog: Program, ledger):
@@ -42,7 +47,7 @@ def _combine(prog: Program, ledger):
 
     def arrive(op):
         if combinable(op):
-            pending.setdefault((tuple(op.attrs["axes"]), op.attrs["reduce"]), []).append(op)
+            pending.setdefault(_key(op), []).append(op)
         else:
             heapq.heappush(ready, (index[op], id(op)))
 
@@ -65,7 +70,7 @@ def _combine(prog: Program, ledger):
     by_key: dict[tuple, list[Op]] = {}
     for op in prog.ops:
         if combinable(op):
-            by_key.setdefault((tuple(op.attrs["axes"]), op.attrs["reduce"]), []).append(op)
+            by_key.setdefault(_key(op), []).append(op)
 
     def _could_grow(key, group) -> bool:
         mask = 0

@@ -1,32 +1,87 @@
-"""Cost model of a per-partition program: FLOPs, peak live memory, and collective time.
+"""The cost model: one description of what collectives, local work and replicated memory cost,
+used by reshard planning, halo planning, the partitioner's choices and `explain`.
 
-Collective time is alpha-beta: latency + bytes / bandwidth, taking the slowest axis of the group.
-The presets are rough public figures, meant for comparing plans, not for predicting wall time:
-  tpu-v4      ICI: 45 GB/s per axis and direction, 2 us per collective
-  gpu-nvlink  NVLink 3 (A100): 150 GB/s, 5 us
+Collectives run as ring (or tree) algorithms, alpha-beta:
+  time = steps * step latency + bytes sent per device / link bandwidth
+  kind                 steps over a group of k     bytes sent per device (as `explain` reports)
+  all_gather           k - 1                       (k-1) * s          (s: the local shard)
+  reduce_scatter       k - 1                       (k-1)/k * S        (S: the local array)
+  all_to_all           k - 1                       (k-1)/k * S
+  all_reduce           2 (k - 1)                   2 (k-1)/k * S      (a reduce_scatter + all_gather)
+  collective_permute   1                           S
+A halo exchange sends to both neighbours at once: its two directions run concurrently on the two
+directions of each link, so it costs the slower direction (one step per permute in that direction,
+that direction's bytes), not the sum.
+
+Plans that replicate are charged for it: local work (FLOPs, and elements written) at the device's
+compute rate, and every byte a plan holds beyond what the sharded plan holds at REPLICATED_BYTE
+(the memory that partitioning exists to save: gathering a whole image to skip a halo exchange
+must lose even where the network is idle).
+
+The planner works in bytes sent per device, the unit of the ledger and of XLA's HLO:
+  LATENCY_BYTES    what a latency step adds: 16 bytes, a tie-breaker. The physical alpha * beta
+                   (tpu-v4: 1 us * 45 GB/s = 45,000 bytes) would make every plan under ~100 KB
+                   trade bytes for fewer steps: two small all_reduces of a softmax become one
+                   all_gather of the whole input, a halo becomes a gather of the image. Those
+                   plans are faster only while the whole exchange takes a few microseconds, and
+                   they are the ones that stop scaling, so planning ranks by bytes and counts
+                   latency only between plans within a few bytes of each other. `explain`
+                   reports modelled time with the physical figures.
+  FLOPS_PER_BYTE   achieved FLOP/s / link bandwidth (tpu-v4: 1% of 275 TFLOP/s / 45 GB/s ~ 61)
+Constants of the presets, public figures (rough; for ranking plans, not predicting wall time):
+  tpu-v4      ICI: 4.5e10 bytes/s per link and direction (a 400 Gb/s link; also the figure of
+              "How to Scale Your Model", jax-ml.github.io/scaling-book); ~1 us per hop; 275 TFLOP/s
+              bf16 peak and 1.2 TB/s HBM per chip (cloud.google.com/tpu/docs/v4)
+  gpu-nvlink  A100 NVLink 3: 300 GB/s per direction (600 GB/s total); ~5 us per NCCL step; 312
+              TFLOP/s bf16 peak, 2.0 TB/s HBM (NVIDIA A100 datasheet)
+Local work is charged at 1% of peak FLOP/s (ACHIEVED): the ops the partitioner weighs are mostly
+small and memory-bound, far from peak, and a plan that replicates work should not win on the
+assumption that it runs at peak.
+Known differences from real hardware are listed in README.md ("The cost model").
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..ir import registry
-from ..ir.core import Op, Program
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One device and its links, as the cost model sees them."""
+
+    bandwidth_gbps: float  # per link and direction, GB/s
+    latency_us: float  # one step of a collective (a hop)
+    peak_tflops: float  # per device
+    hbm_gbps: float  # per device (for reference; replicated memory is charged in link bytes)
+
 
 PRESETS = {
-    "tpu-v4": {"bandwidth_gbps": 45.0, "latency_us": 2.0},
-    "gpu-nvlink": {"bandwidth_gbps": 150.0, "latency_us": 5.0},
+    "tpu-v4": Machine(bandwidth_gbps=45.0, latency_us=1.0, peak_tflops=275.0, hbm_gbps=1200.0),
+    "gpu-nvlink": Machine(bandwidth_gbps=300.0, latency_us=5.0, peak_tflops=312.0, hbm_gbps=2039.0),
 }
+PLANNING = PRESETS["tpu-v4"]  # the planner ranks plans on this machine
+ACHIEVED = 0.01  # fraction of peak FLOP/s charged for local work (see the module docstring)
 
-# The partitioner's cost model, in bytes: what moves, a fixed charge per collective (latency: about
-# alpha * beta at 2 us and 32 GB/s), and local work at FLOPS_PER_BYTE, so that neither many tiny
-# collectives nor replicating a contraction on every device wins on bytes alone. (partition.reshard
-# adds them up for a plan: comm_cost.)
-LATENCY_BYTES = 64 * 1024
-FLOPS_PER_BYTE = 64
+LATENCY_BYTES = 16.0  # per latency step, in planning: a tie-breaker, not alpha * beta (see above)
+FLOPS_PER_BYTE = PLANNING.peak_tflops * 1e12 * ACHIEVED / (PLANNING.bandwidth_gbps * 1e9)  # ~61
+REPLICATED_BYTE = 1.0  # each byte held beyond the sharded plan costs as much as one byte sent
+
+
+def latency_steps(kind: str, k: int) -> int:
+    """Latency steps of one collective over a group of k (ring algorithms)."""
+    if k <= 1 or kind == "shard_slice":
+        return 0
+    if kind == "collective_permute":
+        return 1
+    if kind == "all_reduce":
+        return 2 * (k - 1)
+    return k - 1  # all_gather, reduce_scatter, all_to_all
 
 
 def step_bytes(kind: str, k: int, size: float) -> float:
-    """Bytes one device sends in a collective over a group of k, `size` being its local bytes before
-    the step (the ledger's measure; backend_jax.hlo reads XLA's collectives by the same formulas)."""
+    """Bytes one device sends (as `explain` reports), for a group of k and `size` local bytes before the step."""
     if kind == "all_gather":
         return (k - 1) * size
     if kind == "all_reduce":
@@ -38,17 +93,50 @@ def step_bytes(kind: str, k: int, size: float) -> float:
     return 0.0
 
 
+def collective_cost(kind: str, k: int, nbytes: float) -> float:
+    """One collective in the planner's unit (link byte-equivalents): bytes plus its latency steps."""
+    return nbytes + LATENCY_BYTES * latency_steps(kind, k)
 
-def op_flops(op: Op) -> int:
+
+def comm_cost(steps) -> float:
+    """A reshard plan (partition.reshard.Step list): its collectives, one after another."""
+    return sum(collective_cost(s.kind, s.group, s.bytes) for s in steps)
+
+
+def exchange_cost(directions) -> float:
+    """A halo exchange: [(bytes, permutes)] per direction. The directions run concurrently (latency
+    steps: the longer direction's permutes); the bytes are all counted, as the ledger counts them."""
+    return sum(b for b, _ in directions) + LATENCY_BYTES * max((n for _, n in directions), default=0)
+
+
+def replicated_cost(nbytes: float, flops: float = 0.0) -> float:
+    """What a plan pays for holding `nbytes` and computing `flops` beyond the sharded plan."""
+    return REPLICATED_BYTE * nbytes + flops / FLOPS_PER_BYTE
+
+
+def collective_time_us(kind: str, k: int, nbytes: float, axes, bandwidth: dict, latency: dict,
+                       preset: str = "tpu-v4") -> float:
+    """Modelled time of one collective: the slowest axis of the group sets bandwidth and latency
+    (per-axis overrides from `explain --bandwidth/--latency`)."""
+    base = PRESETS[preset]
+    bw = min((bandwidth.get(a, base.bandwidth_gbps) for a in axes), default=base.bandwidth_gbps)
+    lat = max((latency.get(a, base.latency_us) for a in axes), default=base.latency_us)
+    return lat * latency_steps(kind, k) + nbytes / (bw * 1e3)  # GB/s = 1e3 bytes per microsecond
+
+
+# ---------------------------------------------------------------------------------- local work
+
+
+def op_flops(op) -> int:
     """Floating-point operations of one op on its (local) shapes, as its op-table entry counts them."""
     return registry.get(op.kind).count_flops([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
 
 
-def flops(prog: Program) -> int:
+def flops(prog) -> int:
     return sum(op_flops(op) for op in prog.ops)
 
 
-def peak_bytes(prog: Program) -> int:
+def peak_bytes(prog) -> int:
     """Peak bytes live at once in program order: a value lives from its definition to its last use
     (parameters and results for the whole program)."""
     last: dict = {}
@@ -73,10 +161,3 @@ def peak_bytes(prog: Program) -> int:
             if r not in last:
                 live -= r.type.nbytes
     return peak
-
-
-def collective_time_us(nbytes: float, axes, bandwidth: dict, latency: dict, preset: str = "tpu-v4") -> float:
-    base = PRESETS[preset]
-    bw = min((bandwidth.get(a, base["bandwidth_gbps"]) for a in axes), default=base["bandwidth_gbps"])
-    lat = max((latency.get(a, base["latency_us"]) for a in axes), default=base["latency_us"])
-    return lat + nbytes / (bw * 1e3)  # GB/s = 1e3 bytes per microsecond

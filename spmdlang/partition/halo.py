@@ -90,20 +90,19 @@ def _sent(q: int, k: int, wrap: bool) -> bool:
     return q % k != 0 if wrap else 0 < abs(q) < k
 
 
-def window_bytes(w: Window, c: int, k: int, row_bytes: int, n: int | None = None) -> int:
-    """Bytes one device sends for the window (every shifted part is one collective_permute)."""
+def window_directions(w: Window, c: int, k: int, row_bytes: int, n: int | None = None) -> list[tuple[int, int]]:
+    """[(bytes, permutes)] of the parts that travel, per direction (from the shards before, from
+    the shards after): the two directions of an exchange run at the same time."""
     if k == 1:
-        return 0
+        return []
     _, _, ps = parts(w, c, k, n)
-    return sum((stop - start) * row_bytes for q, start, stop in ps if _sent(q, k, w.wrap))
-
-
-def window_collectives(w: Window, c: int, k: int, n: int | None = None) -> int:
-    """How many collective_permutes the window takes (one per neighbour part that travels)."""
-    if k == 1:
-        return 0
-    _, _, ps = parts(w, c, k, n)
-    return sum(1 for q, _start, _stop in ps if _sent(q, k, w.wrap))
+    out = []
+    for side in (-1, 1):
+        sent = [(stop - start) * row_bytes for q, start, stop in ps
+                if _sent(q, k, w.wrap) and (q > 0) == (side > 0)]
+        if sent:
+            out.append((sum(sent), len(sent)))
+    return out
 
 
 class Emitter(Protocol):

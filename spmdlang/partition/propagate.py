@@ -192,11 +192,11 @@ def _merge(st: _State, v: Value, props, op_of) -> bool:
                 best, bsrc, bop = axes, src, op
         cur = dims[d]
         ext = []
-        shards = st.mesh.group_size(cur)
         for a in best[len(cur):]:
-            shards *= st.mesh.axis_size(a)
-            # never split a dim into more shards than it has elements (shards would be empty)
-            if a in used or shards > v.type.shape[d]:
+            # a dim with fewer elements than shards still splits (the last shards are empty, as
+            # for the value it came from): refusing would leave the value replicated, and every
+            # op between two split values would gather and slice back
+            if a in used:
                 break
             ext.append(a)
         if ext:

@@ -19,8 +19,8 @@ scattered, then moves and gathers. Uneven splits nest only when m * ceil(n/(k*m)
 (or the coarse layout is whole); where they do not, the dim is gathered whole and sliced afresh.
 Where both layouts have the same shard count on every dim, one collective_permute is an option;
 so is the fallback "settle sums in place, gather whole what does not nest, slice", which bounds
-every plan by the bytes of gathering everything. The cheapest plan wins: bytes plus a latency
-charge per collective (comm_cost), then fewer steps.
+every plan by the bytes of gathering everything. The cheapest plan wins in the cost model (partition.cost: bytes plus
+the latency steps of each collective), then fewer steps.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from functools import lru_cache
 from math import prod
 
 from ..ir.mesh import Mesh, Sharding
-from .cost import FLOPS_PER_BYTE, LATENCY_BYTES, step_bytes
+from .cost import comm_cost, step_bytes
 
-__all__ = ["FLOPS_PER_BYTE", "LATENCY_BYTES", "Step", "comm_cost", "plan_cost", "plan_reshard", "step_bytes"]
+__all__ = ["Step", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard", "step_bytes"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class Step:
     dim: int | None = None
     dim2: int | None = None  # all_to_all: the dim the axes leave (concat side)
     reduce: str = "sum"
+    group: int = 1  # devices in the collective's group
+    moves: tuple = ()  # all_to_all of several dims at once: ((split dim, concat dim, axes), ...)
 
     @property
     def is_collective(self) -> bool:
@@ -86,7 +88,7 @@ class _Planner:
 
     def record(self, kind, axes, before, k, size, dim=None, dim2=None):
         self.steps.append(Step(kind, tuple(axes), before, self.layout(), step_bytes(kind, k, size), dim, dim2,
-                               self.op if kind in ("all_reduce", "reduce_scatter") else "sum"))
+                               self.op if kind in ("all_reduce", "reduce_scatter") else "sum", k))
 
     def shards(self, axes) -> int:
         return self.mesh.group_size(axes)
@@ -210,24 +212,28 @@ class _Planner:
         return self._drop(d, run)
 
     def _move(self, d, extras) -> bool:
-        target = self._move_target(extras[-1], d)
-        if target is None:
-            return False
-        j = target
+        """Move the longest minor run of dim d's extra axes that another dim wants next, in the
+        same order, as ONE all_to_all over the whole run (a group (x, y) moves together)."""
         cur = self.cur[d]
-        nxt = list(self.dst.dims[j][len(self.cur[j]):])
-        run = [extras[-1]]
-        while len(run) < len(extras) and len(run) < len(nxt) and nxt[: len(run) + 1] == extras[-len(run) - 1:]:
-            run = extras[-len(run) - 1:]
-        keep = cur[: len(cur) - len(run)]
-        m = self.shards(run)
-        if not (nests(self.shape[d], self.shards(keep), m) and nests(self.shape[j], self.shards(self.cur[j]), m)):
-            return False
-        before, k, size = self.measure(run)
-        self.cur[d] = keep
-        self.cur[j] = self.cur[j] + list(run)
-        self.record("all_to_all", run, before, k, size, j, d)
-        return True
+        for j, want in enumerate(self.dst.dims):
+            cj = self.cur[j]
+            if j == d or tuple(cj) != tuple(want[: len(cj)]):
+                continue
+            nxt = list(want[len(cj):])
+            for n in range(min(len(extras), len(nxt)), 0, -1):
+                run = extras[-n:]
+                if nxt[:n] != run:
+                    continue
+                keep = cur[: len(cur) - n]
+                m = self.shards(run)
+                if not (nests(self.shape[d], self.shards(keep), m) and nests(self.shape[j], self.shards(cj), m)):
+                    continue
+                before, k, size = self.measure(run)
+                self.cur[d] = keep
+                self.cur[j] = cj + list(run)
+                self.record("all_to_all", run, before, k, size, j, d)
+                return True
+        return False
 
     def _drop(self, d, run) -> bool:
         cur = self.cur[d]
@@ -278,7 +284,7 @@ def _permute_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> 
     axes = mesh.order({a for s in (src, dst) for dim in s.dims for a in dim})
     size = local_bytes(shape, itemsize, mesh, src)
     return [Step("collective_permute", axes, src, dst.with_partial(src.partial, src.partial_op),
-                 step_bytes("collective_permute", mesh.group_size(axes), size))]
+                 step_bytes("collective_permute", mesh.group_size(axes), size), group=mesh.group_size(axes))]
 
 
 def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step]:
@@ -324,16 +330,45 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
     if src.dims == dst.dims and set(src.partial) == set(dst.partial):
         return ()
-    plans = [_Planner(shape, itemsize, mesh, src, dst).run(), _gather_plan(shape, itemsize, mesh, src, dst)]
+    plans = [_merge_moves(_Planner(shape, itemsize, mesh, src, dst).run(), shape, itemsize, mesh),
+             _gather_plan(shape, itemsize, mesh, src, dst)]
     p = _permute_plan(shape, itemsize, mesh, src, dst)
     if p is not None:
         plans.append(p)
     return tuple(min(plans, key=lambda steps: (comm_cost(steps), sum(s.is_collective for s in steps))))
 
 
+def _moves_of(st: Step) -> tuple:
+    return st.moves or ((st.dim, st.dim2, st.axes),)
+
+
+def _exact(st: Step, shape, mesh: Mesh) -> bool:
+    """An all_to_all that needs no padding or trimming (every moved dim divides evenly)."""
+    before, after = st.before.local_shape(shape, mesh), st.after.local_shape(shape, mesh)
+    return all(before[j] == mesh.group_size(a) * after[j] and after[d] == mesh.group_size(a) * before[d]
+               for j, d, a in _moves_of(st))
+
+
+def _merge_moves(steps, shape, itemsize: int, mesh: Mesh) -> list[Step]:
+    """Consecutive all_to_alls over disjoint axes and disjoint dims commute: run them as ONE
+    all_to_all over all their axes (XLA's MultipleSourceTargetDimsInOneAllToAll), which sends
+    (k1 k2 - 1)/(k1 k2) of the array instead of (k1 - 1)/k1 + (k2 - 1)/k2 of it."""
+    out: list[Step] = []
+    for st in steps:
+        prev = out[-1] if out else None
+        if (prev is not None and prev.kind == st.kind == "all_to_all" and not set(prev.axes) & set(st.axes)
+                and _exact(prev, shape, mesh) and _exact(st, shape, mesh)):
+            moves = _moves_of(prev) + _moves_of(st)
+            dims = [x for j, d, _ in moves for x in (j, d)]
+            if len(dims) == len(set(dims)):
+                k = prev.group * st.group
+                size = local_bytes(shape, itemsize, mesh, prev.before)
+                out[-1] = Step("all_to_all", prev.axes + st.axes, prev.before, st.after,
+                               step_bytes("all_to_all", k, size), None, None, "sum", k, moves)
+                continue
+        out.append(st)
+    return out
+
+
 def plan_cost(steps) -> float:
     return sum(s.bytes for s in steps)
-
-
-def comm_cost(steps) -> float:
-    return plan_cost(steps) + LATENCY_BYTES * sum(s.is_collective for s in steps)

@@ -24,9 +24,10 @@ from ..ir.builder import Builder
 from ..ir.core import Op, Param, Program, Result, Value
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import TensorType, itemsize
+from .cost import FLOPS_PER_BYTE, comm_cost, step_bytes
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
 from .propagate import Propagation, op_rule
-from .reshard import FLOPS_PER_BYTE, Step, comm_cost, drop_trivial_axes, plan_reshard, step_bytes
+from .reshard import Step, drop_trivial_axes, plan_reshard
 
 _MAX_CANDIDATES = 512
 
@@ -78,6 +79,8 @@ class Partitioner:
         self.produced: dict[Value, Sharding] = {}
         self.producer: dict[Value, Op] = {r: op for op in prog.ops for r in op.results}
         self.trivial = any(size == 1 for _, size in self.mesh.axes)
+        self.user_ops: dict[Value, list[Op]] | None = None
+        self.memo: dict = {}
 
     # ------------------------------------------------------------------ emission helpers
 
@@ -141,6 +144,8 @@ class Partitioner:
                 x = self.pad_to(x, st.dim, k * after[st.dim])
                 x = self.emit("reduce_scatter", x, axes=st.axes, dim=st.dim, group=k)
                 col = self.b.ops[-1]
+            elif st.kind == "all_to_all" and st.moves:
+                x, col = self.all_to_all_dims(x, st.moves, st.axes, k)
             elif st.kind == "all_to_all":
                 x = self.pad_to(x, st.dim, k * after[st.dim])
                 x = self.emit("all_to_all", x, axes=st.axes, split_dim=st.dim, concat_dim=st.dim2, group=k)
@@ -160,6 +165,44 @@ class Partitioner:
             self.log(st.kind, st.axes, sent, st.reduce,
                      f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
         return x
+
+    def all_to_all_dims(self, x: Value, moves, axes, k: int):
+        """One all_to_all moving several splits at once, each (split dim j, concat dim d, its
+        axes): split every j into (k_i, rest), bring the k_i to the front as one dim of k (group
+        index order: the moves' axes in turn, major first), exchange along it, then put each k_i
+        back on the major side of its d. Returns (result, the collective op)."""
+        shape = x.type.shape
+        ks = [self.mesh.group_size(a) for _, _, a in moves]
+        split = {j: i for i, (j, _, _) in enumerate(moves)}
+        concat = {d: i for i, (_, d, _) in enumerate(moves)}
+        expanded, pos = [], {}
+        for t, n in enumerate(shape):
+            if t in split:
+                pos[("k", split[t])] = len(expanded)
+                expanded.append(ks[split[t]])
+                n //= ks[split[t]]
+            pos[t] = len(expanded)
+            expanded.append(n)
+        front = [pos[("k", i)] for i in range(len(moves))]
+        rest = [i for i in range(len(expanded)) if i not in front]
+        y = self.emit("reshape", x, shape=tuple(expanded))
+        y = self.emit("transpose", y, perm=tuple(front + rest))
+        rest_shape = [expanded[i] for i in rest]
+        y = self.emit("reshape", y, shape=(k, *rest_shape))
+        y = self.emit("all_to_all", y, axes=tuple(axes), split_dim=0, concat_dim=0, group=k)
+        col = self.b.ops[-1]
+        y = self.emit("reshape", y, shape=(*ks, *rest_shape))
+        # dims now: the k_i (0..m-1), then the original dims in order (split ones shrunk)
+        m = len(moves)
+        perm, final = [], []
+        for t in range(len(shape)):
+            if t in concat:
+                perm.append(concat[t])
+            perm.append(m + t)
+            n = rest_shape[t] * (ks[concat[t]] if t in concat else 1)
+            final.append(n)
+        y = self.emit("transpose", y, perm=tuple(perm))
+        return self.emit("reshape", y, shape=tuple(final)), col
 
     def describe(self, v: Value) -> str:
         """A global value as a reader of `explain` knows it: its source name, else the op making it."""
@@ -461,6 +504,47 @@ class OpContext:
 
     def local_shape(self, v: Value, s: Sharding) -> tuple[int, ...]:
         return s.local_shape(v.type.shape, self.mesh)
+
+    # ---- the rest of the global program (for steps that share work between ops)
+
+    def operand_local(self, i: int) -> Value:
+        """Operand i's local value as it is now (in `layout(i)`)."""
+        return self._p.state[self.op.operands[i]][0]
+
+    def producer(self, v: Value) -> Op | None:
+        """The global op that computes v (None for a parameter)."""
+        return self._p.producer.get(v)
+
+    def users(self, v: Value) -> list[Op]:
+        """The global ops that use v, in program order."""
+        p = self._p
+        if p.user_ops is None:
+            p.user_ops = {}
+            for op in p.prog.ops:
+                for u in dict.fromkeys(op.operands):
+                    p.user_ops.setdefault(u, []).append(op)
+        return p.user_ops.get(v, [])
+
+    def is_result(self, v: Value) -> bool:
+        return any(r.value is v for r in self._p.prog.results)
+
+    def layout_of(self, v: Value) -> Sharding | None:
+        """The current layout of an already partitioned global value (None if not yet)."""
+        got = self._p.state.get(v)
+        return got[1] if got else None
+
+    def target_of(self, v: Value) -> Sharding:
+        """The layout propagation planned for any global value."""
+        return self._p.target(v)
+
+    def reshard_value(self, v: Value, want: Sharding) -> Value:
+        """Any already partitioned global value laid out as `want`, for this op."""
+        return self._p.reshard(v, want, f"for {self.op.kind}")
+
+    @property
+    def memo(self) -> dict:
+        """Work custom steps share across ops (one halo exchange for several slices)."""
+        return self._p.memo
 
     # ---- getting operands, giving results
 
