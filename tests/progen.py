@@ -3,9 +3,11 @@
 `Generator(chooser).program()` returns the .spmd source text of one program: a mesh of 1-3 axes
 (sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
-contracting dims, reductions, arg-reductions, softmax/logsumexp, layout ops, slicing, concat, pad,
-roll, take, one_hot, iota, where, cast, logical ops, conv) and random `shard()` constraints, open
-`?` dims included. tests/test_coverage.py fails when an op of the op table can not come out of it.
+contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
+ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
+logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout) and random `shard()`
+constraints, open `?` dims included. tests/test_coverage.py fails when an op of the op table can not
+come out of it.
 Dims are mostly small primes so uneven sharding is the common case.
 
 The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
@@ -257,6 +259,35 @@ class Generator:
             return self.assign(x, y, a.dtype, a.exact and exact)
         return self.assign(form.format(a.name, b), shape, a.dtype, a.exact and exact)
 
+    def op_unary_more(self):
+        """The elementwise functions of version 2 (erf, log1p, expm1, square, exact gelu, clip)."""
+        v = self.pick(lambda v: v.numeric)
+        if v is None:
+            return None
+        if v.dtype == "i32":
+            form = self.ch.choice(["square({})", "clip({}, -2, 3)"])
+            return self.assign(form.format(v.name), v.shape, "i32", v.exact)
+        form = self.ch.choice(["erf({})", "log1p(abs({}))", "expm1(tanh({}))", "square({})",
+                               "gelu({}, approximate=false)", "clip({}, -0.5, 0.5)"])
+        return self.assign(form.format(v.name), v.shape, v.dtype, v.exact and form.startswith("clip"))
+
+    def op_floor_mod(self):
+        """a // b and a % b: on ints (by 0 included), and on exact f32 values only, where a
+        rounding difference cannot move a floor."""
+        a = self.pick(lambda v: v.dtype == "i32" or v.dtype == "f32" and v.exact)
+        if a is None:
+            return None
+        other = self.other_operand(a)
+        if other is None:
+            return None
+        b, shape, exact = other
+        op = self.ch.choice(["//", "%"])
+        if a.dtype == "i32":
+            return self.assign(f"{a.name} {op} {b}", shape, "i32", a.exact and exact)
+        if not exact:
+            return None
+        return self.assign(f"{a.name} {op} (abs({b}) + 0.5)", shape, "f32", True)
+
     def op_compare_where(self):
         a = self.pick(lambda v: v.numeric and v.exact)
         if a is None:
@@ -426,6 +457,108 @@ class Generator:
             tuple(n for i, n in enumerate(a.shape) if i not in axes)
         keep_arg = ", keepdims=true" if keep else ""
         return self.assign(f"logsumexp({a.name}{arg}{keep_arg})", shape, a.dtype, False)
+
+    def op_scan(self):
+        a = self.pick(lambda v: v.shape and v.dtype != "bf16")
+        if a is None:
+            return None
+        kind = self.ch.choice(["cumsum", "cumprod", "cummax"])
+        ax = self.ch.int(-len(a.shape), len(a.shape) - 1)
+        rev = ", reverse=true" if self.ch.chance(0.4) else ""
+        src = f"(1.0 + 0.1 * tanh({a.name}))" if kind == "cumprod" and a.is_float else a.name
+        dtype = "i32" if a.dtype == "bool" and kind != "cummax" else a.dtype
+        exact = a.exact and (kind == "cummax" or not a.is_float)
+        return self.assign(f"{kind}({src}, {ax}{rev})", a.shape, dtype, exact)
+
+    def op_einsum3(self):
+        """A three-operand chain: the frontend picks the pairwise order."""
+        a = self.pick(lambda v: len(v.shape) == 2 and v.dtype == "f32")
+        if a is None:
+            return None
+        n, p = self.dim(), self.dim()
+        b = self.param((a.shape[1], n))
+        c = self.param((n, p))
+        spec = self.ch.choice(["ij,jk,kl->il", "ij,jk,kl->li", "ij,jk,kl->ik"])
+        out = {"il": (a.shape[0], p), "li": (p, a.shape[0]), "ik": (a.shape[0], n)}[spec[-2:]]
+        return self.assign(f'einsum("{spec}", {a.name}, {b.name}, {c.name})', out, "f32", False)
+
+    def op_pool(self):
+        a = self.pick(lambda v: len(v.shape) in (3, 4) and v.dtype in ("f32", "i32"))
+        if a is None:
+            return None
+        kind = self.ch.choice(["max", "avg"])
+        win, stride = self.ch.int(1, 3), self.ch.int(1, 3)
+        pad = self.ch.choice(["VALID", "SAME"])
+        out = []
+        for n in a.shape[1:-1]:
+            if pad == "VALID":
+                if n < win:
+                    return None
+                out.append((n - win) // stride + 1)
+            else:
+                out.append(-(-n // stride))
+        shape = (a.shape[0], *out, a.shape[-1])
+        dtype = "f32" if kind == "avg" else a.dtype
+        return self.assign(f'{kind}_pool({a.name}, {win}, {stride}, "{pad}")', shape, dtype,
+                           a.exact and kind == "max")
+
+    def op_random(self):
+        r = self.ch.int(0, 2)
+        seed = self.ch.choice(["0", "7", "-3", "123456789"])
+        if r == 2:
+            a = self.pick(lambda v: v.dtype == "f32")
+            if a is None:
+                return None
+            rate = self.ch.choice(["0.1", "0.5", "0"])
+            return self.assign(f"dropout({a.name}, {rate}, {seed})", a.shape, "f32", a.exact)
+        shape = self.shape()
+        kind = "uniform" if r == 0 else "normal"
+        return self.assign(f"random_{kind}({seed}, {_ty('f32', shape)})", shape, "f32", kind == "uniform")
+
+    def op_top_k(self):
+        a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
+        if a is None:
+            return None
+        k = self.ch.int(1, min(a.shape[-1], 4))
+        shape = a.shape[:-1] + (k,)
+        v, i = self.fresh_name(), self.fresh_name()
+        self.lines.append(f"  {v}, {i} = top_k({a.name}, {k})")
+        self.pool.append(Val(v, shape, a.dtype, True))
+        self.pool.append(Val(i, shape, "i32", True))
+        return self.pool[-1]
+
+    def op_sort(self):
+        a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
+        if a is None:
+            return None
+        kind = self.ch.choice(["sort", "argsort"])
+        ax = self.ch.int(-len(a.shape), len(a.shape) - 1)
+        arg = "" if ax == -1 and self.ch.chance(0.5) else f", {ax}"
+        return self.assign(f"{kind}({a.name}{arg})", a.shape, a.dtype if kind == "sort" else "i32", True)
+
+    def op_take_along(self):
+        a = self.pick(lambda v: v.shape and v.dtype != "bool")
+        if a is None:
+            return None
+        ax = self.ch.int(0, len(a.shape) - 1)
+        shape = a.shape[:ax] + (self.dim(),) + a.shape[ax + 1:]
+        if not self.small(shape):
+            return None
+        ids = self.param(shape, "i32")
+        return self.assign(f"take_along_axis({a.name}, {ids.name}, {ax})", shape, a.dtype, a.exact)
+
+    def op_scatter(self):
+        a = self.pick(lambda v: v.shape and v.dtype in ("f32", "i32"))
+        if a is None:
+            return None
+        ax = self.ch.int(0, len(a.shape) - 1)
+        ids = self.param(self.shape(self.ch.int(0, 2)), "i32")
+        ushape = a.shape[:ax] + ids.shape + a.shape[ax + 1:]
+        if not self.small(ushape):
+            return None
+        upd = self.param(ushape, a.dtype)
+        return self.assign(f"scatter_add({a.name}, {ids.name}, {upd.name}, axis={ax})", a.shape, a.dtype,
+                           a.exact and a.dtype == "i32")
 
     def op_transpose(self):
         a = self.pick(lambda v: len(v.shape) >= 2)
@@ -627,7 +760,10 @@ class Generator:
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
-           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1))
+           ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1), ("scan", 2),
+           ("unary_more", 2), ("floor_mod", 2),
+           ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1),
+           ("pool", 1), ("random", 1))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]
@@ -649,8 +785,12 @@ class Generator:
             self.step()
         # return the last value and maybe other values nothing used (so no op is dead code)
         body = "\n".join(self.lines)
+        def after_definition(name: str) -> str:  # the body after `name = ...` (or `a, name = ...`)
+            m = re.search(rf"^  [\w, ]*\b{name}\b[\w, ]* = ", body, re.M)
+            return body[m.end():]
+
         unused = [v for v in self.pool[:-1] if v.name.startswith("v")
-                  and not re.search(rf"\b{v.name}\b", body.split(f"{v.name} = ", 1)[1])]
+                  and not re.search(rf"\b{v.name}\b", after_definition(v.name))]
         results = [self.pool[-1]] + [v for v in unused if self.ch.chance(0.7)][:2]
         outs = []
         for v in results:

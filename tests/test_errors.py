@@ -398,9 +398,14 @@ def test_einsum_mismatched_sizes():
     check(src, "einsum", "index j is 3 in one operand and 4 in another")
 
 
-def test_einsum_too_many_operands():
-    src = M + 'func main(a: f32[4, 3]) -> f32[4, 3] { return einsum("ij,ij,ij->ij", a, a, a) }'
-    check(src, "einsum", "einsum takes one or two operands")
+@pytest.mark.parametrize("spec, fragment", [
+    ('"ij,jk,kl->il"', "index j is 3 in one operand and 4 in another"),
+    ('"ij,jk->ik"', "names 2 operand(s), got 3"),
+    ('"ij,ij,ij"', "needs an explicit output"),
+])
+def test_bad_many_operand_einsum(spec, fragment):
+    src = M + f"func main(a: f32[4, 3]) -> f32[4, 3] {{ return einsum({spec}, a, a, a) }}"
+    check(src, "einsum", fragment)
 
 
 @pytest.mark.parametrize(

@@ -128,6 +128,30 @@ RULES += [(f"{op} like add", op, [("bool", (8, 16)), ("bool", (8, 16))], {}, "([
 RULES += [(f"{op} like reduce_sum", op, [(8, 16, 4)], {"axes": (1,)}, "([i, j, k]) -> ([i, k]) reduction={j}")
           for op in ("reduce_prod", "reduce_min")]
 RULES += [("argmin", "argmin", [(8, 16)], {"axis": 0}, "([i, j]) -> ([j]) reduction={i}")]
+RULES += [(f"{op} like exp", op, [(8, 16)], {}, "([i, j]) -> ([i, j])")
+          for op in "gelu_erf erf log1p expm1 square".split()]
+RULES += [(f"{op} like add", op, [(8, 16), (8, 16)], {}, "([i, j], [i, j]) -> ([i, j])") for op in ("floordiv", "mod")]
+RULES += [
+    # scans: the scanned dim is a permutation factor (a local scan and a prefix of shard totals)
+    *[(op, op, [(8, 16)], {"axis": 1, "reverse": False}, "([i, j]) -> ([i, j]) permutation={j}")
+      for op in ("cumsum", "cumprod", "cummax")],
+    # top_k: the row is a permutation factor of the operand (candidates per shard), k is replicated
+    ("top_k", "top_k", [(8, 16)], {"k": 3}, "([i, j]) -> ([i, k], [i, k]) need_replication={k} permutation={j}"),
+    # sort: the sorted dim must not be split (gathered)
+    *[(op, op, [(8, 16)], {"axis": 1}, "([i, j]) -> ([i, j]) need_replication={j}") for op in ("sort", "argsort")],
+    # take_along_axis: x's taken axis is a reduction (masked lookup, then a sum); the ids' axis passes
+    ("take_along_axis", "take_along_axis", [(8, 16), (I32, (8, 3))], {"axis": 1},
+     "([i, j], [i, k]) -> ([i, k]) reduction={j}"),
+    # scatter_add: the scattered axis a permutation (each shard adds its range); id dims summed away
+    ("scatter_add", "scatter_add", [(10, 4), (I32, (3, 2)), (3, 2, 4)], {"axis": 0},
+     "([i, j], [k, l], [k, l, j]) -> ([i, j]) reduction={k, l} permutation={i}"),
+    # pool: batch and channels pass, spatial dims are permutations (halo windows)
+    ("pool", "pool", [(2, 8, 8, 3)], {"reduce": "max", "window": (2, 2), "strides": (2, 2),
+                                     "padding": ((0, 0), (0, 0))},
+     "([i, j, k, l]) -> ([i, m, n, l]) permutation={j, k, m, n}"),
+    # random: elementwise in the counter; the seed is a scalar
+    ("random", "random", [(I32, ()), (I32, (4, 8))], {"dist": "uniform", "dtype": "f32"}, "([], [i, j]) -> ([i, j])"),
+]
 
 
 @pytest.mark.parametrize("name, op, operands, attrs, expected", RULES, ids=[r[0] for r in RULES])

@@ -148,7 +148,13 @@ def _same_plan(c):
     got = _hlo_collectives(c, "jax")
     ledger = c.spmd.ledger
     assert Counter(x["kind"] for x in got) == Counter(e.kind for e in ledger), (got, c.spmd_ir)
-    assert sum(x["bytes_per_device"] for x in got) == pytest.approx(sum(e.bytes_per_device for e in ledger))
+    ours = sum(e.bytes_per_device for e in ledger)
+    # XLA on CPU may move a cast to bf16 after a collective (all-gather(convert(x)) runs as
+    # convert(all-gather(x)) in f32), so a bf16 collective can move twice our bytes, never more
+    widened = sum(e.bytes_per_device * (2 if e.local_op.operands[0].type.dtype in ("bf16", "f16") else 1)
+                  for e in ledger)
+    theirs = sum(x["bytes_per_device"] for x in got)
+    assert ours - 1e-6 <= theirs <= widened + 1e-6, (got, ours, widened, c.spmd_ir)
 
 
 @pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])

@@ -63,6 +63,21 @@ for _op in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
     INSTANCES[_op] = [(("f32[4, 6]",), {"axes": (1,)}), (("f32[3, 5]",), {"axes": (0, 1)})]
 for _op in ("argmax", "argmin"):
     INSTANCES[_op] = [(("f32[4, 6]",), {"axis": 1}), (("f32[3, 5]",), {"axis": 0})]
+for _op in ("cumsum", "cumprod", "cummax"):
+    INSTANCES[_op] = [(("f32[4, 6]",), {"axis": 1, "reverse": False}), (("f32[3, 5]",), {"axis": 0, "reverse": True})]
+for _op in ("sort", "argsort"):
+    INSTANCES[_op] = [(("f32[4, 6]",), {"axis": 1}), (("f32[3, 5]",), {"axis": 0})]
+INSTANCES.update({
+    "top_k": [(("f32[4, 6]",), {"k": 2}), (("f32[3, 5]",), {"k": 3})],
+    "take_along_axis": [(("f32[4, 6]", "i32[4, 3]"), {"axis": 1}), (("f32[3, 5]", "i32[2, 5]"), {"axis": 0})],
+    "scatter_add": [(("f32[6, 4]", "i32[3]", "f32[3, 4]"), {"axis": 0}),
+                    (("f32[3, 5]", "i32[2]", "f32[3, 2]"), {"axis": 1})],
+    "pool": [(("f32[2, 6, 4, 2]",), {"reduce": "max", "window": (3, 2), "strides": (1, 2),
+                                     "padding": ((1, 1), (0, 0))}),
+             (("f32[1, 5, 3]",), {"reduce": "sum", "window": (2,), "strides": (2,), "padding": ((0, 1),)})],
+    "random": [(("i32[]", "i32[4, 6]"), {"dist": "uniform", "dtype": "f32"}),
+               (("i32[]", "i32[3, 5]"), {"dist": "normal", "dtype": "f32"})],
+})
 
 
 def instances(name: str):
@@ -151,7 +166,8 @@ GLOBAL_OPS = [name for name, op in registry.OPS.items() if not op.local_only]
 # one of each family and kind of custom partition step, in the default run
 # (select, with three operands, alone takes 7,000 cases: --runslow)
 DEFAULT = ("neg", "exp", "mul", "cast", "full", "iota", "take", "shard", "transpose", "reshape",
-           "broadcast_in_dim", "slice", "pad", "concat", "roll", "reduce_sum", "reduce_max", "argmax", "einsum")
+           "broadcast_in_dim", "slice", "pad", "concat", "roll", "reduce_sum", "reduce_max", "argmax", "einsum",
+           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "pool")
 
 
 @pytest.mark.parametrize("name", DEFAULT)

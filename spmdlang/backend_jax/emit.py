@@ -39,7 +39,8 @@ def pyname(namer: Namer, v: Value) -> str:
     if name[0].isdigit():
         return f"t{name}"
     name = name.replace(".", "_")
-    if keyword.iskeyword(name) or name in _RESERVED:
+    if keyword.iskeyword(name) or name in _RESERVED or (name[0] == "t" and name[1:].isdigit()):
+        # t<digits> are the temporaries' names
         name += "_"
     return name
 

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Span, SpmdError
+from ..errors import ShapeError, Span, SpmdError
 from ..ir import types as T
 from ..ir.core import Value
 from ..ir.types import TensorType
+from ..ops.contract import conv_output_size, parse_einsum
 from . import ast as A
 from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
 
@@ -195,25 +196,38 @@ def _shard(ctx, span, args):
 
 # ---------------------------------------------------------------------------------- elementwise
 
-_UNARY = ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "sin", "cos",
-          "floor", "ceil", "sign", "logical_not"]
-_FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "sin", "cos", "floor", "ceil"}
+# a new elementwise op is one entry in ops/elementwise.py and its name here
+_UNARY = ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "sin", "cos",
+          "floor", "ceil", "sign", "logical_not", "erf", "log1p", "expm1", "square"]
+_FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "gelu_erf", "sin", "cos", "floor", "ceil",
+               "erf", "log1p", "expm1"}
 
 
 def _unary(name):
     def lower(ctx, span, args):
         x = args["x"]
+        prim = name
+        if name == "gelu" and not args["approximate"]:
+            prim = "gelu_erf"
         if not isinstance(x, Value):
-            x = ctx.materialize(x, args.span("x"), "f32" if name in _FLOAT_ONLY else None)
-        if name in _FLOAT_ONLY and T.is_int(x.type.dtype):
+            x = ctx.materialize(x, args.span("x"), "f32" if prim in _FLOAT_ONLY else None)
+        if prim in _FLOAT_ONLY and T.is_int(x.type.dtype):
             x = ctx.cast(x, float_for(x.type.dtype), span)  # numpy computes float functions of ints in floats
-        return ctx.b.emit(name, x, span=span)
+        return ctx.b.emit(prim, x, span=span)
 
     return lower
 
 
 for _n in _UNARY:
     builtin(_n, "x:tensor")(_unary(_n))
+builtin("gelu", "x:tensor", "approximate:bool=true",
+        doc="GELU; approximate=true is the tanh form, false the exact erf form")(_unary("gelu"))
+
+
+@builtin("clip", "x:tensor", "lo:tensor", "hi:tensor", doc="minimum(maximum(x, lo), hi), as numpy")
+def _clip(ctx, span, args):
+    low = ctx.binary("maximum", args["x"], args["lo"], span, args.span("x"), args.span("lo"))
+    return ctx.binary("minimum", low, args["hi"], span, span, args.span("hi"))
 
 
 def _binary(name):
@@ -311,6 +325,26 @@ builtin("argmax", "x:tensor", "axis:axes=None", "keepdims:bool=false")(_arg("arg
 builtin("argmin", "x:tensor", "axis:axes=None", "keepdims:bool=false")(_arg("argmin"))
 
 
+def _scan(kind):
+    def lower(ctx, span, args):
+        x = tensor(ctx, args, "x")
+        if x.type.rank == 0:
+            raise SpmdError(f"{kind} needs a tensor of rank >= 1, got {x.type}", args.span("x"))
+        axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
+        dt = x.type.dtype
+        if dt == "bool":  # counts (and products) of bools are i32, as numpy's are ints
+            x = ctx.cast(x, "i32", span)
+        out = ctx.b.emit(kind, x, span=span, axis=axis, reverse=args["reverse"])
+        return ctx.cast(out, "bool", span) if dt == "bool" and kind == "cummax" else out
+
+    return lower
+
+
+for _k in ("cumsum", "cumprod", "cummax"):
+    builtin(_k, "x:tensor", "axis:int", "reverse:bool=false",
+            doc=f"inclusive {_k[3:]} scan along `axis`")(_scan(_k))
+
+
 def _expand_back(ctx, v, shape, axes, span):
     """A reduction's result broadcast back over the reduced axes (keepdims + broadcast in one op)."""
     kept = tuple(i for i in range(len(shape)) if i not in axes)
@@ -352,8 +386,6 @@ def _logsumexp(ctx, span, args):
 @builtin("einsum", "spec:str", "operands:tensors*")
 def _einsum(ctx, span, args):
     ops = args["operands"]
-    if len(ops) not in (1, 2):
-        raise SpmdError(f"einsum takes one or two operands, got {len(ops)}", span)
     for v in ops:
         if not isinstance(v, Value):
             raise SpmdError(f"einsum operands must be tensors, got {describe(v)}", span)
@@ -361,7 +393,48 @@ def _einsum(ctx, span, args):
     for v in ops[1:]:
         dt = T.promote(dt, v.type.dtype)
     ops = [ctx.cast(v, dt, span) for v in ops]
-    return ctx.b.emit("einsum", *ops, span=span, spec=args["spec"].replace(" ", ""))
+    spec = args["spec"].replace(" ", "")
+    if len(ops) <= 2:
+        return ctx.b.emit("einsum", *ops, span=span, spec=spec)
+    try:
+        ins, out = parse_einsum(spec, [v.type.rank for v in ops])
+    except ShapeError as e:
+        raise SpmdError(str(e), span) from None
+    sizes: dict[str, int] = {}
+    for letters, v in zip(ins, ops):
+        for c, n in zip(letters, v.type.shape):
+            if sizes.setdefault(c, n) != n:
+                raise SpmdError(f'einsum "{spec}": index {c} is {sizes[c]} in one operand and {n} in another', span)
+    return _einsum_pairwise(ctx, span, list(zip(ins, ops)), out, sizes)
+
+
+def _einsum_pairwise(ctx, span, terms, out: str, sizes) -> Value:
+    """Contract many operands two at a time, cheapest pair first (opt_einsum's greedy order): a
+    pair costs the product of the sizes of all its indices (its FLOPs), ties broken by the size of
+    what it leaves; each step keeps only the indices the output or a remaining operand still needs.
+    Each pairwise einsum is then partitioned on its own, so its communication is planned there."""
+    def size(letters):
+        n = 1
+        for c in letters:
+            n *= sizes[c]
+        return n
+
+    while len(terms) > 2:
+        best = None
+        for i in range(len(terms)):
+            for j in range(i + 1, len(terms)):
+                rest = set(out).union(*(set(t[0]) for k, t in enumerate(terms) if k not in (i, j)))
+                both = terms[i][0] + "".join(c for c in terms[j][0] if c not in terms[i][0])
+                keep = "".join(c for c in both if c in rest)
+                key = (size(both), size(keep), i, j)
+                if best is None or key < best[0]:
+                    best = (key, i, j, keep)
+        _, i, j, keep = best
+        (a, x), (b, y) = terms[i], terms[j]
+        v = ctx.b.emit("einsum", x, y, span=span, spec=f"{a},{b}->{keep}")
+        terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [(keep, v)]
+    (a, x), (b, y) = terms
+    return ctx.b.emit("einsum", x, y, span=span, spec=f"{a},{b}->{out}")
 
 
 @builtin("conv", "x:tensor", "w:tensor", "stride:any=1", "padding:any=SAME")
@@ -399,6 +472,58 @@ def _conv(ctx, span, args):
     dt = float_for(dt)
     x, w = ctx.cast(x, dt, span), ctx.cast(w, dt, span)
     return ctx.b.emit("conv", x, w, span=span, strides=tuple(strides), padding=tuple(padding))
+
+
+def _pool(kind):
+    def lower(ctx, span, args):
+        x = tensor(ctx, args, "x")
+        nsp = x.type.rank - 2
+        name = f"{kind}_pool"
+        if nsp < 1 or x.type.dtype == "bool":
+            raise SpmdError(f"{name} needs a numeric [N, spatial..., C] input, got {x.type}", args.span("x"))
+
+        def per_dim(v, what):
+            items = v if isinstance(v, list) else [v] * nsp
+            if len(items) != nsp or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in items):
+                raise SpmdError(f"{name} {what} must be a positive integer or a list of {nsp}", args.span(what))
+            return items
+
+        window = per_dim(args["window"], "window")
+        strides = per_dim(window if args["stride"] is None else args["stride"], "stride")
+        pad = args["padding"]
+        shape = x.type.shape[1:-1]
+        if pad in ("SAME", "VALID"):
+            padding = []
+            for n, k, s in zip(shape, window, strides):
+                total = 0 if pad == "VALID" else max((-(-n // s) - 1) * s + k - n, 0)
+                padding.append((total // 2, total - total // 2))
+        elif isinstance(pad, list) and len(pad) == nsp and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(q, int) and not isinstance(q, bool) and q >= 0
+                                                             for q in p) for p in pad):
+            padding = [tuple(p) for p in pad]
+        else:
+            raise SpmdError(f'{name} padding must be "SAME", "VALID" or [[lo, hi]] x {nsp} of non-negative integers',
+                            args.span("padding"))
+        for n, k, s, (lo, hi) in zip(shape, window, strides, padding):
+            if conv_output_size(n, k, s, lo, hi) < 1:
+                raise SpmdError(f"{name}: window {k} does not fit spatial dim {n}", span)
+        if kind == "avg" and T.is_int(x.type.dtype):
+            x = ctx.cast(x, float_for(x.type.dtype), span)
+        out = ctx.b.emit("pool", x, span=span, reduce="max" if kind == "max" else "sum", window=tuple(window),
+                         strides=tuple(strides), padding=tuple(padding))
+        if kind == "avg":
+            size = 1
+            for k in window:
+                size *= k
+            out = ctx.b.emit("div", out, ctx.materialize(float(size), span, out.type.dtype), span=span)
+        return out
+
+    return lower
+
+
+for _k in ("max", "avg"):
+    builtin(f"{_k}_pool", "x:tensor", "window:any", "stride:any=None", "padding:any=VALID",
+            doc=f"{_k} over windows of the spatial dims of [N, spatial..., C]")(_pool(_k))
 
 
 # ---------------------------------------------------------------------------------- layout
@@ -549,6 +674,74 @@ def _take(ctx, span, args):
     return ctx.b.emit("take", table, ids, span=span, axis=axis, blame={0: args.span("table"), 1: args.span("ids")})
 
 
+@builtin("top_k", "x:tensor", "k:int", doc="values and i32 indices of the k largest along the last axis")
+def _top_k(ctx, span, args):
+    x = tensor(ctx, args, "x")
+    if x.type.rank == 0:
+        raise SpmdError(f"top_k needs a tensor of rank >= 1, got {x.type}", args.span("x"))
+    if not 1 <= args["k"] <= x.type.shape[-1]:
+        raise SpmdError(f"top_k: k = {args['k']} must be in [1, {x.type.shape[-1]}] for {x.type}", args.span("k"))
+    dt = x.type.dtype
+    if dt == "bool":
+        x = ctx.cast(x, "i32", span)
+    vals, ids = ctx.b.emit_op("top_k", [x], {"k": args["k"]}, span)
+    return ctx.cast(vals, "bool", span) if dt == "bool" else vals, ids
+
+
+@builtin("take_along_axis", "x:tensor", "ids:tensor", "axis:int")
+def _take_along_axis(ctx, span, args):
+    x, ids = tensor(ctx, args, "x"), tensor(ctx, args, "ids")
+    if not T.is_int(ids.type.dtype):
+        raise SpmdError(f"take_along_axis: ids must be integers, got {ids.type}", args.span("ids"))
+    if x.type.rank == 0 or ids.type.rank != x.type.rank:
+        raise SpmdError(f"take_along_axis: ids {ids.type} must have the rank of {x.type} (>= 1)", args.span("ids"))
+    axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
+    for d, (a, b) in enumerate(zip(x.type.shape, ids.type.shape)):
+        if d != axis and a != b:
+            raise SpmdError(f"take_along_axis: ids {ids.type} and {x.type} differ in dim {d}", args.span("ids"))
+    if x.type.shape[axis] == 0:
+        raise SpmdError("take_along_axis: cannot gather from an empty dimension", args.span("x"))
+    return ctx.b.emit("take_along_axis", x, ids, span=span, axis=axis)
+
+
+def _sort(kind):
+    def lower(ctx, span, args):
+        x = tensor(ctx, args, "x")
+        if x.type.rank == 0:
+            raise SpmdError(f"{kind} needs a tensor of rank >= 1, got {x.type}", args.span("x"))
+        axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
+        dt = x.type.dtype
+        if dt == "bool":
+            x = ctx.cast(x, "i32", span)
+        out = ctx.b.emit(kind, x, span=span, axis=axis)
+        return ctx.cast(out, "bool", span) if dt == "bool" and kind == "sort" else out
+
+    return lower
+
+
+builtin("sort", "x:tensor", "axis:int=-1", doc="ascending along axis, stable")(_sort("sort"))
+builtin("argsort", "x:tensor", "axis:int=-1", doc="i32 indices that sort along axis, stable")(_sort("argsort"))
+
+
+@builtin("scatter_add", "x:tensor", "ids:tensor", "updates:tensor", "axis:int=0")
+def _scatter_add(ctx, span, args):
+    x = tensor(ctx, args, "x")
+    ids = tensor(ctx, args, "ids", "i32")
+    if not T.is_int(ids.type.dtype):
+        raise SpmdError(f"scatter_add: ids must be integers, got {ids.type}", args.span("ids"))
+    if x.type.rank == 0 or x.type.dtype == "bool":
+        raise SpmdError(f"scatter_add needs a numeric table of rank >= 1, got {x.type}", args.span("x"))
+    axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
+    want = x.type.shape[:axis] + ids.type.shape + x.type.shape[axis + 1:]
+    upd = args["updates"]
+    if not isinstance(upd, Value):
+        upd = ctx.broadcast_to(ctx.materialize(upd, args.span("updates"), x.type.dtype), want, span)
+    if upd.type.shape != want:
+        raise SpmdError(f"scatter_add: updates must have shape {list(want)} (x.shape[:axis] + ids.shape + "
+                        f"x.shape[axis+1:]), got {upd.type}", args.span("updates"))
+    return ctx.b.emit("scatter_add", x, ids, ctx.cast(upd, x.type.dtype, span), span=span, axis=axis)
+
+
 @builtin("one_hot", "ids:tensor", "n:int", "dtype:dtype=f32")
 def _one_hot(ctx, span, args):
     ids = tensor(ctx, args, "ids", "i32")
@@ -561,6 +754,79 @@ def _one_hot(ctx, span, args):
     wide = ctx.b.emit("broadcast_in_dim", ids, span=span, shape=shape, dims=tuple(range(ids.type.rank)))
     idx = ctx.b.emit("iota", span=span, dtype=ids.type.dtype, shape=shape, axis=len(shape) - 1)
     return ctx.cast(ctx.b.emit("eq", wide, idx, span=span), args["dtype"], span)
+
+
+# ---------------------------------------------------------------------------------- random numbers
+
+
+def _seed(ctx, args) -> Value:
+    seed = args["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, (int, Value)):
+        raise SpmdError(f"the seed must be an integer scalar, got {describe(seed)}", args.span("seed"))
+    if isinstance(seed, int):
+        if not -2**31 <= seed < 2**32:
+            raise SpmdError(f"the seed {seed} does not fit in 32 bits", args.span("seed"))
+        return ctx.materialize(seed - 2**32 if seed >= 2**31 else seed, args.span("seed"), "i32")
+    if seed.type.rank != 0 or not T.is_int(seed.type.dtype):
+        raise SpmdError(f"the seed must be an integer scalar, got {seed.type}", args.span("seed"))
+    return ctx.cast(seed, "i32", args.span("seed"))
+
+
+def _draw(ctx, span, seed: Value, shape, dist: str, dtype: str) -> Value:
+    """Draws for every element of `shape`, each a function of (seed, its global linear index)."""
+    size = 1
+    for n in shape:
+        size *= n
+    if size >= 2**31:
+        raise SpmdError(f"random draws index elements in i32: {list(shape)} has too many", span)
+    counter = None
+    stride = 1
+    for axis in range(len(shape) - 1, -1, -1):
+        pos = ctx.b.emit("iota", span=span, dtype="i32", shape=tuple(shape), axis=axis)
+        if stride != 1:
+            pos = ctx.b.emit("mul", pos, ctx.materialize(stride, span, "i32"), span=span)
+        counter = pos if counter is None else ctx.b.emit("add", counter, pos, span=span)
+        stride *= shape[axis]
+    if counter is None:  # a scalar: index 0
+        counter = ctx.materialize(0, span, "i32")
+    return ctx.b.emit("random", seed, counter, span=span, dist=dist, dtype=dtype)
+
+
+def _random(dist):
+    def lower(ctx, span, args):
+        t: TensorType = args["type"]
+        if not T.is_float(t.dtype):
+            raise SpmdError(f"random_{dist} draws floats, got {t}", args.span("type"))
+        return _draw(ctx, span, _seed(ctx, args), t.shape, dist, t.dtype)
+
+    return lower
+
+
+builtin("random_uniform", "seed:tensor", "type:type", doc="uniform in [0, 1), by (seed, element index)")(
+    _random("uniform"))
+builtin("random_normal", "seed:tensor", "type:type", doc="standard normal, by (seed, element index)")(
+    _random("normal"))
+
+
+@builtin("dropout", "x:tensor", "rate:number", "seed:tensor",
+         doc="keep each element with probability 1 - rate, scaled by 1 / (1 - rate)")
+def _dropout(ctx, span, args):
+    x = tensor(ctx, args, "x")
+    rate = args["rate"]
+    if not 0 <= rate < 1:
+        raise SpmdError(f"dropout: rate must be in [0, 1), got {rate}", args.span("rate"))
+    if not T.is_float(x.type.dtype):
+        raise SpmdError(f"dropout needs a float tensor, got {x.type}", args.span("x"))
+    seed = _seed(ctx, args)
+    if rate == 0:
+        return x
+    u = _draw(ctx, span, seed, x.type.shape, "uniform", "f32")
+    keep = ctx.b.emit("ge", u, ctx.materialize(float(rate), span, "f32"), span=span)
+    scaled = ctx.b.emit("mul", x, ctx.materialize(1.0 / (1.0 - rate), span, x.type.dtype), span=span)
+    zero = ctx.materialize(0.0, span, x.type.dtype)
+    if x.type.rank:
+        zero = ctx.b.emit("broadcast_in_dim", zero, span=span, shape=x.type.shape, dims=())
+    return ctx.b.emit("select", keep, scaled, zero, span=span)
 
 
 # ---------------------------------------------------------------------------------- constants

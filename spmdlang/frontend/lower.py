@@ -412,7 +412,7 @@ class Lowerer:
         a, b = self.expr(node.left, env), self.expr(node.right, env)
         if node.op == "@":
             return self.matmul(a, b, node)
-        kind = {"+": "add", "-": "sub", "*": "mul", "/": "div"}[node.op]
+        kind = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod"}[node.op]
         return self.binary(kind, a, b, node.span, node.left.span, node.right.span)
 
     def expr_Compare(self, node, env):
@@ -609,7 +609,7 @@ class Lowerer:
         if not isinstance(a, Value) and not isinstance(b, Value):
             return _fold(kind, a, b, span)
         values, dt, shape = self.unify([a, b], [aspan or span, bspan or span], span)
-        if dt == "bool" and kind in ("add", "sub", "mul", "div", "pow"):
+        if dt == "bool" and kind in ("add", "sub", "mul", "div", "pow", "floordiv", "mod"):
             raise SpmdError("arithmetic on bool tensors is not defined; cast to i32 or f32 first", span)
         if kind == "div" and T.is_int(dt):
             values = [self.cast(v, float_for(dt), span) for v in values]  # true division, as numpy
@@ -664,13 +664,16 @@ def _fold(kind, a, b, span):
             raise SpmdError(f"cannot apply '{kind}' to {describe(v)}", span)
     if kind == "pow" and isinstance(b, int) and not isinstance(a, float) and abs(b) > 64:
         raise SpmdError(f"constant power {a} ** {b} is too large", span)
+    if kind in ("floordiv", "mod") and b == 0:
+        raise SpmdError(f"static division by zero: {a} {'//' if kind == 'floordiv' else '%'} {b}", span)
     try:
         if kind == "div":
             if isinstance(a, int) and isinstance(b, int) and b != 0 and a % b == 0:
                 return a // b
             return a / b
         return {
-            "add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "pow": lambda: a ** b,
+            "add": lambda: a + b, "sub": lambda: a - b,
+            "floordiv": lambda: a // b, "mod": lambda: a % b, "mul": lambda: a * b, "pow": lambda: a ** b,
             "lt": lambda: a < b, "le": lambda: a <= b, "gt": lambda: a > b, "ge": lambda: a >= b,
             "eq": lambda: a == b, "ne": lambda: a != b,
             "maximum": lambda: max(a, b), "minimum": lambda: min(a, b),

@@ -7,6 +7,8 @@ dim. Low-precision floats compute in f32 and round back, as XLA does on CPU.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir import types as T
@@ -27,6 +29,14 @@ def _elementwise_rule(operands, results, attrs):
 
 # ---------------------------------------------------------------------------------- unary
 
+_erf64 = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x):
+    """numpy has no erf; math.erf per element, in f64 (jax's is accurate to f32 rounding)."""
+    return np.asarray(_erf64(np.asarray(x, np.float64)), np.float64)
+
+
 _FLOAT_UNARY = {
     "exp": (np.exp, "jnp.exp({0})", "e to the x"),
     "log": (np.log, "jnp.log({0})", "natural logarithm"),
@@ -37,6 +47,11 @@ _FLOAT_UNARY = {
     "gelu": (lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi).astype(x.dtype)
                                                * (x + 0.044715 * x * x * x))),
              "jax.nn.gelu({0}, approximate=True)", "GELU, tanh approximation"),
+    "gelu_erf": (lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))), "jax.nn.gelu({0}, approximate=False)",
+                 "GELU, exact erf form: x * (1 + erf(x / sqrt 2)) / 2"),
+    "erf": (_erf, "jax.lax.erf({0})", "error function"),
+    "log1p": (np.log1p, "jnp.log1p({0})", "log(1 + x), accurate near 0"),
+    "expm1": (np.expm1, "jnp.expm1({0})", "exp(x) - 1, accurate near 0"),
     "sin": (np.sin, "jnp.sin({0})", "sine"),
     "cos": (np.cos, "jnp.cos({0})", "cosine"),
     "floor": (np.floor, "jnp.floor({0})", "round toward -inf"),
@@ -47,6 +62,7 @@ _NUMERIC_UNARY = {
     "abs": (np.abs, "jnp.abs({0})", "absolute value"),
     "sign": (np.sign, "jnp.sign({0})", "-1, 0 or 1 by the sign of x"),
     "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "jax.nn.relu({0})", "max(x, 0)"),
+    "square": (np.square, "jnp.square({0})", "x * x"),
 }
 
 
@@ -125,6 +141,9 @@ _ARITH = {
     "maximum": (np.maximum, "jnp.maximum({0}, {1})", None, "the larger of a and b"),
     "minimum": (np.minimum, "jnp.minimum({0}, {1})", None, "the smaller of a and b"),
     "pow": (np.power, "jnp.power({0}, {1})", None, "a ** b; int powers with b < 0 truncate toward zero"),
+    "floordiv": (np.floor_divide, "jnp.floor_divide({0}, {1})", None,
+                 "a // b, floor division as numpy (ints: x // 0 is 0)"),
+    "mod": (np.mod, "jnp.remainder({0}, {1})", None, "a % b with the sign of b, as numpy (ints: x % 0 is 0)"),
 }
 _COMPARE = {
     "lt": (np.less, "({0} < {1})", "a < b"),
@@ -158,7 +177,10 @@ def _arith_numpy(name, fn):
             return np.where(b == 0, 0, out).astype(a.dtype)
         if name == "pow" and a.dtype.kind in "iu":
             return _int_pow(a, b).astype(a.dtype)
-        return np.asarray(fn(T.widen(a), T.widen(b))).astype(a.dtype)
+        if name in ("floordiv", "mod") and a.dtype.kind in "iu":
+            return np.where(b == 0, 0, fn(a, np.where(b == 0, 1, b))).astype(a.dtype)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(fn(T.widen(a), T.widen(b))).astype(a.dtype)
 
     return run
 
@@ -167,6 +189,9 @@ def _arith_jax(name, text):
     def emit(args, attrs, out):
         if T.is_int(out[0].dtype) and name == "div":
             return f"jnp.where({args[1]} == 0, 0, {args[0]} // jnp.where({args[1]} == 0, 1, {args[1]}))"
+        if T.is_int(out[0].dtype) and name in ("floordiv", "mod"):
+            a, b = args
+            return f"jnp.where({b} == 0, 0, {text.format(a, f'jnp.where({b} == 0, 1, {b})')})"
         if T.is_int(out[0].dtype) and name == "pow":
             a, b = args
             neg = f"jnp.where({a} == 1, 1, jnp.where({a} == -1, jnp.where({b} % 2 == 0, 1, -1), 0))"

@@ -548,9 +548,10 @@ class OpContext:
 
     # ---- getting operands, giving results
 
-    def reshard(self, i: int, want: Sharding) -> Value:
-        """Operand i's local value laid out as `want` (collectives logged as for this op)."""
-        return self._p.reshard(self.op.operands[i], want, f"for {self.op.kind}")
+    def reshard(self, i: int, want: Sharding, why: str = "") -> Value:
+        """Operand i's local value laid out as `want` (collectives logged as for this op, with
+        `why` added to their reason where the step has one to give)."""
+        return self._p.reshard(self.op.operands[i], want, f"for {self.op.kind}" + (f": {why}" if why else ""))
 
     def set_result(self, local: Value, s: Sharding, j: int = 0) -> None:
         """Result j is `local`, laid out as s (which may owe a pending sum)."""
@@ -567,6 +568,10 @@ class OpContext:
     def emit(self, kind: str, *operands: Value, name: str | None = None, **attrs) -> Value:
         """Append a single-result op to the per-partition program."""
         return self._p.emit(kind, *operands, name=name, **attrs)
+
+    def emit_multi(self, kind: str, *operands: Value, **attrs) -> tuple[Value, ...]:
+        """Append an op with several results (top_k's values and indices)."""
+        return self._p.b.emit_op(kind, operands, attrs, self._p.span)
 
     def constant(self, value, dtype: str) -> Value:
         """A scalar constant."""

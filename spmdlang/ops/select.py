@@ -1,0 +1,287 @@
+"""Selection along one axis: top_k, sort and argsort, take_along_axis, scatter_add.
+
+top_k along a split last dim never gathers the row: each shard takes its own top k (padding masked
+with the smallest value), one all_gather per result moves k candidates per shard (values and their
+global indices), and a final top k over those picks the answer; equal values keep the order of
+their global indices because shards gather in index order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import types as T
+from ..ir.mesh import Sharding
+from ..ir.types import TensorType
+from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
+from .reduce import _fill
+from .registry import Family, check, no_flops, operand_flops, register
+
+
+def _sort_key(x: np.ndarray) -> np.ndarray:
+    """Values whose ascending stable order is x's descending order, ties by index (ints widened so
+    that negating the smallest does not wrap)."""
+    return -(x.astype(np.float64) if T.np_is_float(x.dtype) else x.astype(np.int64))
+
+
+def _zeros_equal(x: str) -> str:
+    """jax sorts floats in total order (-0.0 before 0.0); numpy treats them as equal, so that a
+    stable order keeps their index order. Make every zero +0.0 first (a no-op on ints)."""
+    return f"jnp.where({x} == 0, jnp.zeros((), {x}.dtype), {x})"
+
+
+# ---------------------------------------------------------------------------------- top_k
+
+
+def _top_k_infer(operands, attrs):
+    (x,) = operands
+    k = attrs["k"]
+    check(T.kind(x.dtype) in ("float", "int"), f"top_k needs a numeric operand, got {x}; cast it first")
+    check(x.rank >= 1, f"top_k needs a tensor of rank >= 1, got {x}")
+    check(1 <= k <= x.shape[-1], f"top_k: k = {k} must be in [1, {x.shape[-1]}] for {x}")
+    shape = x.shape[:-1] + (k,)
+    return TensorType(x.dtype, shape), TensorType("i32", shape)
+
+
+def _top_k_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    lead = [(b.factor(n, PASS),) for n in x.shape[:-1]]
+    row = b.factor(x.shape[-1], PERMUTATION)  # split: the custom step's candidates
+    k = b.factor(attrs["k"], REPLICATE)
+    return b.build([lead + [(row,)]], [lead + [(k,)], lead + [(k,)]])
+
+
+def _top_k_numpy(x, *, k):
+    order = np.argsort(_sort_key(x), axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, order, axis=-1), order.astype(np.int32)
+
+
+def _top_k_partition(ctx):
+    (x,) = ctx.op.operands
+    k = ctx.attrs["k"]
+    s = ctx.layout(0)
+    axes = s.dims[-1]
+    if not axes:
+        return ctx.generic()
+    dims = s.dims
+    local = ctx.reshard(0, Sharding(dims))
+    n, c = x.type.shape[-1], local.type.shape[-1]
+    last = x.type.rank - 1
+    local = ctx.mask(local, last, axes, n, _fill("max")(x.type.dtype))
+    kk = min(k, c)
+    vals, idx = ctx.emit_multi("top_k", local, k=kk)
+    idx = ctx.emit("add", idx, ctx.offset(axes, c))
+    vals = ctx.collective("all_gather", vals, "each shard's top k values", axes=axes, dim=last)
+    idx = ctx.collective("all_gather", idx, "their global indices", axes=axes, dim=last)
+    best, pos = ctx.emit_multi("top_k", vals, k=k)
+    ids = ctx.emit("take_along_axis", idx, pos, axis=last)
+    out = Sharding(dims[:-1] + ((),))
+    ctx.set_result(best, out, 0)
+    ctx.set_result(ids, out, 1)
+
+
+register("top_k", doc="the k largest along the last axis, descending, and their i32 indices (ties: lower index)",
+         example=(("f32[8, 16]",), {"k": 3}), infer=_top_k_infer, numpy=_top_k_numpy, rule=_top_k_rule,
+         partition=_top_k_partition, flops=operand_flops, family=Family.reduce,
+         jax=lambda a, attrs, out: f"jax.lax.top_k({_zeros_equal(a[0])}, {attrs['k']})")
+
+
+# ---------------------------------------------------------------------------------- take_along_axis
+
+
+def _taa_infer(operands, attrs):
+    x, ids = operands
+    axis = attrs["axis"]
+    check(0 <= axis < x.rank, f"take_along_axis: bad axis {axis} for {x}")
+    check(T.is_int(ids.dtype), f"take_along_axis: ids must be integers, got {ids}")
+    check(ids.rank == x.rank and all(a == b for i, (a, b) in enumerate(zip(x.shape, ids.shape)) if i != axis),
+          f"take_along_axis: ids {ids} must match {x} outside axis {axis}")
+    check(x.shape[axis] > 0, "take_along_axis: cannot gather from an empty axis")
+    return TensorType(x.dtype, ids.shape)
+
+
+def _taa_rule(operands, results, attrs):
+    """Dims other than `axis` pass through all three; x's axis is a reduction factor (a shard looks
+    up the ids it owns, zeros the rest, and the shards are summed), the ids' axis passes to the result."""
+    x, ids = operands
+    axis = attrs["axis"]
+    b = RuleBuilder()
+    shared = [b.factor(n) if i != axis else None for i, n in enumerate(x.shape)]
+    xf = b.factor(x.shape[axis], REPLICATE if x.dtype == "bool" else REDUCTION)
+    jf = b.factor(ids.shape[axis])
+    xd = [(f,) if f is not None else (xf,) for f in shared]
+    jd = [(f,) if f is not None else (jf,) for f in shared]
+    return b.build([xd, jd], [jd])
+
+
+def _taa_numpy(x, ids, *, axis):
+    return np.take_along_axis(x, np.clip(ids, 0, x.shape[axis] - 1).astype(np.intp), axis=axis)
+
+
+def _taa_partition(ctx):
+    """Split along the taken axis: each shard looks up the ids in its range (clamped first), zeros
+    the others, and the result is a pending sum over those axes, like a vocab-split take. Else local."""
+    x, ids = ctx.op.operands
+    axis = ctx.attrs["axis"]
+    xs, js = ctx.layout(0), ctx.layout(1)
+    axes = xs.dims[axis]
+    if not axes or x.type.dtype == "bool" or xs.partial:
+        return ctx.generic()
+    taken = set(axes)
+    dims = [tuple(a for a in d if a not in taken) for d in js.dims]
+    # x's other dims follow the ids' layout (those are the dims the result keeps)
+    xdims = list(dims)
+    xdims[axis] = axes
+    x_local = ctx.reshard(0, Sharding(tuple(xdims)))
+    j_local = ctx.reshard(1, Sharding(tuple(dims)))
+    c, dt = x_local.type.shape[axis], ids.type.dtype
+    clamped = ctx.emit("minimum", ctx.emit("maximum", j_local, ctx.constant(0, dt)),
+                       ctx.constant(x.type.shape[axis] - 1, dt))
+    off = ctx.offset(axes, c)
+    local_ids = ctx.emit("sub", clamped, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
+    valid = ctx.emit("logical_and", ctx.emit("ge", local_ids, ctx.constant(0, dt)),
+                     ctx.emit("lt", local_ids, ctx.constant(c, dt)))
+    safe = ctx.emit("select", valid, local_ids, ctx.constant(0, dt))
+    got = ctx.emit("take_along_axis", x_local, safe, axis=axis)
+    zero = ctx.emit("full", dtype=x.type.dtype, shape=got.type.shape, value=0.0 if T.is_float(x.type.dtype) else 0)
+    pending = Sharding(tuple(dims), ctx.mesh.order(axes), frozenset(), "sum")
+    ctx.set_result(ctx.emit("select", valid, got, zero), pending)
+
+
+register("take_along_axis", doc="x's elements at `ids` along `axis` (numpy's take_along_axis, ids clamped)",
+         example=(("f32[8, 16]", "i32[8, 3]"), {"axis": 1}), infer=_taa_infer, numpy=_taa_numpy, rule=_taa_rule,
+         partition=_taa_partition, flops=no_flops, family=Family.gather,
+         jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, jnp.clip({a[1]}, 0, None), axis={attrs['axis']}, "
+                                    f"mode='clip')"))
+
+
+# ---------------------------------------------------------------------------------- sort / argsort
+
+
+def _sort_infer(name):
+    def infer(operands, attrs):
+        (x,) = operands
+        check(T.kind(x.dtype) in ("float", "int"), f"{name} needs a numeric operand, got {x}; cast it first")
+        check(0 <= attrs["axis"] < x.rank, f"{name}: bad axis {attrs['axis']} for {x}")
+        return x if name == "sort" else x.with_dtype("i32")
+
+    return infer
+
+
+def _sort_rule(operands, results, attrs):
+    (x,) = operands
+    b = RuleBuilder()
+    fs = [b.factor(n, REPLICATE if i == attrs["axis"] else PASS) for i, n in enumerate(x.shape)]
+    return b.build([[(f,) for f in fs]], [[(f,) for f in fs]])
+
+
+def _sort_partition(ctx):
+    """A split sorted dim is gathered (as GSPMD does); the other dims keep their splits."""
+    (x,) = ctx.op.operands
+    axis = ctx.attrs["axis"]
+    cur = ctx.layout(0)
+    if not cur.dims[axis]:
+        return ctx.generic()
+    dims = tuple(() if d == axis else a for d, a in enumerate(cur.dims))
+    local = ctx.reshard(0, Sharding(dims), "a split sorted dim is gathered whole")
+    ctx.set_result(ctx.emit(ctx.op.kind, local, axis=axis), Sharding(dims))
+
+
+register("sort", doc="ascending along `axis` (stable)", example=(("f32[8, 16]",), {"axis": 1}),
+         infer=_sort_infer("sort"), numpy=lambda x, *, axis: np.sort(x, axis=axis, kind="stable"), rule=_sort_rule,
+         partition=_sort_partition, flops=operand_flops, family=Family.layout,
+         jax=lambda a, attrs, out: f"jnp.sort({a[0]}, axis={attrs['axis']}, stable=True)")
+register("argsort", doc="i32 indices that sort along `axis`, ascending and stable",
+         example=(("f32[8, 16]",), {"axis": 1}), infer=_sort_infer("argsort"),
+         numpy=lambda x, *, axis: np.argsort(x, axis=axis, kind="stable").astype(np.int32), rule=_sort_rule,
+         partition=_sort_partition, flops=operand_flops, family=Family.layout,
+         jax=lambda a, attrs, out: (f"jnp.argsort({_zeros_equal(a[0])}, "
+                                    f"axis={attrs['axis']}, stable=True).astype(jnp.int32)"))
+
+
+# ---------------------------------------------------------------------------------- scatter_add
+
+
+def _scatter_infer(operands, attrs):
+    x, ids, upd = operands
+    axis = attrs["axis"]
+    check(T.kind(x.dtype) in ("float", "int"), f"scatter_add needs a numeric table, got {x}")
+    check(0 <= axis < x.rank, f"scatter_add: bad axis {axis} for {x}")
+    check(T.is_int(ids.dtype), f"scatter_add: ids must be integers, got {ids}")
+    want = x.shape[:axis] + ids.shape + x.shape[axis + 1:]
+    check(upd.dtype == x.dtype and upd.shape == want,
+          f"scatter_add: updates must be {TensorType(x.dtype, want)}, got {upd}")
+    return x
+
+
+def _scatter_rule(operands, results, attrs):
+    """x's dims pass to the result; the scattered axis is a permutation factor (the custom step keeps
+    it split, each shard adding the ids in its range); id dims are summed away (reduction)."""
+    x, ids, upd = operands
+    axis = attrs["axis"]
+    b = RuleBuilder()
+    xd = [(b.factor(n, PERMUTATION if i == axis else PASS),) for i, n in enumerate(x.shape)]
+    idd = [(b.factor(n, REDUCTION),) for n in ids.shape]
+    return b.build([xd, idd, xd[:axis] + idd + xd[axis + 1:]], [xd])
+
+
+def _scatter_numpy(x, ids, upd, *, axis):
+    n = x.shape[axis]
+    wide = x.astype(np.float32) if T.np_is_narrow_float(x.dtype) else x.copy()
+    pre, post = x.shape[:axis], x.shape[axis + 1:]
+    flat = ids.reshape(-1)
+    u = np.moveaxis(upd.reshape(pre + (flat.size,) + post), axis, 0).astype(wide.dtype)
+    keep = (flat >= 0) & (flat < n)
+    np.add.at(np.moveaxis(wide, axis, 0), flat[keep], u[keep])
+    return wide.astype(x.dtype)
+
+
+def _scatter_jax(args, attrs, out):
+    x, ids, upd = args
+    axis, t = attrs["axis"], out[0]
+    n = t.shape[axis]
+    pre, post = t.shape[:axis], t.shape[axis + 1:]
+    flat = f"{ids}.reshape(-1)"
+    flat = f"jnp.where(({flat} >= 0) & ({flat} < {n}), {flat}, {n})"  # out of range (negatives too) drops
+    u = f"jnp.moveaxis({upd}.reshape({tuple(pre) + (-1,) + tuple(post)!r}), {axis}, 0)"
+    return f"jnp.moveaxis(jnp.moveaxis({x}, {axis}, 0).at[{flat}].add({u}, mode='drop'), 0, {axis})"
+
+
+def _scatter_partition(ctx):
+    """The table keeps its splits: along the scattered axis each shard adds the ids in its own range
+    and drops the rest (no communication). Ids and updates keep their splits on id dims: then each
+    shard scatters its own updates (the table counted on one shard of them) and the result is a
+    pending sum over those axes, settled by the consumer."""
+    x, ids, upd = ctx.op.operands
+    axis = ctx.attrs["axis"]
+    xs, js = ctx.layout(0), ctx.layout(1)
+    xdims = xs.dims
+    used = {a for d in xdims for a in d}
+    jdims = tuple(tuple(a for a in d if a not in used) for d in js.dims)
+    summed = ctx.mesh.order({a for d in jdims for a in d})
+    if not xdims[axis] and not summed:
+        return ctx.generic()
+    x_local = ctx.reshard(0, Sharding(xdims))
+    j_local = ctx.reshard(1, Sharding(jdims))
+    u_local = ctx.reshard(2, Sharding(xdims[:axis] + jdims + xdims[axis + 1:]))
+    dt = ids.type.dtype
+    for d, a in enumerate(jdims):  # padding of split id dims must add nothing
+        j_local = ctx.mask(j_local, d, a, ids.type.shape[d], -1)
+    if xdims[axis]:
+        off = ctx.offset(xdims[axis], x_local.type.shape[axis])
+        j_local = ctx.emit("sub", j_local, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
+    if summed:
+        first = ctx.emit("eq", ctx.axis_index(summed), ctx.constant(0, "i32"))
+        zero = ctx.emit("full", dtype=x.type.dtype, shape=x_local.type.shape,
+                        value=0.0 if T.is_float(x.type.dtype) else 0)
+        x_local = ctx.emit("select", ctx.emit("broadcast_in_dim", first, shape=x_local.type.shape, dims=()),
+                           x_local, zero)
+    out = ctx.emit("scatter_add", x_local, j_local, u_local, axis=axis)
+    ctx.set_result(out, Sharding(xdims, summed, frozenset(), "sum") if summed else Sharding(xdims))
+
+
+register("scatter_add", doc="x with `updates` added at `ids` along `axis` (ids outside the axis are dropped)",
+         example=(("f32[10, 4]", "i32[3, 2]", "f32[3, 2, 4]"), {"axis": 0}), infer=_scatter_infer,
+         numpy=_scatter_numpy, rule=_scatter_rule, partition=_scatter_partition, family=Family.gather,
+         flops=lambda ops, res, attrs: ops[2].size, jax=_scatter_jax)

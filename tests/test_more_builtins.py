@@ -1,0 +1,508 @@
+"""The "more builtins" of the language, partitioned: each against numpy on ref, and every backend
+(sim, jax, xla) against ref, on even and uneven splits of the dims they work along and of others.
+
+The plans are asserted too: which collectives run and how many bytes they move, so that a builtin
+that quietly gathers what it need not fails here even when its numbers are right.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import spmdlang
+from spmdlang.ir.verify import verify
+
+ALL = ("ref", "sim", "jax", "xla")
+f32 = np.float32
+
+
+def erf(x):
+    return np.vectorize(math.erf)(np.asarray(x, np.float64))
+
+
+def run_sharded(src: str, inputs: dict, want, backends=ALL, tol=1e-5):
+    """Compile `src`, check ref against numpy `want` (an array or a tuple) and every backend
+    against ref on the same inputs; returns the compiled program for plan assertions."""
+    c = spmdlang.compile(src)
+    verify(c.spmd.program)
+    got = c.run(inputs, backend="ref")
+    wants = list(want) if isinstance(want, tuple) else [want]
+    assert len(got) == len(wants)
+    for i, (g, w) in enumerate(zip(got, wants)):
+        w = np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, (i, g.shape, g.dtype, w.shape, w.dtype)
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"result {i}")
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=f"result {i}")
+    d = c.diff(inputs, backends=list(backends))
+    assert d["ok"], f"{d['results']}\n{src}\n{c.spmd_ir}"
+    return c
+
+
+def kinds(c) -> list[str]:
+    return [e.kind for e in c.spmd.ledger]
+
+
+def total_bytes(c) -> float:
+    return sum(e.bytes_per_device for e in c.spmd.ledger)
+
+
+# mesh size, rows, spec: even and uneven splits, of the first (worked) dim and of the other
+LAYOUTS = [(2, 8, "{p, _}"), (3, 7, "{p, _}"), (3, 7, "{_, p}"), (4, 6, "{_, p}"), (3, 7, "{_, _}")]
+
+
+# ---------------------------------------------------------------------------------- elementwise
+
+
+def _elementwise_ref(x, y, i, j):
+    g = 0.5 * x * (1 + erf(x / np.sqrt(2)))
+    t = np.clip(g + erf(x) + np.log1p(np.abs(x)) + np.expm1(np.tanh(x)) + np.square(x), -1.0, 2.0)
+    jj = np.where(j == 0, 1, j)
+    return (t.astype(f32), np.floor_divide(x, y), np.mod(x, y),
+            np.where(j == 0, 0, i // jj).astype(np.int32), np.where(j == 0, 0, i % jj).astype(np.int32))
+
+
+@pytest.mark.parametrize("k, n, spec", LAYOUTS)
+def test_elementwise_builtins_sharded(k, n, spec):
+    rng = np.random.default_rng(k * n)
+    x = rng.standard_normal((n, 5)).astype(f32)
+    y = rng.choice([-1.5, -0.5, 0.75, 2.0], (n, 5)).astype(f32)
+    i = rng.integers(-9, 9, (n, 5)).astype(np.int32)
+    j = rng.integers(-3, 4, (n, 5)).astype(np.int32)  # zeros included
+    src = f"""mesh [p={k}]
+func main(x: f32[{n}, 5] {spec}, y: f32[{n}, 5] {spec}, i: i32[{n}, 5] {spec}, j: i32[{n}, 5])
+    -> (f32[{n}, 5] {spec}, f32[{n}, 5], f32[{n}, 5] {spec}, i32[{n}, 5] {spec}, i32[{n}, 5]) {{
+  t = clip(gelu(x, approximate=false) + erf(x) + log1p(abs(x)) + expm1(tanh(x)) + square(x), -1.0, 2.0)
+  return t, x // y, x % y, i // j, i % j
+}}
+"""
+    c = run_sharded(src, {"x": x, "y": y, "i": i, "j": j}, _elementwise_ref(x, y, i, j))
+    # elementwise: nothing moves except what the unsplit parameter j and results ask for
+    assert all(e.kind == "all_gather" for e in c.spmd.ledger)
+
+
+def test_static_floordiv_and_mod_fold_where_a_static_integer_stands():
+    src = """mesh [p=2]
+const N = 9
+func main(x: f32[4, N] {p, _}) -> f32[4, N // 2 + N % 4] {
+  return x[:, 0:N // 2 + N % 4]
+}
+"""
+    x = np.arange(36, dtype=f32).reshape(4, 9)
+    run_sharded(src, {"x": x}, x[:, :5], backends=("ref", "sim"))
+
+
+@pytest.mark.parametrize("expr", ["N // 0", "N % (N - 9)"])
+def test_static_division_by_zero_is_a_located_error(expr):
+    src = f"mesh [p=2]\nconst N = 9\nfunc main(x: f32[4, N]) -> f32[4, 1] {{\n  return x[:, 0:{expr}]\n}}\n"
+    with pytest.raises(spmdlang.SpmdError, match="static division by zero") as e:
+        spmdlang.compile(src)
+    assert ":4:" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------- scans
+
+
+def _scan(fn, x, axis, reverse):
+    y = np.flip(x, axis) if reverse else x
+    y = fn(y, axis=axis, dtype=x.dtype)
+    return np.flip(y, axis) if reverse else y
+
+
+@pytest.mark.parametrize("k, n, spec", LAYOUTS)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scans_sharded(k, n, spec, reverse):
+    rng = np.random.default_rng(k * n + reverse)
+    x = rng.standard_normal((n, 5)).astype(f32)
+    i = rng.integers(-3, 4, (n, 5)).astype(np.int32)
+    b = rng.random((n, 5)) < 0.5
+    r = "true" if reverse else "false"
+    src = f"""mesh [p={k}]
+func main(x: f32[{n}, 5] {spec}, i: i32[{n}, 5] {spec}, b: bool[{n}, 5] {spec})
+    -> (f32[{n}, 5] {spec}, f32[{n}, 5], i32[{n}, 5] {spec}, i32[{n}, 5], f32[{n}, 5] {spec}, i32[{n}, 5]) {{
+  return cumsum(x, 0, {r}), cumprod(1.0 + 0.1 * x, 0, {r}), cumprod(i, 0, {r}), cummax(i, 0, {r}), \\
+    cummax(x, 1, {r}), cumsum(b, 0, {r})
+}}
+""".replace("\\\n    ", "")
+    want = (_scan(np.add.accumulate, x, 0, reverse), _scan(np.multiply.accumulate, 1 + f32(0.1) * x, 0, reverse),
+            _scan(np.multiply.accumulate, i, 0, reverse), _scan(np.maximum.accumulate, i, 0, reverse),
+            _scan(np.maximum.accumulate, x, 1, reverse), _scan(np.add.accumulate, b.astype(np.int32), 0, reverse))
+    run_sharded(src, {"x": x, "i": i, "b": b}, want)
+
+
+@pytest.mark.parametrize("n", [64, 255])
+@pytest.mark.parametrize("kind", ["cumsum", "cumprod", "cummax"])
+def test_scan_along_a_split_dim_gathers_one_total_per_row_and_shard(n, kind):
+    """One all_gather of k totals per row: the bytes grow with the shards, never with the row."""
+    from spmdlang.partition.reshard import step_bytes
+
+    src = f"""mesh [p=4]
+func main(x: f32[6, {n}] {{_, p}}) -> f32[6, {n}] {{_, p}} {{
+  return {kind}(x, 1)
+}}
+"""
+    c = spmdlang.compile(src)
+    verify(c.spmd.program)
+    assert kinds(c) == ["all_gather"]
+    assert c.spmd.ledger[0].axes == ("p",)
+    assert total_bytes(c) == step_bytes("all_gather", 4, 6 * 1 * 4)
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], d["results"]
+
+
+def test_scan_along_an_unsplit_dim_is_local():
+    c = spmdlang.compile("""mesh [p=3]
+func main(x: f32[7, 9] {p, _}) -> f32[7, 9] {p, _} {
+  return cumsum(x, 1) + cummax(x, -1, reverse=true)
+}
+""")
+    assert kinds(c) == []
+
+
+# ---------------------------------------------------------------------------------- top_k, sort
+
+
+def _top_k(x, k):
+    key = -(x.astype(np.float64) if x.dtype.kind == "f" else x.astype(np.int64))
+    order = np.argsort(key, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, order, -1), order.astype(np.int32)
+
+
+@pytest.mark.parametrize("k, n, spec", [(2, 8, "{p, _}"), (2, 8, "{_, p}"), (3, 7, "{_, p}"), (4, 9, "{_, p}"),
+                                        (3, 7, "{p, _}")])
+@pytest.mark.parametrize("top", [1, 3, 5])
+def test_top_k_sharded(k, n, spec, top):
+    rng = np.random.default_rng(n * top)
+    x = rng.standard_normal((5, n)).astype(f32)
+    i = rng.integers(-2, 3, (5, n)).astype(np.int32)  # many ties across shards
+    src = f"""mesh [p={k}]
+func main(x: f32[5, {n}] {spec}, i: i32[5, {n}] {spec})
+    -> (f32[5, {top}], i32[5, {top}], i32[5, {top}], i32[5, {top}]) {{
+  v, vi = top_k(x, {top})
+  w, wi = top_k(i, {top})
+  return v, vi, w, wi
+}}
+"""
+    run_sharded(src, {"x": x, "i": i}, _top_k(x, top) + _top_k(i, top))
+
+
+@pytest.mark.parametrize("n", [64, 256])
+@pytest.mark.parametrize("top", [2, 4])
+def test_top_k_along_a_split_dim_moves_k_candidates_per_shard(n, top):
+    """Two all_gathers (values, global indices) of k per row and shard: bytes scale with k x shards,
+    not with the row."""
+    from spmdlang.partition.reshard import step_bytes
+
+    c = spmdlang.compile(f"""mesh [p=4]
+func main(x: f32[6, {n}] {{_, p}}) -> (f32[6, {top}], i32[6, {top}]) {{
+  v, i = top_k(x, {top})
+  return v, i
+}}
+""")
+    verify(c.spmd.program)
+    assert kinds(c) == ["all_gather", "all_gather"]
+    assert total_bytes(c) == 2 * step_bytes("all_gather", 4, 6 * top * 4)
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], d["results"]
+
+
+@pytest.mark.parametrize("k, n, spec", LAYOUTS)
+def test_sort_argsort_sharded(k, n, spec):
+    rng = np.random.default_rng(n)
+    x = rng.integers(-3, 3, (n, 6)).astype(f32)  # ties: stability shows
+    src = f"""mesh [p={k}]
+func main(x: f32[{n}, 6] {spec}) -> (f32[{n}, 6], i32[{n}, 6] {spec}, f32[{n}, 6], i32[{n}, 6]) {{
+  return sort(x), argsort(x), sort(x, 0), argsort(x, axis=0)
+}}
+"""
+    want = (np.sort(x, -1), np.argsort(x, -1, kind="stable").astype(np.int32),
+            np.sort(x, 0), np.argsort(x, 0, kind="stable").astype(np.int32))
+    run_sharded(src, {"x": x}, want)
+
+
+def test_sort_gathers_only_its_split_sorted_dim_and_explain_says_so():
+    c = spmdlang.compile("""mesh [p=2, q=3]
+func main(x: f32[8, 9] {p, q}) -> f32[8, 9] {p, _} {
+  return sort(x, 1)
+}
+""")
+    assert [(e.kind, e.axes) for e in c.spmd.ledger] == [("all_gather", ("q",))]
+    assert "a split sorted dim is gathered whole" in c.spmd.ledger[0].reason
+    import json
+
+    assert "a split sorted dim is gathered whole" in json.dumps(c.explain_report())
+
+
+# ---------------------------------------------------------------------------------- take_along_axis
+
+
+@pytest.mark.parametrize("k, n, spec", LAYOUTS)
+def test_take_along_axis_sharded(k, n, spec):
+    rng = np.random.default_rng(n + k)
+    x = rng.standard_normal((n, 6)).astype(f32)
+    i0 = rng.integers(-2, n + 2, (4, 6)).astype(np.int32)
+    i1 = rng.integers(-2, 8, (n, 3)).astype(np.int32)
+    src = f"""mesh [p={k}]
+func main(x: f32[{n}, 6] {spec}, i0: i32[4, 6], i1: i32[{n}, 3] {spec}) -> (f32[4, 6], f32[{n}, 3] {spec}) {{
+  return take_along_axis(x, i0, 0), take_along_axis(x, i1, 1)
+}}
+"""
+    want = (np.take_along_axis(x, np.clip(i0, 0, n - 1), 0), np.take_along_axis(x, np.clip(i1, 0, 5), 1))
+    run_sharded(src, {"x": x, "i0": i0, "i1": i1}, want)
+
+
+@pytest.mark.parametrize("n", [60, 240])
+def test_take_along_a_split_axis_is_a_masked_lookup_and_one_all_reduce(n):
+    """Like a vocab-split take: no gather of x, one all_reduce of the (small) result."""
+    from spmdlang.partition.reshard import step_bytes
+
+    c = spmdlang.compile(f"""mesh [p=4]
+func main(x: f32[8, {n}] {{_, p}}, i: i32[8, 2]) -> f32[8, 2] {{
+  return take_along_axis(x, i, 1)
+}}
+""")
+    verify(c.spmd.program)
+    assert kinds(c) == ["all_reduce"]
+    assert total_bytes(c) == step_bytes("all_reduce", 4, 8 * 2 * 4)
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], d["results"]
+
+
+def test_take_along_an_unsplit_axis_is_local():
+    c = spmdlang.compile("""mesh [p=3]
+func main(x: f32[7, 9] {p, _}, i: i32[7, 4] {p, _}) -> f32[7, 4] {p, _} {
+  return take_along_axis(x, i, 1)
+}
+""")
+    assert kinds(c) == []
+
+
+# ---------------------------------------------------------------------------------- scatter_add
+
+
+def _scatter(x, ids, u, axis=0):
+    out = np.moveaxis(x.copy(), axis, 0)
+    flat = ids.reshape(-1)
+    uu = np.moveaxis(u.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 1:]), axis, 0)
+    keep = (flat >= 0) & (flat < x.shape[axis])
+    np.add.at(out, flat[keep], uu[keep])
+    return np.moveaxis(out, 0, axis)
+
+
+@pytest.mark.parametrize("k, n, tspec, ispec", [(2, 8, "{p, _}", "{_}"), (3, 7, "{p, _}", "{_}"),
+                                                (3, 7, "{_, _}", "{p}"), (2, 8, "{_, p}", "{_}"),
+                                                (4, 7, "{_, _}", "{p}"), (3, 7, "{_, p}", "{p}")])
+def test_scatter_add_sharded(k, n, tspec, ispec):
+    rng = np.random.default_rng(n * k)
+    x = rng.standard_normal((n, 5)).astype(f32)
+    ids = rng.integers(-1, n + 1, (7,)).astype(np.int32)  # out of range both ways: dropped
+    u = rng.standard_normal((7, 5)).astype(f32)
+    uspec = "{" + ispec[1:-1] + ", _}"
+    src = f"""mesh [p={k}]
+func main(x: f32[{n}, 5] {tspec}, ids: i32[7] {ispec}, u: f32[7, 5] {uspec}, t: f32[5, {n}])
+    -> (f32[{n}, 5] {tspec}, f32[{n}, 5], f32[5, {n}] {{_, p}}) {{
+  s = scatter_add(x, ids, u)
+  return s, s * 2.0, scatter_add(t, ids, transpose(u), axis=1)
+}}
+"""
+    t = rng.standard_normal((5, n)).astype(f32)
+    s = _scatter(x, ids, u)
+    run_sharded(src, {"x": x, "ids": ids, "u": u, "t": t}, (s, s * 2, _scatter(t, ids, u.T, 1)))
+
+
+def test_scatter_add_into_a_table_split_along_the_scattered_axis_needs_no_communication():
+    c = spmdlang.compile("""mesh [p=4]
+func main(x: f32[50, 8] {p, _}, ids: i32[16], u: f32[16, 8]) -> f32[50, 8] {p, _} {
+  return scatter_add(x, ids, u)
+}
+""")
+    verify(c.spmd.program)
+    assert kinds(c) == []
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], d["results"]
+
+
+def test_scatter_add_from_batch_split_updates_is_a_pending_sum_settled_by_a_reduce_scatter():
+    """Ids and updates split over the batch: the table's result is partial over p; the consumer
+    wants it split on rows, so one reduce_scatter settles it (no all_reduce, no gather)."""
+    c = spmdlang.compile("""mesh [p=4]
+func main(x: f32[48, 8] {_, _}, ids: i32[16] {p}, u: f32[16, 8] {p, _}) -> f32[48, 8] {p, _} {
+  return scatter_add(x, ids, u)
+}
+""")
+    verify(c.spmd.program)
+    assert [(e.kind, e.axes) for e in c.spmd.ledger] == [("reduce_scatter", ("p",))]
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], d["results"]
+
+
+def test_jax_module_names_never_collide_with_a_parameter_named_like_a_temporary():
+    src = """mesh [p=2]
+func main(t2: f32[4, 6] {p, _}, t1: f32[4, 6]) -> f32[4, 6] {
+  return sort(t2 * 2.0 + t1, 0)
+}
+"""
+    a = np.arange(24, dtype=f32).reshape(4, 6)
+    run_sharded(src, {"t2": a, "t1": -a}, np.sort(a, 0), backends=("ref", "jax"))
+
+
+# ---------------------------------------------------------------------------------- many-operand einsum
+
+
+def test_three_operand_einsum_contracts_the_cheapest_pair_first():
+    """GShard's dispatch: x[s, m] d[s, e, c] w[e, m, h] -> [e, c, h]. The FLOP-cheapest pair is x with
+    d (s*m*e*c), not d with w; each pairwise step partitions on its own: data-parallel s becomes
+    one all_reduce of the (e, c, h) result over data."""
+    src = """mesh [data=2, expert=2]
+func main(x: f32[8, 6] {data, _}, d: f32[8, 4, 3] {data, expert, _}, w: f32[4, 6, 5] {expert, _, _})
+    -> f32[4, 3, 5] {expert, _, _} {
+  return einsum("sm,sec,emh->ech", x, d, w)
+}
+"""
+    rng = np.random.default_rng(0)
+    x, d, w = (rng.standard_normal(s).astype(f32) for s in ((8, 6), (8, 4, 3), (4, 6, 5)))
+    c = run_sharded(src, {"x": x, "d": d, "w": w}, np.einsum("sm,sec,emh->ech", x, d, w), tol=1e-4)
+    specs = [op.attrs["spec"] for op in c.program.ops if op.kind == "einsum"]
+    assert specs == ["sm,sec->mec", "emh,mec->ech"]
+    assert [(e.kind, e.axes) for e in c.spmd.ledger] == [("all_reduce", ("data",))]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_many_operand_einsum_sharded(k):
+    rng = np.random.default_rng(k)
+    a, b, cc, e = (rng.standard_normal(s).astype(f32) for s in ((7, 4), (4, 5), (5, 6), (6, 3)))
+    src = f"""mesh [p={k}]
+func main(a: f32[7, 4] {{p, _}}, b: f32[4, 5] {{_, p}}, c: f32[5, 6], e: f32[6, 3] {{p, _}}) -> f32[7, 3] {{p, _}} {{
+  return einsum("ij,jk,kl,lm->im", a, b, c, e)
+}}
+"""
+    run_sharded(src, {"a": a, "b": b, "c": cc, "e": e}, a @ b @ cc @ e, tol=1e-4)
+
+
+# ---------------------------------------------------------------------------------- pooling
+
+
+def _pool(x, window, stride, padding, kind):
+    from test_builtins import pool_ref
+
+    return pool_ref(x, window, stride, padding, kind)
+
+
+@pytest.mark.parametrize("k, h, spec", [(2, 8, "{_, p, _, _}"), (3, 11, "{_, p, _, _}"), (3, 11, "{p, _, _, _}"),
+                                        (4, 9, "{_, _, p, _}"), (2, 10, "{_, _, _, p}")])
+def test_pools_sharded(k, h, spec):
+    rng = np.random.default_rng(k * h)
+    x = rng.standard_normal((3, h, 6, 2)).astype(f32)
+    out1 = (3, h, 6, 2)
+    m2 = (h + 2 - 3) // 2 + 1
+    src = f"""mesh [p={k}]
+func main(x: f32[3, {h}, 6, 2] {spec})
+    -> (f32[3, {h}, 6, 2] {spec}, f32[3, {m2}, 3, 2] {spec}, f32[3, {h // 2}, 3, 2]) {{
+  return max_pool(x, 3, 1, "SAME"), avg_pool(x, 3, 2, [[1, 1], [1, 0]]), avg_pool(x, 2)
+}}
+"""
+    want = (_pool(x, [3, 3], [1, 1], [(1, 1), (1, 1)], "max"), _pool(x, [3, 3], [2, 2], [(1, 1), (1, 0)], "avg"),
+            _pool(x, [2, 2], [2, 2], [(0, 0), (0, 0)], "avg"))
+    assert want[0].shape == out1
+    run_sharded(src, {"x": x}, want, tol=1e-5)
+
+
+def test_overlapping_max_pool_on_a_split_image_exchanges_only_halo_rows():
+    """A 3x3 stride-1 window over H split 4 ways: one row from each neighbour (collective_permutes
+    of one [N, 1, W, C] row each), never the image; -inf past the edges."""
+    c = spmdlang.compile("""mesh [h=4]
+func main(x: f32[4, 256, 64, 16] {_, h, _, _}) -> f32[4, 256, 64, 16] {_, h, _, _} {
+  return max_pool(x, 3, 1, "SAME")
+}
+""")
+    verify(c.spmd.program)
+    row = 4 * 64 * 16 * 4
+    assert kinds(c) == ["collective_permute"] * 2
+    assert total_bytes(c) == 2 * row
+    small = spmdlang.compile("""mesh [h=4]
+func main(x: f32[2, 16, 6, 3] {_, h, _, _}) -> f32[2, 16, 6, 3] {_, h, _, _} {
+  return max_pool(x, 3, 1, "SAME")
+}
+""")
+    d = small.diff(backends=["ref", "sim", "jax"])
+    assert d["ok"], d["results"]
+
+
+def test_non_overlapping_pool_on_a_split_image_is_local():
+    c = spmdlang.compile("""mesh [h=4]
+func main(x: f32[2, 64, 16, 8] {_, h, _, _}) -> f32[2, 32, 8, 8] {_, h, _, _} {
+  return avg_pool(x, 2) + max_pool(x, [2, 2])
+}
+""")
+    assert kinds(c) == []
+
+
+# ---------------------------------------------------------------------------------- random numbers
+
+
+RANDOM = """{mesh}
+func main(x: f32[13, 7] {spec}, s: i32[]) -> (f32[13, 7] {spec}, f32[13, 7], f32[13, 7] {spec}) {{
+  return random_uniform(s, f32[13, 7]), random_normal(s + 1, f32[13, 7]), dropout(x, 0.4, s * 3)
+}}
+"""
+
+
+def test_random_bits_are_the_same_on_every_mesh_and_backend():
+    """Each element is a function of (seed, its global index): bitwise-equal uniforms and dropout on
+    four meshes and all four backends; normals to float rounding (log/cos of f32)."""
+    x = np.arange(91, dtype=f32).reshape(13, 7) + 1
+    inputs = {"x": x, "s": np.array(12345, np.int32)}
+    first = None
+    for mesh, spec in (("mesh [p=1]", "{_, _}"), ("mesh [p=3]", "{p, _}"), ("mesh [p=2, q=2]", "{p, q}"),
+                       ("mesh [p=4, q=2]", "{q, p}")):
+        c = spmdlang.compile(RANDOM.format(mesh=mesh, spec=spec))
+        assert kinds(c) == [] or all(e.reason.endswith("for the result") for e in c.spmd.ledger)
+        for backend in ALL:
+            got = c.run(inputs, backend=backend)
+            first = first or got
+            assert np.array_equal(got[0], first[0]), (mesh, backend)
+            assert np.array_equal(got[2], first[2]), (mesh, backend)
+            np.testing.assert_allclose(got[1], first[1], rtol=1e-5, atol=1e-5)
+    assert np.all((first[2] == 0) | np.isclose(first[2], x / f32(0.6)))
+
+
+def test_random_draws_need_no_communication():
+    c = spmdlang.compile("""mesh [p=4, q=2]
+func main(x: f32[64, 30] {p, q}) -> f32[64, 30] {p, q} {
+  return dropout(x, 0.1, 7) + random_normal(3, f32[64, 30])
+}
+""")
+    assert kinds(c) == []
+
+
+def test_random_statistics_on_a_million_draws():
+    c = spmdlang.compile("""mesh [p=1]
+func main() -> (f32[1000, 1000], f32[1000, 1000], f32[1000, 1000]) {
+  return random_uniform(2024, f32[1000, 1000]), random_normal(7, f32[1000, 1000]), \\
+    dropout(ones(f32[1000, 1000]), 0.3, 5)
+}
+""".replace("\\\n    ", ""))
+    u, z, d = c.run({}, backend="ref")
+    n = u.size
+    assert 0 <= u.min() and u.max() < 1
+    assert abs(u.mean() - 0.5) < 3 * np.sqrt(1 / 12 / n) + 1e-4
+    assert abs(u.var() - 1 / 12) < 1e-3
+    s = np.sort(u.ravel().astype(np.float64))
+    ks = max(np.max(np.arange(1, n + 1) / n - s), np.max(s - np.arange(n) / n))
+    assert ks < 1.63 / np.sqrt(n)  # Kolmogorov-Smirnov at the 1% level
+    assert abs(z.mean()) < 5 / np.sqrt(n) and abs(z.var() - 1) < 5e-3
+    assert abs((d == 0).mean() - 0.3) < 2e-3 and abs(d.mean() - 1) < 5e-3
+
+
+def test_different_seeds_give_different_draws():
+    c = spmdlang.compile("""mesh [p=2]
+func main(s: i32[]) -> (f32[8], f32[8]) {
+  return random_uniform(s, f32[8]), random_uniform(s + 1, f32[8])
+}
+""")
+    a, b = c.run({"s": np.array(0, np.int32)}, backend="ref")
+    assert not np.array_equal(a, b)
