@@ -70,9 +70,18 @@ FAST_CPU_COMPILE = {"xla_cpu_use_fusion_emitters": False}
 ISSUE_SEEDS = (100175, 100605, 400580, 400681, 400820)  # wrong answers / a crash on jax in issue 17
 
 
+# Open bugs the sweep found, by seed: each must still fail (strict), so a fix shows up as a failure
+# asking to delete its entry. (max_devices=16 seeds.)
+KNOWN_JAX_FAILURES = {
+    300061: "scatter_add on jax: wrong numbers on mesh [p=1, q=2, r=4] with the operand split {q} and "
+            "indices gathered over q (sim is right; index 4 of 5 is wrong, index 0 right)",
+}
+
+
 def jax_sweep(seeds, max_devices: int = 16, compiler_options=FAST_CPU_COMPILE) -> None:
     """Programs `Generator(RandomChooser(seed), max_devices).program()`: ref == sim == jax."""
     failures = []
+    known = KNOWN_JAX_FAILURES if max_devices == 16 else {}
     for seed in seeds:
         src = Generator(RandomChooser(seed), max_devices=max_devices).program()
         try:
@@ -86,6 +95,10 @@ def jax_sweep(seeds, max_devices: int = 16, compiler_options=FAST_CPU_COMPILE) -
                 failures.append(f"seed {seed}: {bad}\n{src}")
         except Exception as e:  # a crash is a failure too (the program compiled: progen's contract)
             failures.append(f"seed {seed}: {type(e).__name__}: {str(e)[:500]}\n{src}")
+    failed = {int(f.split(":")[0].split()[1]) for f in failures}
+    fixed = [seed for seed in seeds if seed in known and seed not in failed]
+    assert not fixed, f"seeds {fixed} now pass: delete them from KNOWN_JAX_FAILURES"
+    failures = [f for f in failures if int(f.split(":")[0].split()[1]) not in known]
     assert not failures, f"{len(failures)} of {len(seeds)} programs fail; first:\n" + failures[0]
 
 
