@@ -190,9 +190,25 @@ def render_diff(console, report) -> None:
     t = table("backend", "output", "max abs err", "ok")
     for r in report["results"]:
         ok = "[green]ok[/green]" if r["ok"] else "[red]MISMATCH[/red]"
-        t.add_row(r["backend"], str(r["output"]), f"{r['max_abs_err']:.3g}", ok)
+        if r.get("upstream_disagreement"):
+            ok = "[yellow]MISMATCH: upstream disagreement[/yellow]"
+        err = "failed to compile" if r.get("error") else f"{r['max_abs_err']:.3g}"
+        t.add_row(r["backend"], str(r["output"]), err, ok)
     console.print(t)
-    console.print("[green]all backends agree[/green]" if report["ok"] else "[red]backends disagree[/red]")
+    for r in {r["backend"]: r for r in report["results"] if r.get("error")}.values():
+        console.print(f"{r['backend']}: {r['error']}", markup=False)
+    if report["ok"]:
+        console.print("[green]all backends agree[/green]")
+        return
+    console.print("[red]backends disagree[/red]")
+    upstream = report.get("upstream_disagreement") or []
+    if upstream:
+        ours = [b for b in report["backends"] if b not in ("ref", *upstream)]
+        console.print(
+            f"{', '.join(upstream)} (XLA's own GSPMD partitioner, the baseline) disagrees with ref while ours "
+            f"({', '.join(ours)}) agree: an upstream disagreement, not a bug of spmdlang's partitioning. "
+            f"Known XLA issues: {report.get('known_issues', 'docs/known_xla_issues.md')} in the spmdlang "
+            f"repository. To compare only our backends: --backends ref,sim,jax", markup=False)
 
 
 # ---------------------------------------------------------------------------------- bench

@@ -22,9 +22,9 @@ from ..partition import permute
 
 # names the emitted module defines itself; the per-partition ops' helper functions are added below
 _MODULE_NAMES = {"jax", "jnp", "np", "P", "Mesh", "NamedSharding", "AxisType", "main", "run", "body", "mesh",
-                 "make_mesh", "permute_pairs", "args", "outs", "os", "build", "place", "program_mesh", "AXES",
-                 "SHAPE", "DEVICE_ORDER", "IN_SPECS", "OUT_SPECS", "GLOBAL_SHAPES", "RESULT_SHAPES", "DTYPES",
-                 "PAD"}
+                 "make_mesh", "permute_pairs", "mesh_order_pairs", "args", "outs", "os", "build", "place",
+                 "program_mesh", "AXES", "SHAPE", "DEVICE_ORDER", "IN_SPECS", "OUT_SPECS", "GLOBAL_SHAPES",
+                 "RESULT_SHAPES", "DTYPES", "PAD"}
 
 
 def _helper_ops():
@@ -259,6 +259,9 @@ def emit_shard_map(spmd) -> str:
     lines += ["", ""] + _mesh_code(mesh)
     lines += ["", "", "# ---- helpers the per-partition program uses"]
     lines.append(inspect.getsource(permute.permute_pairs).rstrip())
+    lines += ["", ""]
+    lines.append(inspect.getsource(permute.mesh_order_pairs).rstrip())
+    lines.append("")
     lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops()).splitlines()
     lines += ["", "", f"def body({', '.join(params)}):", '    """The per-partition program: local shapes."""']
     lines += _body(prog, namer)

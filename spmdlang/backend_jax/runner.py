@@ -91,7 +91,10 @@ def load(source: str, name: str) -> types.ModuleType:
 class ModuleRunner:
     """A loaded module with its mesh; the module's run() caches its jitted function."""
 
-    def __init__(self, source: str, name: str, n_devices: int, program=None, backend: str = "jax"):
+    def __init__(self, source: str, name: str, n_devices: int, program=None, backend: str = "jax",
+                 compiler_options: dict | None = None):
+        """compiler_options: XLA options for this module's compile only (jax's
+        `Lowered.compile(compiler_options=...)`), e.g. cheaper CPU codegen for bulk testing."""
         if program is not None:
             from ..limits import check_jax_devices
 
@@ -110,6 +113,14 @@ class ModuleRunner:
                                                       else gather(out, shape))
         self.mesh = self.module.make_mesh()
         self.fn = self.module.build(self.mesh)
+        self.compiler_options = compiler_options
+        self._compiled = None
 
     def __call__(self, arrays):
-        return self.module.run(*arrays, mesh=self.mesh)
+        if self.compiler_options is None:
+            return self.module.run(*arrays, mesh=self.mesh)
+        m = self.module
+        args = m.place(arrays, self.mesh)
+        if self._compiled is None:
+            self._compiled = self.fn.lower(*args).compile(compiler_options=self.compiler_options)
+        return [m._gather(o, shape) for o, shape in zip(self._compiled(*args), m.RESULT_SHAPES)]

@@ -160,11 +160,20 @@ def _sim_all_to_all(arrays, attrs, mesh):
     return [out]
 
 
+_ALL_TO_ALL_HELPER = '''
+def all_to_all(x, axes, split_dim, concat_dim):
+    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
+    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
+    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
+    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
+'''
+
 register("all_to_all", doc="split `split_dim` into group chunks, send chunk m to member m, concatenate on `concat_dim`",
          family=Family.collective, stage=Stage.local,
          flops=no_flops, infer=_all_to_all_infer, numpy=None, simulate=_sim_all_to_all,
-         jax=lambda a, attrs, out: (f"jax.lax.all_to_all({a[0]}, {tuple(attrs['axes'])!r}, "
-                                    f"{attrs['split_dim']}, {attrs['concat_dim']}, tiled=True)"))
+         jax=lambda a, attrs, out: (f"all_to_all({a[0]}, {tuple(attrs['axes'])!r}, "
+                                    f"{attrs['split_dim']}, {attrs['concat_dim']})"),
+         jax_helper=_ALL_TO_ALL_HELPER)
 
 # ---------------------------------------------------------------------------------- collective_permute
 
@@ -181,8 +190,13 @@ def _sim_permute(arrays, attrs, mesh):
 
 
 def _permute_jax(a, attrs, out):
-    return (f"jax.lax.ppermute({a[0]}, {tuple(attrs['axes'])!r}, "
-            f"perm=permute_pairs({attrs['rule']!r}, {tuple(attrs['sizes'])!r}))")
+    """jax.lax.ppermute numbers a group by its axes in mesh order (see partition.permute): pairs
+    over axes written in another order are renumbered in the emitted module (AXES: the mesh's)."""
+    axes, sizes = tuple(attrs["axes"]), tuple(attrs["sizes"])
+    pairs = f"permute_pairs({attrs['rule']!r}, {sizes!r})"
+    if len(axes) > 1:
+        pairs = f"mesh_order_pairs({pairs}, {axes!r}, {sizes!r}, AXES)"
+    return f"jax.lax.ppermute({a[0]}, {axes!r}, perm={pairs})"
 
 
 register("collective_permute", doc="send to the member that `rule` names (partition.permute); others receive zeros",

@@ -11,6 +11,12 @@ Rules, over the linear index of a group (its axes' sizes `sizes`, first axis maj
                             holds a block under `dst` receives it from one that holds it under
                             `src`; devices holding the same block (replicas) are matched in order,
                             so the map is a bijection whenever both layouts have equal shard counts.
+
+Group indices here follow the collective's axes in the order written (first axis major), as
+`jax.lax.axis_index(axes)`, `all_gather` and `all_to_all` count. `jax.lax.ppermute(x, axes, perm)`
+does not: it numbers a group's devices by its axes in MESH order, whatever the order of `axes`
+(`ppermute(x, ('q', 'p'), ...)` on mesh [p, q] counts p major). `mesh_order_pairs` renumbers pairs
+for it; the emitted jax module applies it to every permute over several axes.
 """
 
 from __future__ import annotations
@@ -48,3 +54,21 @@ def permute_pairs(rule, sizes):
 
     holder = {key(coords(i), src): i for i in range(k)}
     return [(holder[key(coords(j), dst)], j) for j in range(k)]
+
+
+def mesh_order_pairs(pairs, axes, sizes, mesh_axes):
+    """Renumber (source, destination) pairs from group indices over `axes` in the order given to
+    indices over the same axes in mesh order (`mesh_axes`), the numbering jax.lax.ppermute uses."""
+    order = sorted(range(len(axes)), key=lambda i: list(mesh_axes).index(axes[i]))
+
+    def renumber(i):
+        digits = [0] * len(sizes)
+        for j in reversed(range(len(sizes))):
+            digits[j] = i % sizes[j]
+            i //= sizes[j]
+        n = 0
+        for j in order:
+            n = n * sizes[j] + digits[j]
+        return n
+
+    return [(renumber(s), renumber(d)) for s, d in pairs]

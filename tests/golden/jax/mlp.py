@@ -89,6 +89,32 @@ def permute_pairs(rule, sizes):
     holder = {key(coords(i), src): i for i in range(k)}
     return [(holder[key(coords(j), dst)], j) for j in range(k)]
 
+
+def mesh_order_pairs(pairs, axes, sizes, mesh_axes):
+    """Renumber (source, destination) pairs from group indices over `axes` in the order given to
+    indices over the same axes in mesh order (`mesh_axes`), the numbering jax.lax.ppermute uses."""
+    order = sorted(range(len(axes)), key=lambda i: list(mesh_axes).index(axes[i]))
+
+    def renumber(i):
+        digits = [0] * len(sizes)
+        for j in reversed(range(len(sizes))):
+            digits[j] = i % sizes[j]
+            i //= sizes[j]
+        n = 0
+        for j in order:
+            n = n * sizes[j] + digits[j]
+        return n
+
+    return [(renumber(s), renumber(d)) for s, d in pairs]
+
+
+def all_to_all(x, axes, split_dim, concat_dim):
+    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
+    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
+    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
+    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
+
+
 def shard_slice(x, idx, *, dim, size, group):
     """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
     if x.shape[dim] < size * group:
