@@ -72,10 +72,7 @@ ISSUE_SEEDS = (100175, 100605, 400580, 400681, 400820)  # wrong answers / a cras
 
 # Open bugs the sweep found, by seed: each must still fail (strict), so a fix shows up as a failure
 # asking to delete its entry. (max_devices=16 seeds.)
-KNOWN_JAX_FAILURES = {
-    300061: "scatter_add on jax: wrong numbers on mesh [p=1, q=2, r=4] with the operand split {q} and "
-            "indices gathered over q (sim is right; index 4 of 5 is wrong, index 0 right)",
-}
+KNOWN_JAX_FAILURES: dict[int, str] = {}  # none open; seed 300061 (scatter_add) was fixed and stays in the sweep
 
 
 def jax_sweep(seeds, max_devices: int = 16, compiler_options=FAST_CPU_COMPILE) -> None:

@@ -135,3 +135,9 @@ def test_xla_baseline_that_fails_to_compile_is_a_failed_result(monkeypatch, caps
     assert not x["ok"] and x["max_abs_err"] is None and x["error"].startswith("INTERNAL: during context")
     code, out = _diff(capsys, MLP, "--backends", "ref,sim,xla")
     assert code == 1 and "failed to compile" in out.out and "hlo verifier" in out.out
+
+
+def test_scatter_reproduction_shows_xla_partitioner_is_wrong():
+    out = _run_snippet(_doc_snippets()[2])
+    assert "unsharded [0. 1. 2. 3. 4.]" in out  # unpartitioned: right
+    assert "sharded   [0. 1. 4. 3. 4.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
