@@ -251,7 +251,7 @@ def available_memory() -> int | None:
 
 
 def peak_and_culprit(prog) -> tuple[int, object, Span | None]:
-    """The cost model's peak live bytes of a program in order (as partition.cost.peak_bytes) and
+    """The cost model's peak live bytes of a program in order (partition.cost.peak_bytes is this) and
     the largest value live at that peak, with the span of its declaration or defining op."""
     last: dict = {}
     for i, op in enumerate(prog.ops):

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import registry
+from ..limits import peak_and_culprit
 
 
 @dataclass(frozen=True)
@@ -138,26 +139,5 @@ def flops(prog) -> int:
 
 def peak_bytes(prog) -> int:
     """Peak bytes live at once in program order: a value lives from its definition to its last use
-    (parameters and results for the whole program)."""
-    last: dict = {}
-    for i, op in enumerate(prog.ops):
-        for v in op.operands:
-            last[v] = i
-    end = len(prog.ops)
-    for r in prog.results:
-        last[r.value] = end
-    live = sum(p.value.type.nbytes for p in prog.params)
-    for p in prog.params:
-        last[p.value] = end
-    peak = live
-    frees: dict[int, int] = {}
-    for v, i in last.items():
-        frees[i] = frees.get(i, 0) + v.type.nbytes
-    for i, op in enumerate(prog.ops):
-        live += sum(r.type.nbytes for r in op.results)
-        peak = max(peak, live)
-        live -= frees.get(i, 0)
-        for r in op.results:
-            if r not in last:
-                live -= r.type.nbytes
-    return peak
+    (parameters and results for the whole program). One walk, shared with the run-time memory check."""
+    return peak_and_culprit(prog)[0]
