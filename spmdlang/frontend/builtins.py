@@ -437,6 +437,32 @@ def _einsum_pairwise(ctx, span, terms, out: str, sizes) -> Value:
     return ctx.b.emit("einsum", x, y, span=span, spec=f"{a},{b}->{out}")
 
 
+def _per_spatial_dim(args, what: str, v, nsp: int, name: str) -> list[int]:
+    """A window/stride argument: one positive integer for every spatial dim, or a list of nsp."""
+    items = v if isinstance(v, list) else [v] * nsp
+    if len(items) != nsp or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in items):
+        raise SpmdError(f"{name} {what} must be a positive integer or a list of {nsp}", args.span(what))
+    return items
+
+
+def _window_padding(args, shape, window, strides, name: str) -> list[tuple[int, int]]:
+    """`padding` of a windowed op: "SAME" (jax's split: the extra element at the end), "VALID", or
+    explicit [lo, hi] pairs, one per spatial dim."""
+    pad, nsp = args["padding"], len(shape)
+    if pad in ("SAME", "VALID"):
+        padding = []
+        for n, k, s in zip(shape, window, strides):
+            total = 0 if pad == "VALID" else max((-(-n // s) - 1) * s + k - n, 0)
+            padding.append((total // 2, total - total // 2))
+        return padding
+    if isinstance(pad, list) and len(pad) == nsp and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(q, int) and not isinstance(q, bool) and q >= 0
+                                                         for q in p) for p in pad):
+        return [tuple(p) for p in pad]
+    raise SpmdError(f'{name} padding must be "SAME", "VALID" or [[lo, hi]] x {nsp} of non-negative integers',
+                    args.span("padding"))
+
+
 @builtin("conv", "x:tensor", "w:tensor", "stride:any=1", "padding:any=SAME")
 def _conv(ctx, span, args):
     x, w = tensor(ctx, args, "x"), tensor(ctx, args, "w")
@@ -446,28 +472,8 @@ def _conv(ctx, span, args):
     if w.type.rank != nsp + 2:
         raise SpmdError(f"conv kernel must be [window..., C, F] with {nsp} window dim(s), got {w.type}",
                         args.span("w"))
-    stride = args["stride"]
-    strides = stride if isinstance(stride, list) else [stride] * nsp
-    if len(strides) != nsp or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in strides):
-        raise SpmdError(f"conv stride must be a positive integer or a list of {nsp}", args.span("stride"))
-    pad = args["padding"]
-    if pad in ("SAME", "VALID"):
-        padding = []
-        for i in range(nsp):
-            n, k, s = x.type.shape[1 + i], w.type.shape[i], strides[i]
-            if pad == "VALID":
-                padding.append((0, 0))
-            else:
-                out = -(-n // s)
-                total = max((out - 1) * s + k - n, 0)
-                padding.append((total // 2, total - total // 2))
-    elif isinstance(pad, list) and len(pad) == nsp and all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(q, int) and not isinstance(q, bool) and q >= 0
-                                                         for q in p) for p in pad):
-        padding = [tuple(p) for p in pad]
-    else:
-        raise SpmdError(f'conv padding must be "SAME", "VALID" or [[lo, hi]] x {nsp} of non-negative integers',
-                        args.span("padding"))
+    strides = _per_spatial_dim(args, "stride", args["stride"], nsp, "conv")
+    padding = _window_padding(args, x.type.shape[1:-1], w.type.shape[:nsp], strides, "conv")
     dt = T.promote(x.type.dtype, w.type.dtype)
     dt = float_for(dt)
     x, w = ctx.cast(x, dt, span), ctx.cast(w, dt, span)
@@ -482,28 +488,11 @@ def _pool(kind):
         if nsp < 1 or x.type.dtype == "bool":
             raise SpmdError(f"{name} needs a numeric [N, spatial..., C] input, got {x.type}", args.span("x"))
 
-        def per_dim(v, what):
-            items = v if isinstance(v, list) else [v] * nsp
-            if len(items) != nsp or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in items):
-                raise SpmdError(f"{name} {what} must be a positive integer or a list of {nsp}", args.span(what))
-            return items
-
-        window = per_dim(args["window"], "window")
-        strides = per_dim(window if args["stride"] is None else args["stride"], "stride")
-        pad = args["padding"]
+        window = _per_spatial_dim(args, "window", args["window"], nsp, name)
+        stride = window if args["stride"] is None else args["stride"]
+        strides = _per_spatial_dim(args, "stride", stride, nsp, name)
         shape = x.type.shape[1:-1]
-        if pad in ("SAME", "VALID"):
-            padding = []
-            for n, k, s in zip(shape, window, strides):
-                total = 0 if pad == "VALID" else max((-(-n // s) - 1) * s + k - n, 0)
-                padding.append((total // 2, total - total // 2))
-        elif isinstance(pad, list) and len(pad) == nsp and all(
-                isinstance(p, list) and len(p) == 2 and all(isinstance(q, int) and not isinstance(q, bool) and q >= 0
-                                                             for q in p) for p in pad):
-            padding = [tuple(p) for p in pad]
-        else:
-            raise SpmdError(f'{name} padding must be "SAME", "VALID" or [[lo, hi]] x {nsp} of non-negative integers',
-                            args.span("padding"))
+        padding = _window_padding(args, shape, window, strides, name)
         for n, k, s, (lo, hi) in zip(shape, window, strides, padding):
             if conv_output_size(n, k, s, lo, hi) < 1:
                 raise SpmdError(f"{name}: window {k} does not fit spatial dim {n}", span)

@@ -85,6 +85,18 @@ def _take_numpy(table, ids, *, axis):
     return np.take(table, np.clip(ids, 0, table.shape[axis] - 1), axis=axis)
 
 
+def shard_ids(ctx, ids, n: int, c: int, axes):
+    """Ids into a dim of n split over `axes` in chunks of c: (valid, safe). `valid` marks the ids (clamped
+    into [0, n) first) that fall in this shard's chunk; `safe` is their local index, 0 elsewhere."""
+    dt = ids.type.dtype
+    clamped = ctx.emit("minimum", ctx.emit("maximum", ids, ctx.constant(0, dt)), ctx.constant(n - 1, dt))
+    off = ctx.offset(axes, c)
+    local = ctx.emit("sub", clamped, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
+    valid = ctx.emit("logical_and", ctx.emit("ge", local, ctx.constant(0, dt)),
+                     ctx.emit("lt", local, ctx.constant(c, dt)))
+    return valid, ctx.emit("select", valid, local, ctx.constant(0, dt))
+
+
 def _take_partition(ctx):
     """Table split on the gathered axis (vocab split): every shard gathers the rows it owns, zeros
     the others, and the result is a pending sum over the vocab axes (one all_reduce, or a
@@ -100,15 +112,7 @@ def _take_partition(ctx):
     id_dims = [tuple(a for a in d if a not in taken) for d in ids_s.dims]
     t_local = ctx.reshard(0, Sharding(tuple(t_dims)))
     i_local = ctx.reshard(1, Sharding(tuple(id_dims)))
-    c = t_local.type.shape[axis]
-    dt = ids.type.dtype
-    clamped = ctx.emit("minimum", ctx.emit("maximum", i_local, ctx.constant(0, dt)),
-                       ctx.constant(table.type.shape[axis] - 1, dt))
-    off = ctx.offset(vocab, c)
-    local_ids = ctx.emit("sub", clamped, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
-    valid = ctx.emit("logical_and", ctx.emit("ge", local_ids, ctx.constant(0, dt)),
-                     ctx.emit("lt", local_ids, ctx.constant(c, dt)))
-    safe = ctx.emit("select", valid, local_ids, ctx.constant(0, dt))
+    valid, safe = shard_ids(ctx, i_local, table.type.shape[axis], t_local.type.shape[axis], vocab)
     rows = ctx.emit("take", t_local, safe, axis=axis)
     rank = ids.type.rank
     keep = ctx.emit("broadcast_in_dim", valid, shape=rows.type.shape, dims=tuple(range(axis, axis + rank)))

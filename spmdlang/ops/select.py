@@ -14,6 +14,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
+from .create import shard_ids
 from .reduce import _fill
 from .registry import Family, check, no_flops, operand_flops, register
 
@@ -135,14 +136,7 @@ def _taa_partition(ctx):
     xdims[axis] = axes
     x_local = ctx.reshard(0, Sharding(tuple(xdims)))
     j_local = ctx.reshard(1, Sharding(tuple(dims)))
-    c, dt = x_local.type.shape[axis], ids.type.dtype
-    clamped = ctx.emit("minimum", ctx.emit("maximum", j_local, ctx.constant(0, dt)),
-                       ctx.constant(x.type.shape[axis] - 1, dt))
-    off = ctx.offset(axes, c)
-    local_ids = ctx.emit("sub", clamped, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
-    valid = ctx.emit("logical_and", ctx.emit("ge", local_ids, ctx.constant(0, dt)),
-                     ctx.emit("lt", local_ids, ctx.constant(c, dt)))
-    safe = ctx.emit("select", valid, local_ids, ctx.constant(0, dt))
+    valid, safe = shard_ids(ctx, j_local, x.type.shape[axis], x_local.type.shape[axis], axes)
     got = ctx.emit("take_along_axis", x_local, safe, axis=axis)
     zero = ctx.emit("full", dtype=x.type.dtype, shape=got.type.shape, value=0.0 if T.is_float(x.type.dtype) else 0)
     pending = Sharding(tuple(dims), ctx.mesh.order(axes), frozenset(), "sum")
