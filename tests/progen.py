@@ -322,7 +322,10 @@ class Generator:
         return self.assign(f"{fn}({a.name}, {b.name})", _broadcast(a.shape, b.shape), "bool", True)
 
     def op_conv(self):
-        """A 1-D or 2-D convolution [N, spatial..., C] x [window..., C, F], SAME or VALID, stride 1-2."""
+        """A convolution [N, spatial..., C] x [window..., C/groups, F], SAME, VALID or explicit
+        padding, stride 1-2; sometimes atrous (rhs_dilation), transposed (lhs_dilation, explicit
+        padding), grouped (depthwise when groups = C) or 3-D. A 3-D conv reads a fresh 5-D
+        parameter and its result is summed over depth (values stay within MAX_RANK)."""
         a = self.pick(lambda v: v.dtype == "f32" and len(v.shape) in (3, 4))
         if a is None:
             return None
@@ -330,17 +333,50 @@ class Generator:
         window = tuple(self.ch.choice([1, 2, 3]) for _ in range(nsp))
         stride = self.ch.choice([1, 2])
         padding = self.ch.choice(["SAME", "VALID"])
+        variant = self.ch.choice(["plain", "plain", "atrous", "transposed", "grouped", "3d"])
+        x, xs = a.name, a.shape
+        if variant == "3d":
+            xs = (a.shape[0], *(self.ch.choice([2, 3, 4, 5]) for _ in range(3)), a.shape[-1])
+            window = tuple(self.ch.choice([1, 2, 3]) for _ in range(3))
+            nsp = 3
+        lhs = 2 if variant == "transposed" else 1
+        rhs = 2 if variant == "atrous" else 1
+        c = xs[-1]
+        groups = 1
+        if variant == "grouped" and c > 1:
+            groups = self.ch.choice([g for g in range(2, c + 1) if c % g == 0])
+        f = groups * self.ch.choice([1, 2]) if groups > 1 else self.ch.choice([1, 2, 4])
+        pads = []
+        for k in window:
+            keff = (k - 1) * rhs + 1
+            pads.append([self.ch.int(0, keff - 1), self.ch.int(0, keff - 1)] if lhs > 1 else None)
         spatial = []
-        for n, k in zip(a.shape[1:-1], window):
-            m = -(-n // stride) if padding == "SAME" else (n - k) // stride + 1
+        for n, k, pad in zip(xs[1:-1], window, pads):
+            keff = (k - 1) * rhs + 1
+            if pad is not None:
+                m = ((n - 1) * lhs + 1 + pad[0] + pad[1] - keff) // stride + 1
+            else:
+                m = -(-n // stride) if padding == "SAME" else (n - keff) // stride + 1
             if m < 1:
                 return None
             spatial.append(m)
-        shape = (a.shape[0], *spatial, self.ch.choice([1, 2, 4]))
-        if not self.small(shape):
+        shape = (xs[0], *spatial, f)
+        if not self.small(shape[:1] + shape[2:] if variant == "3d" else shape) or prod(shape) > 4 * MAX_ELEMS:
             return None
-        w = self.param(window + (a.shape[-1], shape[-1]), "f32")
-        return self.assign(f'conv({a.name}, {w.name}, {stride}, "{padding}")', shape, "f32", False)
+        if variant == "3d":  # made only now that the conv fits (no parameter nothing uses)
+            x = self.param(xs, "f32").name
+        w = self.param(window + (c // groups, f), "f32")
+        args = [x, w.name, str(stride), f'"{padding}"' if lhs == 1 else str(pads).replace("'", "")]
+        if lhs > 1:
+            args.append(f"lhs_dilation={lhs}")
+        if rhs > 1:
+            args.append(f"rhs_dilation={rhs}")
+        if groups > 1:
+            args.append(f"groups={groups}")
+        expr = f"conv({', '.join(args)})"
+        if variant == "3d":
+            return self.assign(f"sum({expr}, 1)", shape[:1] + shape[2:], "f32", False)
+        return self.assign(expr, shape, "f32", False)
 
     def contractible(self, v: Val) -> bool:
         return v.dtype == "f32" or v.dtype == "bf16" and "bf16_einsum" not in KNOWN_BUGS

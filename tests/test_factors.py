@@ -107,6 +107,15 @@ RULES = [
      "([i, j, k, l], [m, n, l, o]) -> ([i, j, k, o]) reduction={l} need_replication={m, n} permutation={j, k}"),
     ("conv 1d", "conv", [(2, 8, 3), (3, 3, 5)], {"strides": (2,), "padding": ((0, 0),)},
      "([i, j, k], [l, k, m]) -> ([i, j, m]) reduction={k} need_replication={l} permutation={j}"),
+    # grouped conv: the group index leads the input channels and the features (pass), the channels
+    # within a group reduce; depthwise has one channel per group; batch groups lead the input batch
+    ("conv grouped", "conv", [(2, 8, 6), (3, 2, 9)], {"strides": (1,), "padding": ((1, 1),), "groups": 3},
+     "([i, j, kl], [m, l, kn]) -> ([i, j, kn]) reduction={l} need_replication={m} permutation={j}"),
+    ("conv depthwise", "conv", [(2, 8, 6), (3, 1, 12)], {"strides": (1,), "padding": ((1, 1),), "groups": 6},
+     "([i, j, k], [l, 1, km]) -> ([i, j, km]) need_replication={l} permutation={j}"),
+    ("conv batch groups", "conv", [(4, 8, 3), (3, 3, 6)], {"strides": (1,), "padding": ((0, 0),),
+                                                            "batch_groups": 2},
+     "([ij, k, l], [m, l, in]) -> ([j, k, in]) reduction={l} need_replication={m} permutation={k}"),
     # ops moving elements along a dim: that dim is a permutation factor, the others pass
     ("concat", "concat", [(4, 8), (4, 3)], {"axis": 1}, "([i, j], [i, j]) -> ([i, j]) permutation={j}"),
     ("slice", "slice", [(8, 16)], {"starts": (0, 2), "stops": (8, 10), "steps": (1, 1)},

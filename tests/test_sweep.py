@@ -57,7 +57,11 @@ INSTANCES = {
     "einsum": [(("f32[4, 6]", "f32[6, 2]"), {"spec": "ij,jk->ik"}),
                (("f32[3, 5]", "f32[5, 3]"), {"spec": "ij,jk->ik"})],
     "conv": [(("f32[2, 6, 2]", "f32[3, 2, 2]"), {"strides": (1,), "padding": ((1, 1),)}),
-             (("f32[1, 5, 3]", "f32[2, 3, 2]"), {"strides": (2,), "padding": ((0, 1),)})],
+             (("f32[1, 5, 3]", "f32[2, 3, 2]"), {"strides": (2,), "padding": ((0, 1),)}),
+             # feature groups and an atrous window; a transposed conv (lhs_dilation) on an odd dim
+             (("f32[2, 6, 4]", "f32[2, 2, 4]"), {"strides": (1,), "padding": ((1, 1),), "rhs_dilation": (2,),
+                                                 "groups": 2}),
+             (("f32[1, 5, 2]", "f32[3, 2, 2]"), {"strides": (2,), "padding": ((2, 1),), "lhs_dilation": (3,)})],
 }
 for _op in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
     INSTANCES[_op] = [(("f32[4, 6]",), {"axes": (1,)}), (("f32[3, 5]",), {"axes": (0, 1)})]
@@ -167,7 +171,7 @@ GLOBAL_OPS = [name for name, op in registry.OPS.items() if not op.local_only]
 # (select, with three operands, alone takes 7,000 cases: --runslow)
 DEFAULT = ("neg", "exp", "mul", "cast", "full", "iota", "take", "shard", "transpose", "reshape",
            "broadcast_in_dim", "slice", "pad", "concat", "roll", "reduce_sum", "reduce_max", "argmax", "einsum",
-           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "pool")
+           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "pool", "conv")
 
 
 @pytest.mark.parametrize("name", DEFAULT)

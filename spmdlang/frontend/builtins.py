@@ -15,7 +15,7 @@ from ..errors import ShapeError, Span, SpmdError
 from ..ir import types as T
 from ..ir.core import Value
 from ..ir.types import TensorType
-from ..ops.contract import conv_output_size, parse_einsum
+from ..ops.contract import conv_attrs, conv_output_size, parse_einsum
 from . import ast as A
 from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
 
@@ -463,21 +463,40 @@ def _window_padding(args, shape, window, strides, name: str) -> list[tuple[int, 
                     args.span("padding"))
 
 
-@builtin("conv", "x:tensor", "w:tensor", "stride:any=1", "padding:any=SAME")
+@builtin("conv", "x:tensor", "w:tensor", "stride:any=1", "padding:any=SAME", "lhs_dilation:any=1",
+         "rhs_dilation:any=1", "groups:any=1")
 def _conv(ctx, span, args):
     x, w = tensor(ctx, args, "x"), tensor(ctx, args, "w")
     nsp = x.type.rank - 2
-    if nsp not in (1, 2):
-        raise SpmdError(f"conv supports 1-D and 2-D inputs [N, spatial..., C]; got {x.type}", args.span("x"))
+    if nsp not in (1, 2, 3):
+        raise SpmdError(f"conv supports 1-D, 2-D and 3-D inputs [N, spatial..., C]; got {x.type}", args.span("x"))
     if w.type.rank != nsp + 2:
         raise SpmdError(f"conv kernel must be [window..., C, F] with {nsp} window dim(s), got {w.type}",
                         args.span("w"))
     strides = _per_spatial_dim(args, "stride", args["stride"], nsp, "conv")
-    padding = _window_padding(args, x.type.shape[1:-1], w.type.shape[:nsp], strides, "conv")
+    lhs = _per_spatial_dim(args, "lhs_dilation", args["lhs_dilation"], nsp, "conv")
+    rhs = _per_spatial_dim(args, "rhs_dilation", args["rhs_dilation"], nsp, "conv")
+    groups = args["groups"]
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise SpmdError("conv groups must be a positive integer", args.span("groups"))
+    c, f = x.type.shape[-1], w.type.shape[-1]
+    if c % groups:
+        raise SpmdError(f"conv: {c} input channels do not divide into {groups} groups", args.span("groups"))
+    if f % groups:
+        raise SpmdError(f"conv: {f} output features (the kernel's last dim) do not divide into {groups} groups",
+                        args.span("groups"))
+    if groups > 1 and w.type.shape[-2] != c // groups:
+        raise SpmdError(f"conv: with groups={groups} the kernel must be [window..., {c // groups}, F] "
+                        f"({c} channels / {groups} groups), got {w.type}", args.span("w"))
+    if any(d > 1 for d in lhs) and args["padding"] in ("SAME", "VALID"):
+        raise SpmdError("conv with lhs_dilation > 1 (a transposed conv) needs explicit padding [[lo, hi], ...]",
+                        args.span("padding") if "padding" in args.spans else args.span("lhs_dilation"))
+    window = [(k - 1) * r + 1 for k, r in zip(w.type.shape[:nsp], rhs)]
+    padding = _window_padding(args, x.type.shape[1:-1], window, strides, "conv")
     dt = T.promote(x.type.dtype, w.type.dtype)
     dt = float_for(dt)
     x, w = ctx.cast(x, dt, span), ctx.cast(w, dt, span)
-    return ctx.b.emit("conv", x, w, span=span, strides=tuple(strides), padding=tuple(padding))
+    return ctx.b.emit("conv", x, w, span=span, **conv_attrs(strides, padding, lhs, rhs, groups))
 
 
 def _pool(kind):

@@ -70,14 +70,6 @@ def _einsum_flops(operands, results, attrs) -> int:
     return n
 
 
-def _conv_flops(operands, results, attrs) -> int:
-    x, w = operands
-    n = 2 * results[0].size
-    for s in w.shape[:-1]:
-        n *= s
-    return n
-
-
 register("einsum", doc="contraction of one or two operands over named indices (explicit output)",
          example=(("f32[8, 16]", "f32[16, 4]"), {"spec": "ij,jk->ik"}),
          infer=_einsum_infer, numpy=_einsum_numpy, flops=_einsum_flops,
@@ -87,73 +79,214 @@ register("einsum", doc="contraction of one or two operands over named indices (e
          family=Family.contract)
 
 # ---------------------------------------------------------------------------------- conv
+#
+# conv is lax.conv_general_dilated in one fixed layout: x [N, spatial..., C], w [window..., C/g, F],
+# result [N / b, spatial'..., F]. Attributes: strides and padding (one per spatial dim, padding may
+# be negative as in lax), and, left out of the IR where they are the default, lhs_dilation and
+# rhs_dilation (one per spatial dim, 1), groups (lax's feature_group_count, 1) and batch_groups
+# (lax's batch_group_count, 1). With groups g, output feature f uses the input channels of group
+# f // (F/g); with batch_groups b, it uses the input batch rows of group f // (F/b) (major).
 
 
-def conv_output_size(n: int, window: int, stride: int, lo: int, hi: int) -> int:
+def conv_output_size(n: int, window: int, stride: int, lo: int, hi: int, lhs_dilation: int = 1,
+                     rhs_dilation: int = 1) -> int:
+    n = (n - 1) * lhs_dilation + 1 if n else 0
+    window = (window - 1) * rhs_dilation + 1
     return (n + lo + hi - window) // stride + 1
+
+
+def conv_params(attrs) -> tuple[tuple[int, ...], tuple, tuple[int, ...], tuple[int, ...], int, int]:
+    """(strides, padding, lhs_dilation, rhs_dilation, groups, batch_groups), defaults filled in."""
+    nsp = len(attrs["strides"])
+    return (tuple(attrs["strides"]), tuple(tuple(p) for p in attrs["padding"]),
+            tuple(attrs.get("lhs_dilation") or (1,) * nsp), tuple(attrs.get("rhs_dilation") or (1,) * nsp),
+            int(attrs.get("groups", 1)), int(attrs.get("batch_groups", 1)))
+
+
+def conv_attrs(strides, padding, lhs_dilation=None, rhs_dilation=None, groups=1, batch_groups=1) -> dict:
+    """The IR attributes of a conv: the optional ones only where they differ from the default."""
+    nsp = len(strides)
+    attrs = {"strides": tuple(strides), "padding": tuple(tuple(p) for p in padding)}
+    if lhs_dilation is not None and tuple(lhs_dilation) != (1,) * nsp:
+        attrs["lhs_dilation"] = tuple(lhs_dilation)
+    if rhs_dilation is not None and tuple(rhs_dilation) != (1,) * nsp:
+        attrs["rhs_dilation"] = tuple(rhs_dilation)
+    if groups != 1:
+        attrs["groups"] = int(groups)
+    if batch_groups != 1:
+        attrs["batch_groups"] = int(batch_groups)
+    return attrs
+
+
+def _conv_flops(operands, results, attrs) -> int:
+    """Two flops per output element and kernel tap of its group (zeros of a dilation included)."""
+    x, w = operands
+    n = 2 * results[0].size
+    for s in w.shape[:-1]:
+        n *= s
+    return n
+
+
+def _positive(values, what: str) -> None:
+    check(all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values),
+          f"conv: {what} must be positive integers, got {list(values)}", what)
 
 
 def _conv_infer(operands, attrs):
     x, w = operands
-    strides, padding = attrs["strides"], attrs["padding"]
+    strides, padding, lhs, rhs, g, bg = conv_params(attrs)
     nsp = len(strides)
-    check(x.rank == nsp + 2, f"conv: input {x} must be [N, spatial..., C] with {nsp} spatial dim(s)")
-    check(w.rank == nsp + 2, f"conv: kernel {w} must be [window..., C, F] with {nsp} window dim(s)")
+    check(x.rank == nsp + 2, f"conv: input {x} must be [N, spatial..., C] with {nsp} spatial dim(s)", 0)
+    check(w.rank == nsp + 2, f"conv: kernel {w} must be [window..., C, F] with {nsp} window dim(s)", 1)
     check(x.dtype == w.dtype, f"conv: dtypes differ: {x} vs {w}")
     check(T.is_float(x.dtype), f"conv needs float operands, got {x}")
-    check(x.shape[-1] == w.shape[-2], f"conv: input has {x.shape[-1]} channels, kernel expects {w.shape[-2]}")
-    out = [x.shape[0]]
+    check(len(padding) == len(lhs) == len(rhs) == nsp, "conv: one padding pair and dilation per spatial dim")
+    _positive(strides, "strides")
+    _positive(lhs, "lhs_dilation")
+    _positive(rhs, "rhs_dilation")
+    _positive((g, bg), "groups")
+    check(g == 1 or bg == 1, f"conv: groups ({g}) and batch_groups ({bg}) cannot both exceed 1")
+    n, c, f = x.shape[0], x.shape[-1], w.shape[-1]
+    if g == 1:
+        check(c == w.shape[-2], f"conv: input has {c} channels, kernel expects {w.shape[-2]}", 1)
+    else:
+        check(c % g == 0, f"conv: {c} input channels do not divide into {g} groups", 0)
+        check(w.shape[-2] * g == c, f"conv: with {g} groups the kernel takes {c // g} channels per group "
+              f"(input has {c}), got {w.shape[-2]}", 1)
+    check(f % g == 0, f"conv: {f} output features do not divide into {g} groups", 1)
+    check(n % bg == 0, f"conv: batch {n} does not divide into {bg} batch groups", 0)
+    check(f % bg == 0, f"conv: {f} output features do not divide into {bg} batch groups", 1)
+    out = [n // bg]
     for i in range(nsp):
-        n = conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i])
-        check(n >= 1, f"conv: window {w.shape[i]} does not fit spatial dim {x.shape[1 + i]} "
-              f"with padding {list(padding[i])}")
-        out.append(n)
-    out.append(w.shape[-1])
+        m = conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i], lhs[i], rhs[i])
+        check(m >= 1, f"conv: window {w.shape[i]} does not fit spatial dim {x.shape[1 + i]} "
+              f"with padding {list(padding[i])}", 1)
+        out.append(m)
+    out.append(f)
     return TensorType(x.dtype, tuple(out))
 
 
 def _conv_rule(operands, results, attrs):
+    """Batch passes, spatial dims are permutations (halos), window taps replicate. Channels reduce;
+    with groups, the group index is a pass factor leading the input channels and the kernel's and
+    result's features (a group-aligned split stays local); with batch groups, it leads the input
+    batch and the features."""
     x, w = operands
+    _, _, _, _, g, bg = conv_params(attrs)
     nsp = len(attrs["strides"])
     b = RuleBuilder()
-    n = b.factor(x.shape[0])
+
+    def some(*fs):
+        return tuple(f for f in fs if f is not None)
+
+    def opt(size, kind=PASS):
+        return b.factor(size, kind) if size > 1 else None
+
+    if bg > 1:
+        grp = b.factor(bg)
+        n = opt(x.shape[0] // bg)
+    else:
+        grp = None
+        n = b.factor(x.shape[0])
     spatial = [b.factor(results[0].shape[1 + i], PERMUTATION) for i in range(nsp)]
     window = [b.factor(w.shape[i], REPLICATE) for i in range(nsp)]
-    c = b.factor(x.shape[-1], REDUCTION)
-    f = b.factor(w.shape[-1], PASS)
-    xd = [(n,)] + [(s,) for s in spatial] + [(c,)]
-    wd = [(k,) for k in window] + [(c,), (f,)]
-    od = [(n,)] + [(s,) for s in spatial] + [(f,)]
+    if g > 1:
+        grp = b.factor(g)
+        c = opt(x.shape[-1] // g, REDUCTION)
+        xc = some(grp, c)
+    else:
+        c = b.factor(x.shape[-1], REDUCTION)
+        xc = (c,)
+    f = opt(w.shape[-1] // (g * bg)) if grp is not None else b.factor(w.shape[-1], PASS)
+    feat = some(grp, f)
+    xn = some(grp, n) if bg > 1 else (n,)
+    xd = [xn] + [(s,) for s in spatial] + [xc]
+    wd = [(k,) for k in window] + [some(c), feat]
+    od = [some(n) if bg > 1 else (n,)] + [(s,) for s in spatial] + [feat]
     return b.build([xd, wd], [od])
 
 
-def conv_numpy(x, w, *, strides, padding):
-    """Direct convolution: a sum over window offsets of strided slices times kernel taps."""
+def _conv_localize(attrs, operands, shapes):
+    """Local groups: the groups a shard holds whole (the channel and feature splits are group-aligned)."""
+    x, w = operands
+    out = dict(attrs)
+    if attrs.get("groups", 1) != 1:
+        out.pop("groups")
+        if x.shape[-1] // w.shape[-2] != 1:
+            out["groups"] = x.shape[-1] // w.shape[-2]
+    if attrs.get("batch_groups", 1) != 1:
+        out.pop("batch_groups")
+        if x.shape[0] // shapes[0][0] != 1:
+            out["batch_groups"] = x.shape[0] // shapes[0][0]
+    return out
+
+
+def _dilate_pad(x, lhs, padding):
+    """x with lhs_dilation - 1 zeros between elements of each spatial dim, then padded (negative
+    padding crops), as lax.conv_general_dilated reads its input."""
+    nsp = len(lhs)
+    if any(d > 1 for d in lhs):
+        shape = [x.shape[0]] + [(n - 1) * d + 1 if n else 0 for n, d in zip(x.shape[1:-1], lhs)] + [x.shape[-1]]
+        xd = np.zeros(shape, x.dtype)
+        xd[(slice(None),) + tuple(slice(None, None, d) for d in lhs) + (slice(None),)] = x
+        x = xd
+    x = np.pad(x, [(0, 0)] + [(max(lo, 0), max(hi, 0)) for lo, hi in padding] + [(0, 0)])
+    crop = tuple(slice(max(-lo, 0), x.shape[1 + i] - max(-hi, 0)) for i, (lo, hi) in enumerate(padding))
+    assert len(crop) == nsp
+    return x[(slice(None),) + crop + (slice(None),)]
+
+
+def conv_numpy(x, w, **attrs):
+    """Direct convolution: a sum over window taps of strided slices of the dilated, padded input
+    times the kernel tap (per group)."""
+    strides, padding, lhs, rhs, g, bg = conv_params(attrs)
     dt = x.dtype
     xw, ww = T.widen(x), T.widen(w)
     nsp = len(strides)
-    xp = np.pad(xw, [(0, 0)] + [tuple(p) for p in padding] + [(0, 0)])
-    out_sp = [conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i]) for i in range(nsp)]
-    out = np.zeros((x.shape[0], *out_sp, w.shape[-1]), dtype=xw.dtype)
+    xp = _dilate_pad(xw, lhs, padding)
+    out_sp = [conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i], lhs[i], rhs[i])
+              for i in range(nsp)]
+    n, c, f = x.shape[0], x.shape[-1], w.shape[-1]
+    out = np.zeros((n // bg, *out_sp, f), dtype=np.result_type(xw.dtype, ww.dtype))
     for offset in np.ndindex(*w.shape[:nsp]):
-        idx = tuple(slice(o, o + (m - 1) * s + 1, s) for o, m, s in zip(offset, out_sp, strides))
+        idx = tuple(slice(o * r, o * r + (m - 1) * s + 1, s) for o, r, m, s in zip(offset, rhs, out_sp, strides))
         patch = xp[(slice(None),) + idx + (slice(None),)]
-        out += np.tensordot(patch, ww[offset], axes=([patch.ndim - 1], [0]))
+        tap = ww[offset]
+        if g > 1:
+            p = patch.reshape(*patch.shape[:-1], g, c // g)
+            out += np.einsum("...gc,cgf->...gf", p, tap.reshape(c // g, g, f // g)).reshape(out.shape)
+        elif bg > 1:
+            p = patch.reshape(bg, n // bg, *patch.shape[1:])
+            out += np.einsum("bn...c,cbf->n...bf", p, tap.reshape(c, bg, f // bg)).reshape(out.shape)
+        else:
+            out += np.tensordot(patch, tap, axes=([patch.ndim - 1], [0]))
     return out.astype(dt)
 
 
+_CONV_DIMS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
+
+
 def _conv_jax(args, attrs, out):
-    nsp = len(attrs["strides"])
-    spec = ("NWC", "WIO", "NWC") if nsp == 1 else ("NHWC", "HWIO", "NHWC")
-    pad = [tuple(p) for p in attrs["padding"]]
-    return (f"jax.lax.conv_general_dilated({args[0]}, {args[1]}, window_strides={tuple(attrs['strides'])}, "
-            f"padding={pad}, dimension_numbers={spec})")
+    strides, padding, lhs, rhs, g, bg = conv_params(attrs)
+    nsp = len(strides)
+    check(nsp in _CONV_DIMS, f"conv: jax emission supports 1 to 3 spatial dims, got {nsp}")
+    extra = ""
+    if lhs != (1,) * nsp:
+        extra += f", lhs_dilation={lhs}"
+    if rhs != (1,) * nsp:
+        extra += f", rhs_dilation={rhs}"
+    if g != 1:
+        extra += f", feature_group_count={g}"
+    if bg != 1:
+        extra += f", batch_group_count={bg}"
+    pad = [tuple(p) for p in padding]
+    return (f"jax.lax.conv_general_dilated({args[0]}, {args[1]}, window_strides={strides}, "
+            f"padding={pad}{extra}, dimension_numbers={_CONV_DIMS[nsp]})")
 
 
-register("conv", doc="convolution [N, spatial..., C] x [window..., C, F] -> [N, spatial..., F]",
+register("conv", doc="lax.conv_general_dilated: [N, spatial..., C] x [window..., C/groups, F] -> [N, spatial..., F]",
          example=(("f32[2, 8, 8, 3]", "f32[3, 3, 3, 5]"), {"strides": (1, 1), "padding": ((1, 1), (1, 1))}),
          infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, partition=partition_conv,
-         flops=_conv_flops,
+         flops=_conv_flops, localize=_conv_localize,
          partial=PartialMode.multilinear, reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
          family=Family.contract)
-

@@ -43,10 +43,13 @@ def _itemsize(v) -> int:
     return v.type.nbytes // max(v.type.size, 1) if v.type.size else 1
 
 
-def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
+def _costs(ctx, i: int, dims, windows, scale=None) -> tuple[float, float]:
     """(windows, gather) in the cost model (partition.cost): operand i resharded into `dims`, then
     each window one exchange whose two directions run at once; against gathering the moved dims
-    whole, which also pays for the bytes it holds beyond the windows (replicated memory)."""
+    whole, which also pays for the bytes it holds beyond the windows (replicated memory). A dim in
+    `scale` (d -> m) is windowed after m-fold dilation (conv's lhs_dilation): its windows count
+    in dilated elements, m per input element."""
+    scale = scale or {}
     v = ctx.op.operands[i]
     mesh = ctx.mesh
     cur = ctx.layout(i)
@@ -57,14 +60,16 @@ def _costs(ctx, i: int, dims, windows) -> tuple[float, float]:
     held = list(local)
     for d in {d for d, _ in windows}:
         # what the windows hold: the span every shard's window is cut from (a rotation: two)
-        held[d] = sum(_span(w, local[d], mesh.group_size(dims[d]), shape[d]) if dims[d] else shape[d]
-                      for e, w in windows if e == d)
+        m = scale.get(d, 1)
+        held[d] = sum(-(-_span(w, local[d] * m, mesh.group_size(dims[d]), shape[d] * m) // m) if dims[d]
+                      else shape[d] for e, w in windows if e == d)
     for d, w in windows:
         if not dims[d]:
             continue
         k = mesh.group_size(dims[d])
         row = isz * prod(n for e, n in enumerate(local) if e != d)
-        cost += exchange_cost(window_directions(w, local[d], k, row, shape[d]))
+        m = scale.get(d, 1)
+        cost += exchange_cost(window_directions(w, local[d] * m, k, row, shape[d] * m))
     moved = {d for d, _ in windows}
     gathered = tuple(() if d in moved else a for d, a in enumerate(cur.dims))
     whole = Sharding(gathered).local_shape(shape, mesh)
@@ -78,10 +83,10 @@ def _span(w: Window, c: int, k: int, n: int) -> int:
     return hi + w.length - lo
 
 
-def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0) -> bool:
+def _worth_it(ctx, i: int, dims, windows, replicated_work: int = 0, scale=None) -> bool:
     """Do windows cost no more than gathering the moved dims, counting the extra local work
     (`replicated_work` FLOPs) that running the op on the gathered dims would add?"""
-    window, gather = _costs(ctx, i, dims, windows)
+    window, gather = _costs(ctx, i, dims, windows, scale)
     return window <= gather + replicated_cost(0, replicated_work)
 
 
@@ -295,47 +300,98 @@ def partition_concat(ctx):
 # ---------------------------------------------------------------------------------- conv
 
 
+def _conv_window(n_out: int, k: int, stride: int, lo: int, window: int, lhs: int, rhs: int):
+    """How output shards of a conv along one split spatial dim get their input: (Window, dilated,
+    local lhs_dilation, local padding). Output shard i (c_out outputs) reads the dilated, padded
+    input at [i*c_out*stride - lo, + span), span = (c_out - 1)*stride + (window - 1)*rhs + 1.
+    Where c_out*stride is a multiple of lhs (always without lhs_dilation) every shard's window
+    starts at the same phase of the dilation: it fetches just the input elements in its span (an
+    affine window of the undilated input) and convolves them dilated, padded by the phase. Else
+    (transposed conv, uneven shards) the phase differs per shard: the input is dilated locally
+    first and the window is cut from the dilated input (`dilated`), then convolved undilated."""
+    c_out = chunk(n_out, k)
+    span = (c_out - 1) * stride + (window - 1) * rhs + 1
+    if (c_out * stride) % lhs == 0:
+        first = -(lo // lhs)  # ceil(-lo / lhs): the first input element at or after the span's start
+        phase = first * lhs + lo
+        length = (span - 1 - lo) // lhs - first + 1
+        if length >= 1:
+            hi = span - phase - (length - 1) * lhs - 1
+            return Window(a=c_out * stride // lhs, s=first, length=length, fill=0.0), False, lhs, (phase, hi)
+    return Window(a=c_out * stride, s=-lo, length=span, fill=0.0), True, 1, (0, 0)
+
+
+def _dilate_dim(ctx, x, d: int, m: int):
+    """x with m - 1 zeros after every element along dim d (size c -> c*m)."""
+    shape = x.type.shape
+    y = ctx.emit("reshape", x, shape=shape[:d + 1] + (1,) + shape[d + 1:])
+    y = ctx.pad_dim(y, d + 1, 0, m - 1, 0.0)
+    return ctx.emit("reshape", y, shape=shape[:d] + (shape[d] * m,) + shape[d + 1:])
+
+
 def partition_conv(ctx):
     """Spatially split conv: each shard exchanges only the halo rows its windows reach (zeros past
-    the image edges, as SAME/explicit padding), then convolves locally with no padding on those
-    dims. Batch and output-feature splits stay local; channel splits go through the generic path."""
+    the image edges, as SAME/explicit padding; window extents count rhs_dilation and strides), then
+    convolves locally with no padding on those dims (lhs_dilation: see _conv_window). Batch and
+    output-feature splits stay local; so do feature groups split over axes that hold whole groups
+    (the local conv runs groups/k of them); other channel splits are gathered. Output features
+    split where the groups are not aligned are computed whole and sliced by the consumer."""
+    from .contract import conv_attrs, conv_params
+
     x, w = ctx.op.operands
     out = ctx.target()
-    strides, padding = ctx.attrs["strides"], ctx.attrs["padding"]
+    strides, padding, lhs, rhs, groups, batch_groups = conv_params(ctx.attrs)
     nsp = len(strides)
     split = [i for i in range(nsp) if out.dims[1 + i]]
-    if not split or ctx.layout(0).partial or ctx.layout(1).partial:
+    if not split or batch_groups != 1 or ctx.layout(0).partial or ctx.layout(1).partial:
         return ctx.generic()
+    feat = out.dims[-1]
+    kf = ctx.mesh.group_size(feat) if feat else 1
+    aligned = groups == 1 or groups % kf == 0
+    if not aligned:
+        feat = ()
     cur = ctx.layout(0)
     xdims = [out.dims[0]]
     for i in range(nsp):
         a = out.dims[1 + i]
         xdims.append(a if a and cur.dims[1 + i] == a else ())
-    xdims.append(())
-    wdims = [()] * (nsp + 1) + [out.dims[-1]]
-    windows = []
+    xdims.append(feat if groups > 1 else ())
+    wdims = [()] * (nsp + 1) + [feat]
+    res = Sharding(tuple(out.dims[:-1]) + (feat,))
     n_out = ctx.op.result.type.shape
+    plans, windows, scale = {}, [], {}
     for i in split:
         k = ctx.mesh.group_size(out.dims[1 + i])
-        c_out = chunk(n_out[1 + i], k)
-        windows.append((1 + i, Window(a=c_out * strides[i], s=-padding[i][0],
-                                      length=(c_out - 1) * strides[i] + w.type.shape[i], fill=0.0)))
+        win, dilated, dl, pads = _conv_window(n_out[1 + i], k, strides[i], padding[i][0], w.type.shape[i],
+                                              lhs[i], rhs[i])
+        plans[i] = (win, dilated, dl, pads)
+        windows.append((1 + i, win))
+        if dilated:
+            scale[1 + i] = lhs[i]
     # gathering the spatial dims instead would run each device's conv over the whole image
-    out_t = ctx.op.result.type
-    local_out = list(Sharding(out.dims).local_shape(out_t.shape, ctx.mesh))
-    whole = [out_t.shape[d] if d in [1 + i for i in split] else n for d, n in enumerate(local_out)]
+    local_out = list(res.local_shape(n_out, ctx.mesh))
+    whole = [n_out[d] if d in [1 + i for i in split] else m for d, m in enumerate(local_out)]
     per_point = 2
-    for n in w.type.shape[:-1]:
-        per_point *= n
+    for m in w.type.shape[:-1]:
+        per_point *= m
     replicated = per_point * (prod(whole) - prod(local_out)) // max(1, local_out[-1]) * local_out[-1]
-    if not _worth_it(ctx, 0, tuple(xdims), windows, replicated):
+    if not _worth_it(ctx, 0, tuple(xdims), windows, replicated, scale):
         return ctx.generic()
     xl = ctx.reshard(0, Sharding(tuple(xdims)))
     wl = ctx.reshard(1, Sharding(tuple(wdims)))
-    for d, win in windows:
-        xl = ctx.window(xl, d, xdims[d], out.dims[d], x.type.shape[d], win)
-    pads = tuple((0, 0) if i in split else tuple(padding[i]) for i in range(nsp))
-    ctx.set_result(ctx.emit("conv", xl, wl, strides=tuple(strides), padding=pads), out)
+    pads, lhs_local = list(padding), list(lhs)
+    for i in split:
+        win, dilated, dl, pad = plans[i]
+        d = 1 + i
+        n = x.type.shape[d]
+        if dilated:
+            xl = _dilate_dim(ctx, xl, d, lhs[i])
+            n *= lhs[i]
+        xl = ctx.window(xl, d, xdims[d], out.dims[d], n, win)
+        pads[i], lhs_local[i] = pad, dl
+    g_local = groups // kf if groups > 1 and feat else groups
+    attrs = conv_attrs(strides, pads, lhs_local, rhs, g_local)
+    ctx.set_result(ctx.emit("conv", xl, wl, **attrs), res)
 
 
 # ---------------------------------------------------------------------------------- reshape
