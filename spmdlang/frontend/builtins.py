@@ -405,36 +405,8 @@ def _einsum(ctx, span, args):
         for c, n in zip(letters, v.type.shape):
             if sizes.setdefault(c, n) != n:
                 raise SpmdError(f'einsum "{spec}": index {c} is {sizes[c]} in one operand and {n} in another', span)
-    return _einsum_pairwise(ctx, span, list(zip(ins, ops)), out, sizes)
-
-
-def _einsum_pairwise(ctx, span, terms, out: str, sizes) -> Value:
-    """Contract many operands two at a time, cheapest pair first (opt_einsum's greedy order): a
-    pair costs the product of the sizes of all its indices (its FLOPs), ties broken by the size of
-    what it leaves; each step keeps only the indices the output or a remaining operand still needs.
-    Each pairwise einsum is then partitioned on its own, so its communication is planned there."""
-    def size(letters):
-        n = 1
-        for c in letters:
-            n *= sizes[c]
-        return n
-
-    while len(terms) > 2:
-        best = None
-        for i in range(len(terms)):
-            for j in range(i + 1, len(terms)):
-                rest = set(out).union(*(set(t[0]) for k, t in enumerate(terms) if k not in (i, j)))
-                both = terms[i][0] + "".join(c for c in terms[j][0] if c not in terms[i][0])
-                keep = "".join(c for c in both if c in rest)
-                key = (size(both), size(keep), i, j)
-                if best is None or key < best[0]:
-                    best = (key, i, j, keep)
-        _, i, j, keep = best
-        (a, x), (b, y) = terms[i], terms[j]
-        v = ctx.b.emit("einsum", x, y, span=span, spec=f"{a},{b}->{keep}")
-        terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [(keep, v)]
-    (a, x), (b, y) = terms
-    return ctx.b.emit("einsum", x, y, span=span, spec=f"{a},{b}->{out}")
+    # one op: partitioning picks the order of pairwise contractions (ops/contract.py)
+    return ctx.b.emit("einsum", *ops, span=span, spec=spec)
 
 
 def _per_spatial_dim(args, what: str, v, nsp: int, name: str) -> list[int]:

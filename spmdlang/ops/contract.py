@@ -60,22 +60,153 @@ def _einsum_jax(args, attrs, out):
     return f"{text}.astype({T.jnp_dtype(out[0].dtype)})" if acc else text
 
 
+def _size(letters, sizes) -> int:
+    n = 1
+    for c in letters:
+        n *= sizes[c]
+    return n
+
+
+def _merge(terms, i: int, j: int, out: str) -> tuple[str, str]:
+    """(all indices, indices kept) of contracting terms i and j: kept are those the output or
+    another remaining term still needs."""
+    rest = set(out).union(*(set(t) for k, t in enumerate(terms) if k not in (i, j)))
+    both = terms[i] + "".join(c for c in terms[j] if c not in terms[i])
+    return both, "".join(c for c in both if c in rest)
+
+
+def _greedy_step(terms, out: str, sizes) -> tuple[int, int, str]:
+    """opt_einsum's greedy choice: the pair with the fewest FLOPs, ties by the size it leaves."""
+    best = None
+    for i in range(len(terms)):
+        for j in range(i + 1, len(terms)):
+            both, keep = _merge(terms, i, j, out)
+            key = (_size(both, sizes), _size(keep, sizes), i, j)
+            if best is None or key < best[0]:
+                best = (key, i, j, keep)
+    return best[1], best[2], best[3]
+
+
+def contraction_orders(ins, out: str, sizes, exhaustive: int = 4):
+    """Orders of pairwise contractions of many operands, each a list of (i, j, kept indices) over
+    the list of terms in which each step's result is appended (the last two terms then contract
+    to `out`). The FLOPs-greedy order comes first; every order follows for up to `exhaustive`
+    terms (18 for four); beyond that the first contractions are the greedy ones."""
+    terms, prefix = list(ins), []
+    while len(terms) > exhaustive:
+        i, j, keep = _greedy_step(terms, out, sizes)
+        prefix.append((i, j, keep))
+        terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [keep]
+
+    def greedy(ts):
+        seq = []
+        while len(ts) > 2:
+            i, j, keep = _greedy_step(ts, out, sizes)
+            seq.append((i, j, keep))
+            ts = [t for k, t in enumerate(ts) if k not in (i, j)] + [keep]
+        return seq
+
+    def every(ts):
+        if len(ts) <= 2:
+            yield []
+            return
+        for i in range(len(ts)):
+            for j in range(i + 1, len(ts)):
+                _, keep = _merge(ts, i, j, out)
+                for rest in every([t for k, t in enumerate(ts) if k not in (i, j)] + [keep]):
+                    yield [(i, j, keep)] + rest
+
+    first = greedy(terms)
+    yield prefix + first
+    for seq in every(terms):
+        if seq != first:
+            yield prefix + seq
+
+
+def order_flops(ins, out: str, sizes, seq) -> int:
+    """FLOPs of contracting in the order `seq` (two per multiply-add)."""
+    terms, n = list(ins), 0
+    for i, j, keep in seq:
+        both, _ = _merge(terms, i, j, out)
+        n += 2 * _size(both, sizes)
+        terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [keep]
+    if len(terms) == 2:
+        n += 2 * _size(terms[0] + "".join(c for c in terms[1] if c not in terms[0]), sizes)
+    return n
+
+
 def _einsum_flops(operands, results, attrs) -> int:
-    """One multiply-add (2 flops) per point of the index space; a one-operand einsum only adds."""
-    ins, _ = parse_einsum(attrs["spec"], [t.rank for t in operands])
+    """One multiply-add (2 flops) per point of the index space; a one-operand einsum only adds;
+    three or more operands count the FLOPs-greedy order of pairwise contractions."""
+    ins, out = parse_einsum(attrs["spec"], [t.rank for t in operands])
     sizes = {c: n for letters, t in zip(ins, operands) for c, n in zip(letters, t.shape)}
+    if len(operands) > 2:
+        return order_flops(ins, out, sizes, next(contraction_orders(ins, out, sizes, exhaustive=2)))
     n = 2 if len(operands) > 1 else 1
     for s in sizes.values():
         n *= s
     return n
 
 
-register("einsum", doc="contraction of one or two operands over named indices (explicit output)",
+def _einsum_partition(ctx):
+    """One or two operands: by the factor rule. More: two at a time, in the order the cost model
+    (partition.cost: bytes moved plus local FLOPs) finds cheapest, each pairwise step partitioned
+    by its own factor rule; an intermediate is planned with the splits its indices have in the
+    operands' layouts and the result's (the result's first). Ties go to fewer FLOPs, then to the
+    FLOPs-greedy order."""
+    op = ctx.op
+    if len(op.operands) <= 2:
+        return ctx.generic()
+    from ..ir.core import Op, Value, freeze
+    from ..ir.mesh import Sharding
+
+    ins, out = parse_einsum(op.attrs["spec"], [v.type.rank for v in op.operands])
+    sizes = {c: n for letters, v in zip(ins, op.operands) for c, n in zip(letters, v.type.shape)}
+    dtype = op.result.type.dtype
+    axes_of: dict[str, tuple[str, ...]] = {}
+    used: set[str] = set()
+    for letters, dims in [(out, ctx.target().dims)] + [(ins[i], ctx.layout(i).dims) for i in range(len(ins))]:
+        for c, axes in zip(letters, dims):
+            if axes and c not in axes_of and not used & set(axes) and ctx.mesh.group_size(axes) <= sizes[c]:
+                axes_of[c] = tuple(axes)
+                used |= set(axes)
+
+    def plan(seq):
+        terms = list(zip(ins, op.operands))
+        steps, layouts, cost = [], {}, 0.0
+        for n, (i, j, keep) in enumerate(seq + [(0, 1, None)]):
+            if keep is None:
+                (a, x), (b, y) = terms
+                result, keep, target = op.results[0], out, ctx.target()
+            else:
+                (a, x), (b, y) = terms[i], terms[j]
+                result = Value(TensorType(dtype, tuple(sizes[c] for c in keep)))
+                target = Sharding(tuple(axes_of.get(c, ()) for c in keep))
+            step = Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{keep}"}), op.span)
+            c, layouts[result] = ctx.trial(step, target, layouts, passing=result is not op.results[0])
+            cost += c
+            steps.append((step, target))
+            if n < len(seq):
+                terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [(keep, result)]
+        return cost, steps
+
+    best = None
+    for k, seq in enumerate(contraction_orders(ins, out, sizes)):
+        cost, steps = plan(seq)
+        key = (round(cost, 6), order_flops(ins, out, sizes, seq), k)
+        if best is None or key < best[0]:
+            best = (key, steps)
+    for step, target in best[1]:
+        ctx.step(step, target, passing=step.results[0] is not op.results[0])
+
+
+register("einsum", doc="contraction of any number of operands over named indices (explicit output)",
          example=(("f32[8, 16]", "f32[16, 4]"), {"spec": "ij,jk->ik"}),
          infer=_einsum_infer, numpy=_einsum_numpy, flops=_einsum_flops,
          rule=lambda ops, res, attrs: einsum_rule(attrs["spec"].replace(" ", ""), [t.shape for t in ops],
                                                   res[0].shape),
-         jax=_einsum_jax, partial=PartialMode.multilinear, reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
+         jax=_einsum_jax, partition=_einsum_partition, partial=PartialMode.multilinear,
+         reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
          family=Family.contract)
 
 # ---------------------------------------------------------------------------------- conv

@@ -81,6 +81,7 @@ class Partitioner:
         self.trivial = any(size == 1 for _, size in self.mesh.axes)
         self.user_ops: dict[Value, list[Op]] | None = None
         self.memo: dict = {}
+        self.passing: set[Value] = set()  # intermediates of custom steps whose pending sums flow on
 
     # ------------------------------------------------------------------ emission helpers
 
@@ -355,6 +356,44 @@ class Partitioner:
         return out
 
     def choose(self, op: Op, rule: FactorRule, forbid):
+        return self._best(op, rule, forbid)[1:]
+
+    def trial(self, op: Op, target: Sharding, layouts: dict[Value, Sharding],
+              passing: bool = False) -> tuple[float, Sharding]:
+        """What-if for custom steps choosing between decompositions: (cost in the planner's unit,
+        result layout) of partitioning `op` generically with its result planned as `target`, where
+        operands not computed yet have the layouts in `layouts`; a `passing` result may keep a
+        pending sum for the next step to take on. Emits nothing."""
+        if passing:
+            self.passing.add(op.results[0])
+        added = [v for v in layouts if v not in self.state]
+        for v in added:
+            self.state[v] = (None, layouts[v])
+        r = op.results[0]
+        old = self.prop.shardings.get(r)
+        self.prop.shardings[r] = target
+        try:
+            (cost, _), _, _, outs = self._best(op, op_rule(op), frozenset())
+        finally:
+            for v in added:
+                del self.state[v]
+            if old is None:
+                del self.prop.shardings[r]
+            else:
+                self.prop.shardings[r] = old
+        return cost, outs[0]
+
+    def step(self, op: Op, target: Sharding | None = None, passing: bool = False) -> None:
+        """Partition `op`, one step of a custom decomposition (not an op of the global program),
+        generically; its result planned as `target` (None: as propagation planned it), keeping a
+        pending sum for the next step where `passing`."""
+        if passing:
+            self.passing.add(op.results[0])
+        if target is not None:
+            self.prop.shardings[op.results[0]] = target
+        self.generic(op)
+
+    def _best(self, op: Op, rule: FactorRule, forbid):
         cands = self._factor_candidates(op, rule, forbid)
         total = 1
         for c in cands:
@@ -382,7 +421,7 @@ class Partitioner:
                 if best is None or plan[0] < best[0]:
                     best = plan
         assert best is not None, f"no way to partition {op.kind}"
-        return best[1:]
+        return best
 
     def _plan(self, op, rule, fa, keep, mode, partials):
         """Cost and layouts of running `op` with factor split `fa`; None if not allowed."""
@@ -422,6 +461,8 @@ class Partitioner:
             partial = self.mesh.order(set(kept) | set(reduced))
             out = Sharding(dims, partial, frozenset(), red_op if reduced else "sum")
             outs.append(out)
+            if r in self.passing:  # the next step reshards it (or takes its pending sum on): charged there
+                continue
             want = self.target(r).closed().with_partial(())
             cost += comm_cost(plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want))
         # local work: the op's FLOPs plus the elements it writes (so that even data movement
@@ -562,6 +603,19 @@ class OpContext:
     def generic(self, forbid=frozenset()) -> None:
         """Partition the op by its factor rule instead (never splitting the factors in `forbid`)."""
         self._p.generic(self.op, frozenset(forbid))
+
+    def trial(self, op: Op, target: Sharding, layouts: dict[Value, Sharding],
+              passing: bool = False) -> tuple[float, Sharding]:
+        """(cost, result layout) of partitioning `op` (a step of a decomposition of this op, over
+        this op's operands and earlier steps' results, whose layouts are in `layouts`) generically
+        with its result planned as `target`, in the cost model's unit; emits nothing. A `passing`
+        result (an intermediate) may keep a pending sum that a later step takes on."""
+        return self._p.trial(op, target, layouts, passing)
+
+    def step(self, op: Op, target: Sharding | None = None, passing: bool = False) -> None:
+        """Partition one step of a decomposition of this op generically (its result planned as
+        `target`; the last step must produce this op's result, as propagation planned it)."""
+        self._p.step(op, target, passing)
 
     # ---- emission
 
