@@ -340,6 +340,32 @@ func main(x: f32[48, 8] {_, _}, ids: i32[16] {p}, u: f32[16, 8] {p, _}) -> f32[4
     assert d["ok"], d["results"]
 
 
+@pytest.mark.parametrize("rows, batch, plan", [(16, 4096, "updates"), (4096, 8, "table")])
+def test_scatter_add_picks_its_plan_by_the_cost_model(rows, batch, plan):
+    """Table and updates split over the same axis: either the table keeps its split and the ids and
+    updates are gathered, or the updates keep theirs and the table is gathered, scattered into as a
+    pending sum and reduce-scattered back. Many updates into a small table: the second (the table
+    moves, twice); a big table and few updates: the first (the updates move)."""
+    src = f"""mesh [p=4]
+func main(x: f32[{rows}, 8] {{p, _}}, ids: i32[{batch}] {{p}}, u: f32[{batch}, 8] {{p, _}})
+    -> f32[{rows}, 8] {{p, _}} {{
+  return scatter_add(x, ids, u)
+}}
+"""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 8)).astype(f32)
+    ids = rng.integers(-1, rows + 1, (batch,)).astype(np.int32)
+    u = rng.standard_normal((batch, 8)).astype(f32)
+    c = run_sharded(src, {"x": x, "ids": ids, "u": u}, _scatter(x, ids, u), backends=("ref", "sim"), tol=1e-4)
+    table, updates = rows * 8 * 4, batch * 9 * 4
+    if plan == "updates":
+        assert kinds(c) == ["all_gather", "reduce_scatter"]  # the table, both ways: 2 x 3/4 of it
+        assert total_bytes(c) == 2 * table * 3 / 4 < updates * 3 / 4
+    else:
+        assert sorted(kinds(c)) == ["all_gather", "all_gather"]  # ids and updates
+        assert total_bytes(c) == updates * 3 / 4 < table * 3 / 4
+
+
 def test_jax_module_names_never_collide_with_a_parameter_named_like_a_temporary():
     src = """mesh [p=2]
 func main(t2: f32[4, 6] {p, _}, t1: f32[4, 6]) -> f32[4, 6] {

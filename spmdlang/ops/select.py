@@ -248,18 +248,55 @@ def _scatter_jax(args, attrs, out):
     return f"jnp.moveaxis(jnp.moveaxis({x}, {axis}, 0).at[{at}].add({u}), 0, {axis})"
 
 
-def _scatter_partition(ctx):
-    """The table keeps its splits: along the scattered axis each shard adds the ids in its own range
-    and drops the rest (no communication). Ids and updates keep their splits on id dims: then each
-    shard scatters its own updates (the table counted on one shard of them) and the result is a
-    pending sum over those axes, settled by the consumer."""
-    x, ids, upd = ctx.op.operands
+def _scatter_plans(ctx):
+    """The layouts scatter_add can run in without gathering everything: (x dims, ids dims, pending
+    axes). "table": the table keeps its splits, the scattered axis included (each shard adds the
+    ids in its range), and the ids/updates give up the axes the table uses. "updates": the ids and
+    updates keep their splits, the table gives up the axes they use on its scattered axis; each
+    shard scatters its own updates and the result is a pending sum over those axes."""
     axis = ctx.attrs["axis"]
     xs, js = ctx.layout(0), ctx.layout(1)
-    xdims = xs.dims
-    used = {a for d in xdims for a in d}
-    jdims = tuple(tuple(a for a in d if a not in used) for d in js.dims)
-    summed = ctx.mesh.order({a for d in jdims for a in d})
+    plans = []
+    for kind in ("table", "updates"):
+        xdims = list(xs.dims)
+        if kind == "updates":
+            ids_axes = {a for d in js.dims for a in d}
+            if not ids_axes & set(xdims[axis]):
+                continue  # the same as "table"
+            xdims[axis] = tuple(a for a in xdims[axis] if a not in ids_axes)
+        used = {a for d in xdims for a in d}
+        jdims = tuple(tuple(a for a in d if a not in used) for d in js.dims)
+        summed = ctx.mesh.order({a for d in jdims for a in d})
+        plans.append((kind, tuple(xdims), jdims, summed))
+    return plans
+
+
+def _scatter_cost(ctx, xdims, jdims, summed) -> float:
+    """Bytes (and latency) of a plan in the cost model: the operands resharded into it and the
+    result from it into its planned layout."""
+    from ..partition.cost import comm_cost
+    from ..partition.reshard import plan_reshard
+
+    axis = ctx.attrs["axis"]
+    want = [Sharding(xdims), Sharding(jdims), Sharding(xdims[:axis] + jdims + xdims[axis + 1:])]
+    cost = 0.0
+    for i, (v, s) in enumerate(zip(ctx.op.operands, want)):
+        cost += comm_cost(plan_reshard(v.type.shape, T.itemsize(v.type.dtype), ctx.mesh, ctx.layout(i), s))
+    r = ctx.op.result
+    out = Sharding(xdims, summed, frozenset(), "sum") if summed else Sharding(xdims)
+    return cost + comm_cost(plan_reshard(r.type.shape, T.itemsize(r.type.dtype), ctx.mesh, out, ctx.target()))
+
+
+def _scatter_partition(ctx):
+    """Of the plans of `_scatter_plans`, the cheapest in the cost model (ties: the table keeps its
+    splits). Along the scattered axis each shard adds the ids in its own range and drops the rest
+    (no communication); on split id dims each shard scatters its own updates (the table counted
+    on one shard of them) and the result is a pending sum over those axes, settled by the
+    consumer (a reduce_scatter where it wants the table split)."""
+    x, ids, upd = ctx.op.operands
+    axis = ctx.attrs["axis"]
+    plans = _scatter_plans(ctx)
+    _, xdims, jdims, summed = min(plans, key=lambda p: _scatter_cost(ctx, *p[1:])) if len(plans) > 1 else plans[0]
     if not xdims[axis] and not summed:
         return ctx.generic()
     x_local = ctx.reshard(0, Sharding(xdims))
