@@ -275,3 +275,24 @@ def test_cli_error_has_a_caret_and_exit_1(tmp_path):
     assert r.returncode == 1
     assert f"{f}:3:12: error: an index must be an integer scalar" in r.stderr
     assert "^" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_xla_update_past_the_end_reproduction():
+    """docs/known_xla_issues.md #5: why the emitted modules clamp starts themselves."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "known_xla_issues.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", doc.split("## 5.", 1)[1], re.S)[0]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "unsharded [ 0.  1.  2.  3. -1.]" in out.stdout
+    assert "sharded   [0. 1. 2. 3. 4.]" in out.stdout, f"XLA is right now? update the page\n{out.stdout}"
+    c = spmdlang.compile("mesh [q=2]\nfunc main(x: f32[5] {q}, u: f32[1], t: i32[]) -> f32[5] {\n"
+                         "  return dynamic_update_slice(x, u, [t])\n}\n")
+    inputs = {"x": np.arange(5, dtype=np.float32), "u": np.array([-1], np.float32), "t": np.int32(7)}
+    assert c.diff(inputs, backends=["ref", "sim", "jax", "xla"])["ok"]
