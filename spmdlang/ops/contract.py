@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 
 from ..ir import types as T
+from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder, einsum_rule
-from .moving import partition_conv
+from ..partition.halo import Window
+from ..partition.reshard import chunk
+from .moving import _worth_it
 from .registry import Family, PartialMode, ReduceKind, check, register
 
 # ---------------------------------------------------------------------------------- einsum
@@ -158,7 +163,6 @@ def _einsum_partition(ctx):
     if len(op.operands) <= 2:
         return ctx.generic()
     from ..ir.core import Op, Value, freeze
-    from ..ir.mesh import Sharding
 
     ins, out = parse_einsum(op.attrs["spec"], [v.type.rank for v in op.operands])
     sizes = {c: n for letters, v in zip(ins, op.operands) for c, n in zip(letters, v.type.shape)}
@@ -413,6 +417,98 @@ def _conv_jax(args, attrs, out):
     pad = [tuple(p) for p in padding]
     return (f"jax.lax.conv_general_dilated({args[0]}, {args[1]}, window_strides={strides}, "
             f"padding={pad}{extra}, dimension_numbers={_CONV_DIMS[nsp]})")
+
+
+def _conv_window(n_out: int, k: int, stride: int, lo: int, window: int, lhs: int, rhs: int):
+    """How output shards of a conv along one split spatial dim get their input: (Window, dilated,
+    local lhs_dilation, local padding). Output shard i (c_out outputs) reads the dilated, padded
+    input at [i*c_out*stride - lo, + span), span = (c_out - 1)*stride + (window - 1)*rhs + 1.
+    Where c_out*stride is a multiple of lhs (always without lhs_dilation) every shard's window
+    starts at the same phase of the dilation: it fetches just the input elements in its span (an
+    affine window of the undilated input) and convolves them dilated, padded by the phase. Else
+    (transposed conv, uneven shards) the phase differs per shard: the input is dilated locally
+    first and the window is cut from the dilated input (`dilated`), then convolved undilated."""
+    c_out = chunk(n_out, k)
+    span = (c_out - 1) * stride + (window - 1) * rhs + 1
+    if (c_out * stride) % lhs == 0:
+        first = -(lo // lhs)  # ceil(-lo / lhs): the first input element at or after the span's start
+        phase = first * lhs + lo
+        length = (span - 1 - lo) // lhs - first + 1
+        if length >= 1:
+            hi = span - phase - (length - 1) * lhs - 1
+            return Window(a=c_out * stride // lhs, s=first, length=length, fill=0.0), False, lhs, (phase, hi)
+    return Window(a=c_out * stride, s=-lo, length=span, fill=0.0), True, 1, (0, 0)
+
+
+def _dilate_dim(ctx, x, d: int, m: int):
+    """x with m - 1 zeros after every element along dim d (size c -> c*m)."""
+    shape = x.type.shape
+    y = ctx.emit("reshape", x, shape=shape[:d + 1] + (1,) + shape[d + 1:])
+    y = ctx.pad_dim(y, d + 1, 0, m - 1, 0.0)
+    return ctx.emit("reshape", y, shape=shape[:d] + (shape[d] * m,) + shape[d + 1:])
+
+
+def partition_conv(ctx):
+    """Spatially split conv: each shard exchanges only the halo rows its windows reach (zeros past
+    the image edges, as SAME/explicit padding; window extents count rhs_dilation and strides), then
+    convolves locally with no padding on those dims (lhs_dilation: see _conv_window). Batch and
+    output-feature splits stay local; so do feature groups split over axes that hold whole groups
+    (the local conv runs groups/k of them); other channel splits are gathered. Output features
+    split where the groups are not aligned are computed whole and sliced by the consumer."""
+    x, w = ctx.op.operands
+    out = ctx.target()
+    strides, padding, lhs, rhs, groups, batch_groups = conv_params(ctx.attrs)
+    nsp = len(strides)
+    split = [i for i in range(nsp) if out.dims[1 + i]]
+    if not split or batch_groups != 1 or ctx.layout(0).partial or ctx.layout(1).partial:
+        return ctx.generic()
+    feat = out.dims[-1]
+    kf = ctx.mesh.group_size(feat) if feat else 1
+    aligned = groups == 1 or groups % kf == 0
+    if not aligned:
+        feat = ()
+    cur = ctx.layout(0)
+    xdims = [out.dims[0]]
+    for i in range(nsp):
+        a = out.dims[1 + i]
+        xdims.append(a if a and cur.dims[1 + i] == a else ())
+    xdims.append(feat if groups > 1 else ())
+    wdims = [()] * (nsp + 1) + [feat]
+    res = Sharding(tuple(out.dims[:-1]) + (feat,))
+    n_out = ctx.op.result.type.shape
+    plans, windows, scale = {}, [], {}
+    for i in split:
+        k = ctx.mesh.group_size(out.dims[1 + i])
+        win, dilated, dl, pads = _conv_window(n_out[1 + i], k, strides[i], padding[i][0], w.type.shape[i],
+                                              lhs[i], rhs[i])
+        plans[i] = (win, dilated, dl, pads)
+        windows.append((1 + i, win))
+        if dilated:
+            scale[1 + i] = lhs[i]
+    # gathering the spatial dims instead would run each device's conv over the whole image
+    local_out = list(res.local_shape(n_out, ctx.mesh))
+    whole = [n_out[d] if d in [1 + i for i in split] else m for d, m in enumerate(local_out)]
+    per_point = 2
+    for m in w.type.shape[:-1]:
+        per_point *= m
+    replicated = per_point * (prod(whole) - prod(local_out)) // max(1, local_out[-1]) * local_out[-1]
+    if not _worth_it(ctx, 0, tuple(xdims), windows, replicated, scale):
+        return ctx.generic()
+    xl = ctx.reshard(0, Sharding(tuple(xdims)))
+    wl = ctx.reshard(1, Sharding(tuple(wdims)))
+    pads, lhs_local = list(padding), list(lhs)
+    for i in split:
+        win, dilated, dl, pad = plans[i]
+        d = 1 + i
+        n = x.type.shape[d]
+        if dilated:
+            xl = _dilate_dim(ctx, xl, d, lhs[i])
+            n *= lhs[i]
+        xl = ctx.window(xl, d, xdims[d], out.dims[d], n, win)
+        pads[i], lhs_local[i] = pad, dl
+    g_local = groups // kf if groups > 1 and feat else groups
+    attrs = conv_attrs(strides, pads, lhs_local, rhs, g_local)
+    ctx.set_result(ctx.emit("conv", xl, wl, **attrs), res)
 
 
 register("conv", doc="lax.conv_general_dilated: [N, spatial..., C] x [window..., C/groups, F] -> [N, spatial..., F]",
