@@ -1,0 +1,126 @@
+"""Plan tests for training steps, with the backward passes written by hand (plain forward code
+computing the gradients, as reverse-mode differentiation would): where a weight gradient (a
+pending sum over `data`) is settled, and how summed input gradients are reduced.
+
+- a replicated update settles its gradient with an all_reduce (combined across weights);
+- a sharded update or optimizer state settles it with a reduce_scatter straight into the shard,
+  never an all_reduce and a slice;
+- a sum of pending sums (the q, k, v input gradients of attention) is added first and reduced once.
+
+Each test also checks the mesh simulator against the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import spmdlang
+from spmdlang.ir.verify import verify
+from spmdlang.partition.reshard import step_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+PATTERNS = ROOT / "benchmarks" / "patterns"
+F32 = 4
+
+
+def compiled(src, mesh=None, consts=None):
+    c = spmdlang.compile(src, mesh=mesh, consts=consts)
+    verify(c.spmd.program)
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], f"sim != ref: {d['results']}\n{c.spmd_ir}"
+    return c
+
+
+def plan(c) -> list[tuple[str, tuple[str, ...]]]:
+    return [(e.kind, tuple(e.axes)) for e in c.spmd.ledger]
+
+
+def total_bytes(c) -> float:
+    return sum(e.bytes_per_device for e in c.spmd.ledger)
+
+
+def test_data_parallel_sgd_is_one_combined_all_reduce():
+    c = compiled(str(PATTERNS / "train_dp_mlp.spmd"), consts={"B": 256, "D": 16, "F": 32})
+    assert plan(c) == [("all_reduce", ("data",))]
+    # both gradients, whole ([D, F] and [F, D]), in one all_reduce over 8 devices
+    assert total_bytes(c) == step_bytes("all_reduce", 8, 2 * 16 * 32 * F32)
+
+
+def test_megatron_sgd_settles_gradients_over_data_once():
+    c = compiled(str(PATTERNS / "train_mlp_sgd.spmd"), consts={"B": 64, "D": 16, "F": 32})
+    assert sorted(plan(c)) == [("all_reduce", ("data",)), ("all_reduce", ("model",))]
+    data = next(e for e in c.spmd.ledger if e.axes == ("data",))
+    # each device holds a quarter (model) of each gradient: [16, 32/4] and [32/4, 16]
+    assert data.bytes_per_device == step_bytes("all_reduce", 2, 2 * 16 * 8 * F32)
+
+
+SHARDED_SGD = """
+mesh [data=8]
+func main(x: f32[256, 16] {data, _}, y: f32[256, 16] {data, _}, w: f32[16, 32] {data, _},
+          w2: f32[32, 16] {data, _}) -> (f32[16, 32] {data, _}, f32[32, 16] {data, _}) {
+  h = x @ w
+  dy = h @ w2 - y
+  g2 = einsum("bf,bd->fd", h, dy)
+  g = einsum("bd,bf->df", x, einsum("bd,fd->bf", dy, w2))
+  return w - 0.1 * g, w2 - 0.1 * g2
+}
+"""
+
+
+def test_sharded_update_reduce_scatters_the_gradient():
+    c = compiled(SHARDED_SGD)
+    kinds = plan(c)
+    # the weights are gathered for the forward pass (ZeRO-3), each gradient scattered into its shard
+    assert sorted(kinds) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))] * 2
+    scatters = [e for e in c.spmd.ledger if e.kind == "reduce_scatter"]
+    assert [e.bytes_per_device for e in scatters] == [step_bytes("reduce_scatter", 8, 16 * 32 * F32)] * 2
+    assert "all_reduce" not in [op.kind for op in c.spmd.program.ops]
+
+
+def test_sharded_adam_state_reduce_scatters_without_shard_annotation():
+    # the gradients are not annotated: the sharded m and v pull them onto `data`, so each is
+    # scattered, the update runs on a shard, and the replicated new weights are gathered
+    src = (PATTERNS / "train_zero.spmd").read_text().replace("shard(einsum", "(einsum").replace(", {data, _})", ")")
+    assert "= shard(" not in src
+    c = compiled(src, consts={"B": 256, "D": 16, "F": 32})
+    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))] * 2
+    assert str(c.shardings["g1"]) == "{data, _}" and str(c.shardings["g2"]) == "{data, _}"
+
+
+def test_hand_written_weight_update_sharding_halves_the_bytes():
+    c = compiled(str(PATTERNS / "train_zero.spmd"), consts={"B": 256, "D": 16, "F": 32})
+    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))] * 2
+    whole = 16 * 32 * F32
+    # reduce_scatter + all_gather of each weight: as much as ONE all_reduce of it, where XLA
+    # runs an all_reduce (the same again as the all_gathers) and slices
+    assert total_bytes(c) == 2 * (step_bytes("reduce_scatter", 8, whole) + step_bytes("all_gather", 8, whole // 8))
+    assert total_bytes(c) == 2 * step_bytes("all_reduce", 8, whole)
+
+
+SUMMED = """
+mesh [data=2, model=4]
+func main(h: f32[4, 8, 32] {data, _, _}, dq: f32[4, 8, 32] {data, _, model}, dk: f32[4, 8, 32] {data, _, model},
+          dv: f32[4, 8, 32] {data, _, model}, wq: f32[32, 32] {_, model}, wk: f32[32, 32] {_, model},
+          wv: f32[32, 32] {_, model}, g: f32[32]) -> (f32[4, 8, 32] {data, _, _}, f32[32, 32] {_, model}) {
+  dh = einsum("bse,de->bsd", dq, wq) + einsum("bse,de->bsd", dk, wk) + einsum("bse,de->bsd", dv, wv)
+  dn = dh * g
+  dx = dn - mean(dn, axis=-1, keepdims=true)
+  return dx, wq - 0.1 * einsum("bsd,bse->de", h, dq)
+}
+"""
+
+
+def test_summed_input_gradients_are_reduced_once():
+    c = compiled(SUMMED)
+    model = [e for e in c.spmd.ledger if e.axes == ("model",)]
+    # the three pending sums over `model` are added first: one all_reduce of one [4/2, 8, 32]
+    assert [e.kind for e in model] == ["all_reduce"]
+    assert model[0].bytes_per_device == step_bytes("all_reduce", 4, 2 * 8 * 32 * F32)
+
+
+def test_transformer_backward_reduces_the_qkv_input_gradients_once():
+    c = compiled(str(PATTERNS / "train_transformer_adam.spmd"), consts={"B": 2, "S": 8, "H": 4, "DH": 4, "F": 32})
+    # forward attention output, the FFN's and the attention's input gradients (one each, the q, k, v
+    # terms summed first), and one combined all_reduce of the weight gradients over `data`
+    assert sorted(plan(c)) == [("all_reduce", ("data",))] + [("all_reduce", ("model",))] * 3
+    act = step_bytes("all_reduce", 4, 1 * 8 * 16 * F32)  # one [B/2, S, D] activation gradient
+    assert [e.bytes_per_device for e in c.spmd.ledger if e.axes == ("model",)] == [act] * 3
