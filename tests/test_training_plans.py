@@ -70,10 +70,12 @@ def test_sharded_update_reduce_scatters_the_gradient():
     c = compiled(SHARDED_SGD)
     kinds = plan(c)
     # the weights are gathered for the forward pass (ZeRO-3), each gradient scattered into its shard
-    assert sorted(kinds) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))] * 2
+    # (the two gradients' reduce_scatters combined into one, as XLA's combiner would)
+    assert sorted(kinds) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
     scatters = [e for e in c.spmd.ledger if e.kind == "reduce_scatter"]
-    assert [e.bytes_per_device for e in scatters] == [step_bytes("reduce_scatter", 8, 16 * 32 * F32)] * 2
+    assert [e.bytes_per_device for e in scatters] == [step_bytes("reduce_scatter", 8, 2 * 16 * 32 * F32)]
     assert "all_reduce" not in [op.kind for op in c.spmd.program.ops]
+    assert [op.kind for op in c.spmd.program.ops].count("reduce_scatter") == 1
 
 
 def test_sharded_adam_state_reduce_scatters_without_shard_annotation():
@@ -82,13 +84,13 @@ def test_sharded_adam_state_reduce_scatters_without_shard_annotation():
     src = (PATTERNS / "train_zero.spmd").read_text().replace("shard(einsum", "(einsum").replace(", {data, _})", ")")
     assert "= shard(" not in src
     c = compiled(src, consts={"B": 256, "D": 16, "F": 32})
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))] * 2
+    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
     assert str(c.shardings["g1"]) == "{data, _}" and str(c.shardings["g2"]) == "{data, _}"
 
 
 def test_hand_written_weight_update_sharding_halves_the_bytes():
     c = compiled(str(PATTERNS / "train_zero.spmd"), consts={"B": 256, "D": 16, "F": 32})
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))] * 2
+    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
     whole = 16 * 32 * F32
     # reduce_scatter + all_gather of each weight: as much as ONE all_reduce of it, where XLA
     # runs an all_reduce (the same again as the all_gathers) and slices
@@ -124,3 +126,98 @@ def test_transformer_backward_reduces_the_qkv_input_gradients_once():
     assert sorted(plan(c)) == [("all_reduce", ("data",))] + [("all_reduce", ("model",))] * 3
     act = step_bytes("all_reduce", 4, 1 * 8 * 16 * F32)  # one [B/2, S, D] activation gradient
     assert [e.bytes_per_device for e in c.spmd.ledger if e.axes == ("model",)] == [act] * 3
+
+
+# ---------------------------------------------------------------------------------- --shard-weight-updates
+
+ADAM_DP = """
+mesh [data=8]
+func main(x: f32[256, 16] {data, _}, y: f32[256, 16] {data, _}, w: f32[16, 32] {_, _},
+          m: f32[16, 32] {_, _}, v: f32[16, 32] {_, _}, w2: f32[32, 16] {_, _})
+    -> (f32[16, 32] {_, _}, f32[16, 32], f32[16, 32], f32[32, 16] {_, _}) {
+  h = relu(x @ w)
+  dy = h @ w2 - y
+  g2 = einsum("bf,bd->fd", h, dy)
+  g = einsum("bd,bf->df", x, einsum("bd,fd->bf", dy, w2) * cast(h > 0.0, f32))
+  m = 0.9 * m + 0.1 * g
+  v = 0.999 * v + 0.001 * g * g
+  w = w - 0.01 * m / (sqrt(abs(v)) + 1e-8)
+  return w, m, v, transpose(transpose(w2) - 0.1 * transpose(g2))
+}
+"""
+
+
+def test_shard_weight_updates_reduce_scatters_then_all_gathers():
+    plain = compiled(ADAM_DP)
+    c = spmdlang.compile(ADAM_DP, shard_weight_updates="data")
+    verify(c.spmd.program)
+    assert c.diff(backends=["ref", "sim"])["ok"]
+    whole = 16 * 32 * F32
+    # without the option: one all_reduce of both whole gradients (combined)
+    assert plan(plain) == [("all_reduce", ("data",))]
+    assert total_bytes(plain) == step_bytes("all_reduce", 8, 2 * whole)
+    # with it, for w: reduce_scatter of its gradient, Adam on a shard, all_gather of the new w;
+    # w2's update goes through transposes (not elementwise in w2's layout): left alone
+    by_kind = sorted(plan(c))
+    assert by_kind == [("all_gather", ("data",)), ("all_reduce", ("data",)), ("reduce_scatter", ("data",))]
+    scatter = next(e for e in c.spmd.ledger if e.kind == "reduce_scatter")
+    assert scatter.bytes_per_device == step_bytes("reduce_scatter", 8, whole) == step_bytes("all_reduce", 8, whole) / 2
+    assert str(c.shardings["m"]) == "{_, data}" and str(c.shardings["v"]) == "{_, data}"
+    assert str(c.shardings["g"]) == "{_, data}"
+    # one note, naming the weight and its state
+    assert [n.message.split(" (")[0] for n in c.pass_notes] == [
+        "weight-update sharding over data: the elementwise update of m, v, w"]
+    # the update itself runs on a shard: [16, 32/8] per device
+    mul_shapes = {op.results[0].type.shape for op in c.spmd.program.ops if op.kind == "sqrt"}
+    assert mul_shapes == {(16, 4)}
+
+
+def test_shard_weight_updates_same_numbers_on_every_backend():
+    c = spmdlang.compile(str(PATTERNS / "train_dp_mlp.spmd"), consts={"B": 64, "D": 16, "F": 24},
+                         shard_weight_updates="data")
+    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    d = c.diff(backends=["ref", "sim", "jax", "xla"])
+    assert d["ok"], d["results"]
+
+
+def test_shard_weight_updates_on_megatron_adds_data_to_the_model_split():
+    c = spmdlang.compile(str(PATTERNS / "train_mlp_sgd.spmd"), consts={"B": 64, "D": 16, "F": 32},
+                         shard_weight_updates="data")
+    assert c.diff(backends=["ref", "sim"])["ok"]
+    assert sorted(plan(c)) == ([("all_gather", ("data",))] * 2 + [("all_reduce", ("model",))]
+                               + [("reduce_scatter", ("data",))])
+    assert "{_, (model, data)}" in c.pass_notes[0].message + c.pass_notes[1].message
+
+
+def test_shard_weight_updates_leaves_sharded_and_non_elementwise_params_alone():
+    # w is already split over data (ZeRO-3 style): nothing to do; a params-only forward result is no update
+    src = """
+mesh [data=4]
+func main(x: f32[64, 8] {data, _}, w: f32[8, 8] {data, _}, r: f32[8, 8]) -> (f32[8, 8] {data, _}, f32[64, 8]) {
+  g = einsum("bd,be->de", x, x @ w)
+  return w - 0.1 * g, x @ r
+}
+"""
+    c = spmdlang.compile(src, shard_weight_updates="data")
+    assert c.pass_notes == []
+    plain = spmdlang.compile(src)
+    assert [op.kind for op in c.canonical.ops] == [op.kind for op in plain.canonical.ops]
+    assert plan(c) == plan(plain) and ("reduce_scatter", ("data",)) in plan(c)
+
+
+def test_shard_weight_updates_cli(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    path = PATTERNS / "train_dp_mlp.spmd"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "spmdlang", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=ROOT)
+    out = run("explain", str(path), "--shard-weight-updates", "data", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [x["kind"] for x in report["collectives"]].count("reduce_scatter") == 1
+    assert len(report["notes"]) == 2 and "reduce-scattered" in report["notes"][0]["message"]
+    bad = run("check", str(path), "--shard-weight-updates", "model")
+    assert bad.returncode == 2 and "--shard-weight-updates names axis 'model'" in bad.stderr
+    assert "--shard-weight-updates" in run("compile", "--help").stdout
