@@ -221,3 +221,19 @@ def test_shard_weight_updates_cli(tmp_path):
     bad = run("check", str(path), "--shard-weight-updates", "model")
     assert bad.returncode == 2 and "--shard-weight-updates names axis 'model'" in bad.stderr
     assert "--shard-weight-updates" in run("compile", "--help").stdout
+
+
+def test_shard_weight_updates_follows_a_result_wanted_split():
+    # the new weight is wanted split over data on dim 0: the update runs there (no all_gather and
+    # no resharding after it), although dim 1 (12 = 4 * 3) would also divide
+    src = """
+mesh [data=4]
+func main(x: f32[64, 8] {data, _}, w: f32[8, 12] {_, _}) -> f32[8, 12] {data, _} {
+  g = einsum("bd,be->de", x, x @ w)
+  return w - 0.1 * g
+}
+"""
+    c = spmdlang.compile(src, shard_weight_updates="data")
+    assert "runs on {data, _}" in c.pass_notes[0].message
+    assert plan(c) == [("reduce_scatter", ("data",))]
+    assert c.diff(backends=["ref", "sim"])["ok"]

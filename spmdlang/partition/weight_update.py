@@ -52,10 +52,10 @@ def shard_weight_updates(prog: Program, axis: str) -> tuple[Program, list[Note]]
     for r in prog.results:
         value = _through_constraints(r.value, producer)
         if value.type.rank and value not in params:
-            regions.append((value, *_region(value, producer)))
+            regions.append((value, *_region(value, producer), r.sharding))
     # the largest first: an update whose region holds another's (w's holds Adam's m and v) covers it
     regions.sort(key=lambda x: -len(x[1]))
-    for value, region, leaves in regions:
+    for value, region, leaves, wanted in regions:
         if value in done or value in targets or not region:
             continue
         weights = [params[v] for v in leaves if v in params and v.type.shape == value.type.shape]
@@ -64,8 +64,17 @@ def shard_weight_updates(prog: Program, axis: str) -> tuple[Program, list[Note]]
         layouts = {p.sharding.dims for p in weights if p.sharding is not None}
         if len(layouts) > 1 or any(axis in a for dims in layouts for a in dims):
             continue
+        if any(_constrained_over(v, producer, axis) for v in leaves):
+            continue  # the user already placed the gradient or state on the axis: theirs stands
         base = next(iter(layouts), ((),) * value.type.rank)
         dim = _best_dim(value.type.shape, base, mesh, axis)
+        if wanted is not None and axis in wanted.used_axes():
+            # the result is wanted split over the axis: run the update in that layout if it extends
+            # the weight's (no resharding between the update and the result)
+            dim = next(d for d, a in enumerate(wanted.dims) if axis in a)
+            if not all(w[: len(b)] == b for w, b in zip(wanted.dims, base)):
+                continue
+            base = tuple(w[: w.index(axis)] if i == dim else b for i, (w, b) in enumerate(zip(wanted.dims, base)))
         if dim is None:
             continue
         dims = tuple(d + (axis,) if i == dim else d for i, d in enumerate(base))
@@ -87,6 +96,11 @@ def shard_weight_updates(prog: Program, axis: str) -> tuple[Program, list[Note]]
     if not targets:
         return prog, notes
     return _constrain(prog, targets), notes
+
+
+def _constrained_over(v: Value, producer, axis: str) -> bool:
+    op = producer.get(v)
+    return op is not None and registry.get(op.kind).constraint and axis in op.attrs["sharding"].used_axes()
 
 
 def _through_constraints(v: Value, producer) -> Value:
