@@ -212,7 +212,10 @@ def check_jax_devices(program, backend: str, cpu: bool) -> None:
 def check_sim_work(compiled) -> None:
     """The simulator runs each op once per device, in one process: bound devices x ops."""
     n = compiled.program.mesh.size
-    ops = len(compiled.spmd.program.ops) + len(compiled.program.params) + len(compiled.program.results)
+    from .ir.core import walk
+
+    ops = sum(trips for _, trips in walk(compiled.spmd.program.ops))  # a loop body's ops once per iteration
+    ops += len(compiled.program.params) + len(compiled.program.results)
     if n * ops > SIM_MAX_WORK:
         raise SpmdError(f"the sim backend would run {ops} ops on each of {n} devices in turn ({n * ops:,} steps; at "
                         f"most {SIM_MAX_WORK:,}); use the ref backend, `explain`, or a smaller mesh (--mesh)",
@@ -274,6 +277,12 @@ def peak_and_culprit(prog) -> tuple[int, object, Span | None]:
             live += r.type.nbytes
             live_set[r] = None
             spans[r] = op.span
+        for region in op.regions:  # a loop body's own temporaries, live while it runs
+            inner, v, span = peak_and_culprit(_RegionAsProgram(region))
+            inner -= sum(p.type.nbytes for p in region.params)  # those alias the loop's operands
+            if live + inner > peak:
+                peak, at_peak = live + inner, {**live_set, v: None}
+                spans[v] = span
         if live > peak:
             peak, at_peak = live, dict(live_set)
         for v in frees.get(i, ()):
@@ -286,6 +295,17 @@ def peak_and_culprit(prog) -> tuple[int, object, Span | None]:
                 del live_set[r]
     culprit = max(at_peak, key=lambda v: v.type.nbytes, default=None)
     return peak, culprit, spans.get(culprit) if culprit is not None else None
+
+
+class _RegionAsProgram:
+    """A loop body seen as a program by peak_and_culprit."""
+
+    def __init__(self, region):
+        from types import SimpleNamespace
+
+        self.ops = region.ops
+        self.params = [SimpleNamespace(value=p, span=None) for p in region.params]
+        self.results = [SimpleNamespace(value=r) for r in region.results]
 
 
 def estimate(compiled, backend: str) -> tuple[int, object, Span | None, str]:

@@ -68,7 +68,7 @@ def measure(c, seed: int = 0, repeat: int = 20, progress=None, rounds: int = 5) 
     out["ratio"] = out["ours_s"] / out["xla_s"] if out["xla_s"] else float("nan")
     out["ratio_min"], out["ratio_max"] = min(ratios), max(ratios)
     out["ratio_spread"] = (max(ratios) - min(ratios)) / 2 / out["ratio"] if out["ratio"] else float("nan")
-    out["ledger_collectives"] = len(c.spmd.ledger)
+    out["ledger_collectives"] = sum(e.trip_count for e in c.spmd.ledger)
     out["mesh"] = dict(c.mesh.axes)
     out["repeat"] = repeat
     out["rounds"] = rounds

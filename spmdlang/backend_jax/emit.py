@@ -15,7 +15,7 @@ import keyword
 
 from ..ir import registry
 from ..ir import types as T
-from ..ir.core import Program, Value
+from ..ir.core import LOOP, Loop, Program, Value
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.printer import Namer
 from ..partition import permute
@@ -39,8 +39,10 @@ def pyname(namer: Namer, v: Value) -> str:
     if name[0].isdigit():
         return f"t{name}"
     name = name.replace(".", "_")
-    if keyword.iskeyword(name) or name in _RESERVED or (name[0] == "t" and name[1:].isdigit()):
-        # t<digits> are the temporaries' names
+    if (keyword.iskeyword(name) or name in _RESERVED or (name[0] == "t" and name[1:].isdigit())
+            or (name.startswith("loop") and name[4:].isdigit())):
+        # t<digits> are the temporaries' names, loop<digits> the loop bodies'
+
         name += "_"
     return name
 
@@ -223,8 +225,39 @@ def _dtypes(prog: Program):
 
 
 def _body(prog: Program, namer: Namer, constraint=None) -> list[str]:
-    lines = []
-    for op in prog.ops:
+    lines: list[str] = []
+    _ops(prog.ops, namer, constraint, "    ", lines, [0])
+    return lines
+
+
+def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: list[int]) -> None:
+    """A loop as jax.lax.fori_loop over a nested function of (index, carries); the body reads
+    its captures from the enclosing function."""
+    loop = Loop(op)
+    fn = f"loop{count[0]}"
+    count[0] += 1
+    carries = [pyname(namer, v) for v in loop.carries]
+    line = f"  # line {op.span.line}" if op.span is not None else ""
+    lines.append(f"{indent}def {fn}(i, carry):{line}")
+    inner = indent + "    "
+    lines.append(f"{inner}{pyname(namer, loop.index)} = jnp.asarray(i, jnp.int32)")
+    if carries:
+        lines.append(f"{inner}{', '.join(carries)}, = carry")
+    for p, v in zip(loop.capture_params, loop.captures):
+        lines.append(f"{inner}{pyname(namer, p)} = {pyname(namer, v)}")
+    _ops(loop.body.ops, namer, constraint, inner, lines, count)
+    lines.append(f"{inner}return ({''.join(pyname(namer, v) + ', ' for v in loop.body.results)})")
+    inits = "".join(pyname(namer, v) + ", " for v in loop.inits)
+    outs = "".join(pyname(namer, r) + ", " for r in op.results)
+    call = f"jax.lax.fori_loop({loop.start}, {loop.stop}, {fn}, ({inits}))"
+    lines.append(f"{indent}{outs} = {call}" if outs else f"{indent}{call}")
+
+
+def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: list[int]) -> None:
+    for op in ops:
+        if op.kind == LOOP:
+            _loop(op, namer, constraint, indent, lines, count)
+            continue
         args = [pyname(namer, v) for v in op.operands]
         outs = [pyname(namer, r) for r in op.results]
         if registry.get(op.kind).constraint and constraint is not None:
@@ -235,11 +268,10 @@ def _body(prog: Program, namer: Namer, constraint=None) -> list[str]:
             expr = ", ".join(f"jnp.zeros({r.type.shape!r}, {T.jnp_dtype(r.type.dtype)})" for r in op.results)
         else:
             expr = registry.get(op.kind).jax(args, op.attrs, [r.type for r in op.results])
-        line = f"    {', '.join(outs)} = {expr}"
+        line = f"{indent}{', '.join(outs)} = {expr}"
         if op.span is not None:
             line += f"  # line {op.span.line}"
         lines.append(line)
-    return lines
 
 
 def _np_dtype(t) -> str:

@@ -17,7 +17,7 @@ from ..ir.core import Value
 from ..ir.types import TensorType
 from ..ops.contract import conv_output_size, parse_einsum
 from . import ast as A
-from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
+from .values import Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
 
 _REQUIRED = object()
 
@@ -640,7 +640,8 @@ def _roll(ctx, span, args):
     shifts = shift if isinstance(shift, list) else [shift]
     axes = axis if isinstance(axis, list) else [axis]
     if len(shifts) != len(axes) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shifts + axes):
-        raise SpmdError("roll: shift and axis must be integers (or lists of equal length)", span)
+        note = "".join(loop_index_note(v) for v in shifts + axes)
+        raise SpmdError(f"roll: shift and axis must be integers (or lists of equal length){note}", span)
     out = x
     for s, a in zip(shifts, axes):
         a = norm_axis(a, x.type.rank, args.span("axis"))

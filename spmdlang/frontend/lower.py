@@ -13,13 +13,13 @@ from typing import Any
 from ..errors import OverrideError, Source, Span, SpmdError
 from ..ir import types as T
 from ..ir.builder import Builder
-from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.core import Op, Param, Program, Region, Result, Value, make_loop, map_values
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.types import TensorType
 from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from . import ast as A
 from .builtins import BUILTINS, call_builtin
-from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
+from .values import LOOP_INDICES, Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
 from .values import static_int as _check_static_int
 
 # Unrolling and inlining happen at compile time; past these limits (spmdlang.limits) a program is a
@@ -170,11 +170,7 @@ class Lowerer:
         rename: dict[Value, Value] = {v: v.renamed(n) for v, n in self.names.items() if v.name != n}
         if not rename:
             return list(self.b.ops), {}
-        ops = []
-        for op in self.b.ops:
-            ops.append(op.replace(operands=tuple(rename.get(v, v) for v in op.operands),
-                                  results=tuple(rename.get(v, v) for v in op.results)))
-        return ops, rename
+        return map_values(self.b.ops, lambda v: rename.get(v, v)), rename
 
     # ------------------------------------------------------------------ functions
 
@@ -262,6 +258,8 @@ class Lowerer:
                 ret = self.for_loop(s, env, named)
                 if ret is not None:
                     raise SpmdError("return inside a for loop is not supported", ret[0].span)
+            elif isinstance(s, A.Loop):
+                self.loop(s, env, named)
             else:  # pragma: no cover - the grammar admits nothing else
                 raise SpmdError("unsupported statement", s.span)
         return None
@@ -348,12 +346,69 @@ class Lowerer:
     def _spec_text(self, spec: A.SpecExpr) -> str:
         return "{" + ", ".join("?" if e.axes is None else axes_text(e.axes) for e in spec.entries) + "}"
 
+    def loop(self, s: A.Loop, env, named):
+        """`loop` compiles its body once into a LOOP op. Names bound before the loop and assigned
+        in the body are carried (same type on every iteration); the body's other names are local
+        to it; the outer values it reads become explicit captures."""
+        args = [_check_static_int(self.static(a, env), a.span, "range() argument") for a in s.range_args]
+        if len(args) > 2:
+            raise SpmdError("a loop's range() takes 1 or 2 arguments: range(stop) or range(start, stop)",
+                            s.range_args[2].span)
+        start, stop = (0, args[0]) if len(args) == 1 else args
+        assigned = _assigned(s.body)
+        carried = []
+        for name in assigned:
+            if name == s.var or name not in env:
+                continue
+            v = env[name]
+            if not isinstance(v, Value):
+                if not isinstance(v, (int, float, bool)):
+                    raise SpmdError(f"'{name}' is {describe(v)}; a loop carries only tensors and numbers",
+                                    assigned[name][0])
+                v = env[name] = self.materialize(v, s.span)
+                self.names.setdefault(v, name)
+            carried.append(name)
+        outer_b = self.b
+        self.b = Builder()
+        index = Value(TensorType("i32", ()), s.var)
+        LOOP_INDICES.add(index)
+        params = [Value(env[n].type, n) for n in carried]
+        body_env = dict(env)
+        body_env[s.var] = index
+        body_env.update(zip(carried, params))
+        ret = self.statements(s.body, body_env, {} if named is not None else None)
+        if ret is not None:
+            raise SpmdError("return inside a loop is not supported", ret[0].span)
+        nexts = []
+        for name, p in zip(carried, params):
+            v = body_env[name]
+            where = assigned[name][-1]
+            if not isinstance(v, Value):
+                if not isinstance(v, (int, float, bool)) or p.type.rank:
+                    raise SpmdError(f"'{name}' is carried through the loop as {p.type}, but the body "
+                                    f"assigns it {describe(v)}", where)
+                v = self.materialize(v, where, dtype=p.type.dtype)
+            if v.type != p.type:
+                raise SpmdError(f"'{name}' is carried through the loop as {p.type}, but the body assigns it "
+                                f"{v.type}; a carried value keeps its type on every iteration", where)
+            nexts.append(v)
+        body_ops, self.b = self.b.ops, outer_b
+        captures = _free_values(body_ops, [index, *params], nexts)
+        cap_params = {v: Value(v.type, v.name) for v in captures}
+        body_ops = [op.replace(operands=tuple(cap_params.get(v, v) for v in op.operands)) for op in body_ops]
+        nexts = [cap_params.get(v, v) for v in nexts]
+        body = Region((index, *params, *cap_params.values()), tuple(body_ops), tuple(nexts))
+        results = [Value(p.type) for p in params]
+        self.b.ops.append(make_loop(start, stop, [env[n] for n in carried], captures, body, results, s.span))
+        for name, r in zip(carried, results):
+            self.assign(name, r, env, named, assigned[name][-1])
+
     # ------------------------------------------------------------------ expressions
 
     def static(self, node, env):
         v = self.expr(node, env)
         if isinstance(v, Value):
-            raise SpmdError(f"expected a static value, got a tensor {v.type}", node.span)
+            raise SpmdError(f"expected a static value, got a tensor {v.type}{loop_index_note(v)}", node.span)
         return v
 
     def expr(self, node, env):
@@ -655,6 +710,36 @@ class Lowerer:
         a, la = operand(a, ba, "mk")
         b, lb = operand(b, bb, "kn")
         return self.b.emit("einsum", a, b, span=node.span, spec=f"{la},{lb}->{letters}mn")
+
+
+def _assigned(stmts) -> dict[str, list[Span]]:
+    """The names a block assigns (in nested blocks too), each with the spans that assign it."""
+    out: dict[str, list[Span]] = {}
+    for s in stmts:
+        if isinstance(s, A.Assign):
+            out.setdefault(s.target, []).append(s.span)
+        elif isinstance(s, A.MultiAssign):
+            for name, sp in zip(s.targets, s.target_spans):
+                out.setdefault(name, []).append(sp)
+        elif isinstance(s, (A.For, A.Loop)):
+            for name, spans in _assigned(s.body).items():
+                out.setdefault(name, []).extend(spans)
+    return out
+
+
+def _free_values(ops, params, results) -> list[Value]:
+    """The values `ops` (and `results`) use that neither they nor `params` define, in first-use order."""
+    defined = set(params)
+    free: dict[Value, None] = {}
+    for op in ops:
+        for v in op.operands:
+            if v not in defined:
+                free.setdefault(v)
+        defined.update(op.results)
+    for v in results:
+        if v not in defined:
+            free.setdefault(v)
+    return list(free)
 
 
 def _fold(kind, a, b, span):

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import registry
+from ..ir.core import LOOP, walk
 from ..limits import peak_and_culprit
 
 
@@ -134,7 +135,8 @@ def op_flops(op) -> int:
 
 
 def flops(prog) -> int:
-    return sum(op_flops(op) for op in prog.ops)
+    """FLOPs of a program run once: an op in a loop body counts once per iteration."""
+    return sum(op_flops(op) * trips for op, trips in walk(prog.ops) if op.kind != LOOP)
 
 
 def peak_bytes(prog) -> int:

@@ -16,12 +16,13 @@ Nothing here loops over devices: the program is one for all, parameterised by ax
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import Span
 from ..ir import registry
 from ..ir.builder import Builder
-from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.core import LOOP, Loop, Op, Param, Program, Region, Result, Value, all_ops, make_loop
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import TensorType, itemsize
 from .cost import FLOPS_PER_BYTE, comm_cost, step_bytes
@@ -44,6 +45,7 @@ class Collective:
     reason: str
     local_op: Op | None = None
     reduce: str = "sum"
+    trip_count: int = 1  # runs once per iteration of the loops around it: this many times in all
 
 
 @dataclass
@@ -69,15 +71,20 @@ class Partitioner:
         self.ledger: list[Collective] = []
         self.notes: dict[Op, str] = {}
         self.users: dict[Value, int] = {}
-        for op in prog.ops:
+        for op in all_ops(prog.ops):
             for v in op.operands:
                 self.users[v] = self.users.get(v, 0) + 1
+            for region in op.regions:  # the back edge uses the next carries
+                for v in region.results:
+                    self.users[v] = self.users.get(v, 0) + 1
         for r in prog.results:
             self.users[r.value] = self.users.get(r.value, 0) + 1
         self.span: Span | None = None
         self.current: Op | None = None
         self.produced: dict[Value, Sharding] = {}
-        self.producer: dict[Value, Op] = {r: op for op in prog.ops for r in op.results}
+        self.producer: dict[Value, Op] = {r: op for op in all_ops(prog.ops) for r in op.results}
+        self.trips = 1  # iterations of the loops around the op being partitioned
+        self.frames: list[_Frame] = []  # the loops being partitioned, innermost last
         self.trivial = any(size == 1 for _, size in self.mesh.axes)
         self.user_ops: dict[Value, list[Op]] | None = None
         self.memo: dict = {}
@@ -113,6 +120,8 @@ class Partitioner:
         key = (v, want)
         if key in self.cache:
             return self.cache[key]
+        if self.frames and v in self.frames[-1].outer:
+            return self.hoisted(v, want, why)
         steps = plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, cur, want)
         # reuse the longest prefix of the plan already done for another use of v
         start = 0
@@ -123,6 +132,71 @@ class Partitioner:
         out = self.apply_steps(local, v, steps[start:], why)
         self.cache[key] = out
         return out
+
+    def hoisted(self, v: Value, want: Sharding, why: str) -> Value:
+        """A loop-invariant value (a capture of the loop being partitioned) resharded once before
+        the loop, not on every iteration: the resharded value comes in as one more capture."""
+        frame = self.frames[-1]
+        key = (v, want)
+        if key not in frame.hoisted:
+            with self.outside(frame):
+                local = self.reshard(frame.outer[v], want, f"{why} (loop-invariant: hoisted out of the loop)")
+            inner = Value(local.type, v.name)
+            frame.extra.append((local, inner))
+            frame.hoisted[key] = inner
+        return frame.hoisted[key]
+
+    @contextmanager
+    def outside(self, frame: _Frame):
+        """Emit into the program around the loop of `frame` (the innermost one) for a while."""
+        inner = (self.b, self.indices, self.memo, self.trips, self.frames.pop())
+        self.b, self.indices, self.memo, self.trips = frame.saved
+        try:
+            yield
+        finally:
+            frame.saved = (self.b, self.indices, self.memo, self.trips)
+            self.b, self.indices, self.memo, self.trips, top = inner
+            self.frames.append(top)
+
+    def partition_loop(self, op: Op) -> None:
+        """The body is partitioned once. Each carry has one layout (its propagated sharding in the
+        body): the initial value is resharded to it on entry, the next value before the back edge
+        (once per iteration). Captures come in as they are laid out outside; a reshard of one is
+        hoisted out of the loop (see `hoisted`)."""
+        loop = Loop(op)
+        carry_s = [self.target(p).closed().with_partial(()) for p in loop.carries]
+        inits = [self.reshard(v, s, "into the loop") for v, s in zip(loop.inits, carry_s)]
+        caps = [self.state[v] for v in loop.captures]
+        index = Value(loop.index.type, loop.index.name)
+        carry_params = [Value(x.type, p.name) for x, p in zip(inits, loop.carries)]
+        cap_params = [Value(local.type, p.name) for (local, _), p in zip(caps, loop.capture_params)]
+        self.state[loop.index] = (index, Sharding.replicated(0))
+        for p, lp, s in zip(loop.carries, carry_params, carry_s):
+            self.state[p] = (lp, s)
+        for p, lp, (_, s) in zip(loop.capture_params, cap_params, caps):
+            self.state[p] = (lp, s)
+        frame = _Frame(dict(zip(loop.capture_params, loop.captures)),
+                       (self.b, self.indices, self.memo, self.trips))
+        self.frames.append(frame)
+        self.b, self.indices, self.memo, self.trips = Builder(), {}, {}, self.trips * loop.trips
+        try:
+            for bop in loop.body.ops:
+                self.current, self.span = bop, bop.span
+                self.partition_op(bop)
+            self.current, self.span = op, op.span
+            nexts = [self.reshard(r, s, "before the back edge") for r, s in zip(loop.body.results, carry_s)]
+            body_ops = self.b.ops
+        finally:
+            self.frames.pop()
+            self.b, self.indices, self.memo, self.trips = frame.saved
+        extra_out = [o for o, _ in frame.extra]
+        extra_in = [i for _, i in frame.extra]
+        body = Region((index, *carry_params, *cap_params, *extra_in), tuple(body_ops), tuple(nexts))
+        results = [Value(x.type, r.name) for x, r in zip(inits, op.results)]
+        self.b.ops.append(make_loop(loop.start, loop.stop, inits, [lo for lo, _ in caps] + extra_out, body,
+                                    results, op.span))
+        for r, lr, s in zip(op.results, results, carry_s):
+            self.state[r] = (lr, s)
 
     def apply_steps(self, x: Value, v: Value, steps: list[Step], why: str) -> Value:
         shape = v.type.shape
@@ -222,7 +296,7 @@ class Partitioner:
         op = self.current
         line = op.span.line if op is not None and op.span else None
         self.ledger.append(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
-                                      reason, local_op, reduce))
+                                      reason, local_op, reduce, self.trips))
         self.notes[local_op] = reason
 
     def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
@@ -312,6 +386,11 @@ class Partitioner:
                            self.prog, self.produced)
 
     def partition_op(self, op: Op) -> None:
+        if op.kind == LOOP:
+            self.partition_loop(op)
+            for r in op.results:
+                self.produced[r] = self.state[r][1]
+            return
         opdef = registry.get(op.kind)
         if opdef.constraint:
             out = self.target(op.result).closed().with_partial(())
@@ -454,6 +533,17 @@ class Partitioner:
             self.state[r] = (lr, o)
 
 
+@dataclass
+class _Frame:
+    """A loop being partitioned: its capture params (global) -> the values they capture, what
+    the program around it was emitting into, and the reshards hoisted out of it so far."""
+
+    outer: dict[Value, Value]
+    saved: tuple
+    extra: list[tuple[Value, Value]] = field(default_factory=list)  # (value outside, its body param)
+    hoisted: dict = field(default_factory=dict)
+
+
 def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
     """Every tensor can express the factor split (no axes lost to non-contiguous dims)."""
     for t in rule.tensors:
@@ -520,7 +610,7 @@ class OpContext:
         p = self._p
         if p.user_ops is None:
             p.user_ops = {}
-            for op in p.prog.ops:
+            for op in all_ops(p.prog.ops):
                 for u in dict.fromkeys(op.operands):
                     p.user_ops.setdefault(u, []).append(op)
         return p.user_ops.get(v, [])

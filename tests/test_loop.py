@@ -1,0 +1,333 @@
+"""`loop`: compiled once (one body in the IR whatever the trip count), carried values, captures,
+propagation and partitioning across the body, the backends, `explain`, and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdlang
+from spmdlang.ir.core import LOOP, Loop, Op, Region, Value, all_ops
+from spmdlang.ir.types import TensorType
+from spmdlang.ir.verify import VerifyError, verify
+
+STACK = """
+mesh [data=2, model=2]
+const L = 4
+func main(x: f32[8, 16] {data, _}, w: f32[16, 16] {_, model}) -> (f32[8, 16], f32[]) {
+  acc = 0.0
+  loop l in range(L) {
+    h = relu(x @ w)
+    x = x + h * 0.5
+    acc = acc + sum(h)
+  }
+  return x, acc
+}
+"""
+
+
+def numpy_stack(x, w, n):
+    acc = np.float32(0)
+    for _ in range(n):
+        h = np.maximum(x @ w, 0)
+        x = x + h * np.float32(0.5)
+        acc = acc + h.sum()
+    return x, acc
+
+
+def inputs(seed=0, **shapes):
+    rng = np.random.default_rng(seed)
+    return {k: (rng.standard_normal(s) * 0.3).astype(np.float32) for k, s in shapes.items()}
+
+
+def loops(prog):
+    return [op for op in all_ops(prog.ops) if op.kind == LOOP]
+
+
+def test_body_is_compiled_once_whatever_the_trip_count():
+    small = spmdlang.compile(STACK, consts={"L": 2})
+    big = spmdlang.compile(STACK, consts={"L": 200})
+    assert len(list(all_ops(small.program.ops))) == len(list(all_ops(big.program.ops)))
+    (loop,) = loops(big.program)
+    assert (loop.attrs["start"], loop.attrs["stop"]) == (0, 200)
+
+
+@pytest.mark.parametrize("backend", ["ref", "sim"])
+def test_carries_match_numpy(backend):
+    c = spmdlang.compile(STACK)
+    ins = inputs(x=(8, 16), w=(16, 16))
+    x, acc = c.run(ins, backend=backend)
+    ex, eacc = numpy_stack(ins["x"], ins["w"], 4)
+    np.testing.assert_allclose(x, ex, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(acc, eacc, rtol=1e-5)
+
+
+def test_range_start_stop_and_empty_range():
+    src = """
+mesh [x=2]
+func main(a: f32[4] {x}) -> f32[4] {
+  loop i in range(2, 5) { a = a * 2.0 + cast(i, f32) }
+  loop j in range(3, 3) { a = a * 100.0 }
+  return a
+}
+"""
+    c = spmdlang.compile(src)
+    a = np.arange(4, dtype=np.float32)
+    want = a.copy()
+    for i in range(2, 5):
+        want = want * 2 + i
+    for backend in ("ref", "sim"):
+        np.testing.assert_allclose(c.run({"a": a}, backend=backend)[0], want)
+
+
+def test_names_first_bound_in_the_body_are_local():
+    src = """
+mesh [x=2]
+func main(a: f32[4] {x}) -> f32[4] {
+  loop i in range(3) {
+    t = a * 2.0
+    a = t
+  }
+  return t
+}
+"""
+    with pytest.raises(spmdlang.SpmdError, match="unknown name 't'") as e:
+        spmdlang.compile(src)
+    assert e.value.line == 8
+
+
+def test_nested_loops_and_calls_in_the_body():
+    src = """
+mesh [x=2]
+func step(a: f32[4], b: f32[4]) -> f32[4] { return a + b }
+func main(a: f32[4] {x}, b: f32[4]) -> f32[4] {
+  loop i in range(3) {
+    loop j in range(2) { a = step(a, b) }
+    a = a * 0.5
+  }
+  return a
+}
+"""
+    c = spmdlang.compile(src)
+    a, b = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    want = a.copy()
+    for _ in range(3):
+        want = (want + 2 * b) * 0.5
+    assert len(loops(c.program)) == 2
+    for backend in ("ref", "sim"):
+        np.testing.assert_allclose(c.run({"a": a, "b": b}, backend=backend)[0], want)
+
+
+GOLDEN_IR = """\
+# global program, mesh [data=2, model=2]
+func @main(%x: f32[8, 16] {data, _}, %w: f32[16, 16] {_, model}) -> (f32[8, 16], f32[]) {
+  %acc = full() {dtype="f32", shape=[], value=0.0} : f32[]  # line 6
+  %x.1, %acc.1 = loop(%x, %acc, %w) {start=0, stop=4} : f32[8, 16], f32[]  # line 6
+    body(%l: i32[], %x.2: f32[8, 16], %acc.2: f32[], %w.1: f32[16, 16]) {
+      %0 = einsum(%x.2, %w.1) {spec="mk,kn->mn"} : f32[8, 16]  # line 7
+      %h = relu(%0) : f32[8, 16]  # line 7
+      %1 = full() {dtype="f32", shape=[], value=0.5} : f32[]  # line 8
+      %2 = mul(%h, %1) : f32[8, 16]  # line 8
+      %x.3 = add(%x.2, %2) : f32[8, 16]  # line 8
+      %3 = reduce_sum(%h) {axes=[0, 1]} : f32[]  # line 9
+      %acc.3 = add(%acc.2, %3) : f32[]  # line 9
+      yield %x.3, %acc.3
+    }
+  return %x.1, %acc.1
+}
+"""
+
+
+def test_ir_text_golden():
+    assert spmdlang.compile(STACK).ir == GOLDEN_IR
+
+
+def test_carry_has_one_sharding_and_the_body_is_partitioned_once():
+    c = spmdlang.compile(STACK)
+    sh = c.propagation.shardings
+    (loop,) = loops(c.canonical)
+    lp = Loop(loop)
+    for p, nxt, out in zip(lp.carries, lp.body.results, loop.results):
+        assert sh[p] == sh[nxt] == sh[out]
+    (local,) = loops(c.spmd.program)
+    assert len(local.regions[0].ops) < 20
+
+
+def test_shard_inside_the_body_holds_on_every_iteration():
+    src = """
+mesh [a=2, b=2]
+func main(x: f32[8, 8], w: f32[8, 8]) -> f32[8, 8] {
+  loop i in range(3) {
+    x = shard(x @ w, {a, b})
+  }
+  return x
+}
+"""
+    c = spmdlang.compile(src)
+    (loop,) = loops(c.canonical)
+    lp = Loop(loop)
+    sh = c.propagation.shardings
+    assert str(sh[lp.carries[0]]) == "{a, b}" and str(sh[loop.results[0]]) == "{a, b}"
+    ins = inputs(x=(8, 8), w=(8, 8))
+    want = ins["x"]
+    for _ in range(3):
+        want = want @ ins["w"]
+    np.testing.assert_allclose(c.run(ins, backend="sim")[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_reshard_before_the_back_edge_is_charged_per_iteration():
+    # the body ends with x laid out {b, a} while the carry is {a, b}: the carry is resharded on
+    # every iteration, and explain counts it L times
+    src = """
+mesh [a=2, b=2]
+const L = 5
+func main(x: f32[8, 8] {a, b}) -> f32[8, 8] {a, b} {
+  loop i in range(L) {
+    x = shard(x * 2.0, {b, a})
+  }
+  return x
+}
+"""
+    c = spmdlang.compile(src)
+    r = c.explain_report()
+    inside = [x for x in r["collectives"] if x.get("trip_count") == 5]
+    assert inside, r["collectives"]
+    total = sum(x["bytes_per_device"] * x.get("trip_count", 1) for x in r["collectives"])
+    assert r["totals"]["bytes_per_device"] == total
+    assert r["totals"]["collectives"] == sum(x.get("trip_count", 1) for x in r["collectives"])
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    np.testing.assert_allclose(c.run({"x": x}, backend="sim")[0], x * 32)
+
+
+def test_reshard_of_a_loop_invariant_capture_is_hoisted():
+    # w is laid out {model, _} outside but the body needs it whole: one all_gather before the
+    # loop, none inside it
+    src = """
+mesh [model=4]
+func main(x: f32[8, 16], w: f32[16, 16] {model, _}) -> f32[8, 16] {
+  loop i in range(6) {
+    x = tanh(shard(x, {_, _}) @ shard(w, {_, _}))
+  }
+  return x
+}
+"""
+    c = spmdlang.compile(src)
+    r = c.explain_report()
+    gathers = [x for x in r["collectives"] if x["kind"] == "all_gather"]
+    assert len(gathers) == 1 and "trip_count" not in gathers[0], r["collectives"]
+    (loop,) = loops(c.spmd.program)
+    assert not [op for op in all_ops(loop.regions[0].ops) if op.kind == "all_gather"]
+    ins = inputs(x=(8, 16), w=(16, 16))
+    want = ins["x"]
+    for _ in range(6):
+        want = np.tanh(want @ ins["w"])
+    np.testing.assert_allclose(c.run(ins, backend="sim")[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_jax_and_xla_emit_fori_loop():
+    c = spmdlang.compile(STACK)
+    assert "jax.lax.fori_loop(0, 4, loop0" in c.jax_source
+    assert "jax.lax.fori_loop(0, 4, loop0" in c.xla_source
+    assert c.diff(backends=("sim", "jax", "xla"))["ok"]
+
+
+def test_uneven_mesh():
+    c = spmdlang.compile(STACK, mesh={"data": 3, "model": 3})
+    ins = inputs(x=(8, 16), w=(16, 16))
+    x, acc = c.run(ins, backend="sim")
+    ex, eacc = numpy_stack(ins["x"], ins["w"], 4)
+    np.testing.assert_allclose(x, ex, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(acc, eacc, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+def error_of(src):
+    with pytest.raises(spmdlang.SpmdError) as e:
+        spmdlang.compile(src)
+    return e.value
+
+
+def test_carried_type_change_is_a_located_error():
+    e = error_of("""
+mesh [x=2]
+func main(a: f32[4]) -> f32[4] {
+  loop i in range(3) {
+    a = sum(a)
+  }
+  return a
+}
+""")
+    assert "carried through the loop as f32[4]" in e.message and "f32[]" in e.message
+    assert (e.line, e.col) == (5, 5)
+
+
+def test_loop_index_where_a_static_integer_is_needed():
+    e = error_of("""
+mesh [x=2]
+func main(a: f32[4]) -> f32[4] {
+  loop i in range(3) {
+    a = roll(a, i, 0)
+  }
+  return a
+}
+""")
+    assert "index of a `loop`" in e.message and "use `for`" in e.message
+    assert e.line == 5
+    e = error_of("""
+mesh [x=2]
+func main(a: f32[4]) -> f32[4] {
+  loop i in range(3) {
+    for j in range(i) { a = a + 1.0 }
+  }
+  return a
+}
+""")
+    assert "index of a `loop`" in e.message and e.line == 5
+
+
+def test_return_in_a_loop_and_bad_ranges():
+    e = error_of("""
+mesh [x=2]
+func main(a: f32[4]) -> f32[4] {
+  loop i in range(3) { return a }
+  return a
+}
+""")
+    assert "return inside a loop" in e.message and e.line == 4
+    e = error_of("""
+mesh [x=2]
+func main(a: f32[4]) -> f32[4] {
+  loop i in range(0, 6, 2) { a = a + 1.0 }
+  return a
+}
+""")
+    assert "1 or 2 arguments" in e.message and (e.line, e.col) == (4, 25)
+
+
+def test_loop_is_a_keyword():
+    e = error_of("""
+mesh [x=2]
+func main(a: f32[4]) -> f32[4] {
+  loop = a
+  return loop
+}
+""")
+    assert e.line == 4
+
+
+def test_verifier_rejects_a_carry_whose_type_changes():
+    c = spmdlang.compile(STACK)
+    prog = c.program
+    i, j = [k for k, op in enumerate(prog.ops) if op.kind == LOOP][0], 0
+    loop = prog.ops[i]
+    body: Region = loop.regions[0]
+    bad = Value(TensorType("f32", (8, 8)))
+    op = Op("full", (), (bad,), {"dtype": "f32", "shape": (8, 8), "value": 0.0})
+    new_body = body.replace(ops=body.ops + (op,), results=(bad,) + body.results[1:])
+    ops = list(prog.ops)
+    ops[i] = loop.replace(regions=(new_body,))
+    with pytest.raises(VerifyError, match="not loop-invariant"):
+        verify(prog.replace(ops=tuple(ops)))
+    assert j == 0
