@@ -331,3 +331,47 @@ def test_verifier_rejects_a_carry_whose_type_changes():
     with pytest.raises(VerifyError, match="not loop-invariant"):
         verify(prog.replace(ops=tuple(ops)))
     assert j == 0
+
+
+# ---------------------------------------------------------------------------------- hoisting
+
+
+def test_accumulated_partial_sums_are_settled_once_after_the_loop():
+    c = spmdlang.compile(STACK)
+    r = c.explain_report()
+    reduces = [x for x in r["collectives"] if x["kind"] == "all_reduce"]
+    assert len(reduces) == 1 and "trip_count" not in reduces[0], r["collectives"]
+    (loop,) = loops(c.spmd.program)
+    assert not [op for op in all_ops(loop.regions[0].ops) if op.kind == "all_reduce"]
+    after = list(c.spmd.program.ops)[list(c.spmd.program.ops).index(loop) + 1:]
+    assert [op.kind for op in after if op.kind == "all_reduce"] == ["all_reduce"]
+
+
+ACC_INIT = """
+mesh [data=2, model=2]
+func main(x: f32[8, 16] {data, _}, w: f32[16, 16] {_, model}) -> (f32[], f32[]) {
+  acc = mean(x) * 3.0
+  other = sum(x)
+  loop l in range(5) {
+    acc = acc + sum(tanh(x @ w) * cast(l, f32))
+    other = other * 0.5 + sum(x @ w)
+  }
+  return acc, other
+}
+"""
+
+
+def test_accumulation_with_a_nonzero_start_and_one_that_cannot_be_deferred():
+    c = spmdlang.compile(ACC_INIT)
+    r = c.explain_report()
+    looped = [x for x in r["collectives"] if x["kind"] == "all_reduce" and x.get("trip_count") == 5]
+    assert len(looped) == 1, r["collectives"]  # `other` is scaled every iteration: summed in the loop
+    ins = inputs(x=(8, 16), w=(16, 16))
+    acc, other = np.float32(ins["x"].mean() * 3), ins["x"].sum()
+    for i in range(5):
+        acc = acc + (np.tanh(ins["x"] @ ins["w"]) * i).sum()
+        other = other * 0.5 + (ins["x"] @ ins["w"]).sum()
+    for backend in ("sim", "jax"):
+        got = c.run(ins, backend=backend)
+        np.testing.assert_allclose(got[0], acc, rtol=1e-4)
+        np.testing.assert_allclose(got[1], other, rtol=1e-4)

@@ -24,7 +24,7 @@ from ..ir import registry
 from ..ir.builder import Builder
 from ..ir.core import LOOP, Loop, Op, Param, Program, Region, Result, Value, all_ops, make_loop
 from ..ir.mesh import Mesh, Sharding
-from ..ir.types import TensorType, itemsize
+from ..ir.types import TensorType, is_float, itemsize
 from .cost import FLOPS_PER_BYTE, comm_cost, step_bytes
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
 from .propagate import Propagation, op_rule
@@ -162,10 +162,31 @@ class Partitioner:
         """The body is partitioned once. Each carry has one layout (its propagated sharding in the
         body): the initial value is resharded to it on entry, the next value before the back edge
         (once per iteration). Captures come in as they are laid out outside; a reshard of one is
-        hoisted out of the loop (see `hoisted`)."""
+        hoisted out of the loop (see `hoisted`).
+
+        An accumulation `acc = acc + t` whose t arrives as a pending sum is not settled on every
+        iteration: the carry itself becomes pending over t's axes and is settled once, where the
+        loop's result is used. Which carries qualify is only known once the body is partitioned
+        (the axes t is pending over), so a first attempt finds them, and the body is partitioned
+        again with those carries pending: twice at most, whatever the trip count."""
         loop = Loop(op)
+        accums = _accumulations(loop, self.users)
+        snapshot = (len(self.b.ops), len(self.ledger), dict(self.cache), dict(self.indices), dict(self.memo))
+        pending = self._partition_loop(op, loop, accums, {})
+        if pending:
+            n_ops, n_ledger, cache, indices, memo = snapshot
+            del self.b.ops[n_ops:], self.ledger[n_ledger:]
+            self.cache, self.indices, self.memo = cache, indices, memo
+            self._partition_loop(op, loop, {}, pending)
+
+    def _partition_loop(self, op: Op, loop: Loop, accums: dict, pending: dict) -> dict:
+        """One attempt; carries in `pending` (carry index -> axes) are carried as pending sums.
+        Returns the accumulations it found whose added term was pending (carry index -> axes)."""
         carry_s = [self.target(p).closed().with_partial(()) for p in loop.carries]
-        inits = [self.reshard(v, s, "into the loop") for v, s in zip(loop.inits, carry_s)]
+        for k, axes in pending.items():
+            carry_s[k] = Sharding(carry_s[k].dims, axes, frozenset(), "sum")
+        inits = [self.enter_pending(v, s) if s.partial else self.reshard(v, s, "into the loop")
+                 for v, s in zip(loop.inits, carry_s)]
         caps = [self.state[v] for v in loop.captures]
         index = Value(loop.index.type, loop.index.name)
         carry_params = [Value(x.type, p.name) for x, p in zip(inits, loop.carries)]
@@ -179,9 +200,16 @@ class Partitioner:
                        (self.b, self.indices, self.memo, self.trips))
         self.frames.append(frame)
         self.b, self.indices, self.memo, self.trips = Builder(), {}, {}, self.trips * loop.trips
+        found = {}
         try:
             for bop in loop.body.ops:
                 self.current, self.span = bop, bop.span
+                if bop in accums:
+                    k, term = accums[bop]
+                    got = self.state[term][1]
+                    split = {a for d in carry_s[k].dims for a in d}
+                    if got.partial and got.partial_op == "sum" and not split & set(got.partial):
+                        found[k] = got.partial
                 self.partition_op(bop)
             self.current, self.span = op, op.span
             nexts = [self.reshard(r, s, "before the back edge") for r, s in zip(loop.body.results, carry_s)]
@@ -189,6 +217,8 @@ class Partitioner:
         finally:
             self.frames.pop()
             self.b, self.indices, self.memo, self.trips = frame.saved
+        if found:
+            return found
         extra_out = [o for o, _ in frame.extra]
         extra_in = [i for _, i in frame.extra]
         body = Region((index, *carry_params, *cap_params, *extra_in), tuple(body_ops), tuple(nexts))
@@ -197,6 +227,18 @@ class Partitioner:
                                     results, op.span))
         for r, lr, s in zip(op.results, results, carry_s):
             self.state[r] = (lr, s)
+        return {}
+
+    def enter_pending(self, v: Value, s: Sharding) -> Value:
+        """The initial value of a carry that is a pending sum over s.partial: held by the first
+        device of each group over those axes, zeros elsewhere (a zero constant already is one)."""
+        x = self.reshard(v, s.with_partial(()), "into the loop")
+        producer = self.producer.get(v)
+        if producer is not None and producer.kind == "full" and producer.attrs["value"] == 0:
+            return x
+        first = self.emit("eq", self.axis_index(s.partial), self.emit("full", dtype="i32", shape=(), value=0))
+        zero = self.emit("full", dtype=x.type.dtype, shape=(), value=_zero(x.type.dtype))
+        return self.emit("select", first, x, zero)
 
     def apply_steps(self, x: Value, v: Value, steps: list[Step], why: str) -> Value:
         shape = v.type.shape
@@ -389,7 +431,11 @@ class Partitioner:
         if op.kind == LOOP:
             self.partition_loop(op)
             for r in op.results:
-                self.produced[r] = self.state[r][1]
+                local, s = self.state[r]
+                self.produced[r] = s
+                if s.partial and self.users.get(r, 0) > 1:  # an accumulated sum, settled once
+                    want = self.target(r).closed().with_partial(())
+                    self.state[r] = (self.reshard(r, want, "once after the loop, for its several uses"), want)
             return
         opdef = registry.get(op.kind)
         if opdef.constraint:
@@ -531,6 +577,25 @@ class Partitioner:
         for r, lr, o, shape in zip(op.results, results, outs, shapes):
             assert lr.type.shape == tuple(shape), (op.kind, lr.type, shape)
             self.state[r] = (lr, o)
+
+
+def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
+    """The body's `acc = acc + t` (or acc - t) on float carries that nothing else in the body
+    reads: add op -> (carry index, t)."""
+    producer = {r: op for op in loop.body.ops for r in op.results}
+    out = {}
+    for k, (p, nxt) in enumerate(zip(loop.carries, loop.body.results)):
+        op = producer.get(nxt)
+        if (op is None or op.kind not in ("add", "sub") or users.get(p, 0) != 1 or users.get(nxt, 0) != 1
+                or p not in op.operands or not is_float(p.type.dtype) or op.operands[0] is op.operands[1]):
+            continue
+        if op.kind == "sub" and op.operands[0] is not p:
+            continue
+        term = op.operands[1] if op.operands[0] is p else op.operands[0]
+        if term.type.shape != p.type.shape:
+            continue
+        out[op] = (k, term)
+    return out
 
 
 @dataclass
