@@ -125,6 +125,7 @@ class Generator:
         self.pool: list[Val] = []
         self.counter = 0
         self.uses_bf16 = False
+        self.in_loop = False
 
     # ------------------------------------------------------------------ basics
 
@@ -757,7 +758,46 @@ class Generator:
         spec = self.spec(len(a.shape), open_ok=True)
         return self.assign(f"shard({a.name}, {spec})", a.shape, a.dtype, a.exact)
 
-    OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
+    def op_loop(self):
+        """A `loop` carrying one f32 value (laid out by a random shard()) through 1-3 random ops;
+        the body reads the loop index (a cast, and a dynamic row of some value via take)."""
+        if self.in_loop:
+            return None
+        a = self.pick(lambda v: v.dtype == "f32" and v.shape)
+        if a is None:
+            return None
+        carry = self.assign(f"shard({a.name}, {self.spec(len(a.shape))})", a.shape, "f32", a.exact)
+        saved = len(self.pool)
+        idx = f"i{self.counter}"
+        n = self.ch.int(0, 4)
+        start = self.ch.int(0, 2) if self.ch.chance(0.3) else None
+        rng = f"range({n})" if start is None else f"range({start}, {start + n})"
+        self.lines.append(f"  loop {idx} in {rng} {{")
+        self.in_loop = True
+        try:
+            rows = [v for v in self.pool if len(v.shape) >= 2 and v.dtype != "bool"]
+            if rows and self.ch.chance(0.5):
+                w = self.ch.choice(rows)
+                self.assign(f"take({w.name}, {idx})", w.shape[1:], w.dtype, w.exact)
+            for _ in range(self.ch.int(1, 3)):
+                self.step()
+        finally:
+            self.in_loop = False
+        body = [v for v in self.pool[saved:] if v.dtype == "f32" and _broadcast(v.shape, carry.shape) == carry.shape]
+        b = self.ch.choice(body) if body else carry
+        scale = self.ch.choice(["0.5", f"cast({idx}, f32) * 0.25"])
+        if self.ch.chance(0.5):
+            update = f"{carry.name} + tanh({b.name}) * {scale}"  # an accumulation
+        else:
+            update = f"tanh({b.name} + {carry.name}) * {scale}"
+        self.lines.append(f"  {carry.name} = {update}")
+        self.lines.append("  }")
+        del self.pool[saved:]
+        self.pool.remove(carry)
+        exact = carry.exact and b.exact
+        return self.assign(carry.name, carry.shape, "f32", exact)
+
+    OPS = (("loop", 2), ("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1), ("scan", 2),

@@ -48,6 +48,11 @@ def test_planned_features_are_really_not_implemented():
         assert f"`{name}" in LANGUAGE.split("## Planned", 1)[1], name
 
 
+def test_loop_is_documented_and_no_longer_planned():
+    assert "loop l in range" not in LANGUAGE.split("## Planned", 1)[1]
+    assert any("loop l in range" in e for e in _examples())
+
+
 def test_docs_never_point_outside_the_repository():
     files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "spmdlang").rglob("*.py"))]
     for f in files:
