@@ -212,14 +212,21 @@ def check_jax_devices(program, backend: str, cpu: bool) -> None:
 def check_sim_work(compiled) -> None:
     """The simulator runs each op once per device, in one process: bound devices x ops."""
     n = compiled.program.mesh.size
-    from .ir.core import walk
-
-    ops = sum(trips for _, trips in walk(compiled.spmd.program.ops))  # a loop body's ops once per iteration
-    ops += len(compiled.program.params) + len(compiled.program.results)
+    ops = _ops_run(compiled.spmd.program.ops) + len(compiled.program.params) + len(compiled.program.results)
     if n * ops > SIM_MAX_WORK:
         raise SpmdError(f"the sim backend would run {ops} ops on each of {n} devices in turn ({n * ops:,} steps; at "
                         f"most {SIM_MAX_WORK:,}); use the ref backend, `explain`, or a smaller mesh (--mesh)",
                         mesh_span(compiled.program))
+
+
+def _ops_run(ops) -> int:
+    """Ops a run executes: a loop body's once per iteration (a loop op's attrs give its range)."""
+    n = 0
+    for op in ops:
+        n += 1
+        for region in op.regions:
+            n += max(0, op.attrs["stop"] - op.attrs["start"]) * _ops_run(region.ops)
+    return n
 
 
 # ------------------------------------------------------------------------------------- memory
