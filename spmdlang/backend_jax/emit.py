@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
+import re
 
 from ..ir import registry
 from ..ir import types as T
@@ -40,8 +41,8 @@ def pyname(namer: Namer, v: Value) -> str:
         return f"t{name}"
     name = name.replace(".", "_")
     if (keyword.iskeyword(name) or name in _RESERVED or (name[0] == "t" and name[1:].isdigit())
-            or (name.startswith("loop") and name[4:].isdigit())):
-        # t<digits> are the temporaries' names, loop<digits> the loop bodies'
+            or re.fullmatch(r"loop\d+(_i|_carry)?", name)):
+        # t<digits> are the temporaries' names, loop<digits> the loop bodies' (and their arguments)
 
         name += "_"
     return name
@@ -238,11 +239,11 @@ def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: li
     count[0] += 1
     carries = [pyname(namer, v) for v in loop.carries]
     line = f"  # line {op.span.line}" if op.span is not None else ""
-    lines.append(f"{indent}def {fn}(i, carry):{line}")
+    lines.append(f"{indent}def {fn}({fn}_i, {fn}_carry):{line}")
     inner = indent + "    "
-    lines.append(f"{inner}{pyname(namer, loop.index)} = jnp.asarray(i, jnp.int32)")
+    lines.append(f"{inner}{pyname(namer, loop.index)} = jnp.asarray({fn}_i, jnp.int32)")
     if carries:
-        lines.append(f"{inner}{', '.join(carries)}, = carry")
+        lines.append(f"{inner}{', '.join(carries)}, = {fn}_carry")
     for p, v in zip(loop.capture_params, loop.captures):
         lines.append(f"{inner}{pyname(namer, p)} = {pyname(namer, v)}")
     _ops(loop.body.ops, namer, constraint, inner, lines, count)

@@ -140,7 +140,8 @@ class Partitioner:
         key = (v, want)
         if key not in frame.hoisted:
             with self.outside(frame):
-                local = self.reshard(frame.outer[v], want, f"{why} (loop-invariant: hoisted out of the loop)")
+                hoist = " (loop-invariant: hoisted out of the loop)"
+                local = self.reshard(frame.outer[v], want, why if why.endswith(hoist) else why + hoist)
             inner = Value(local.type, v.name)
             frame.extra.append((local, inner))
             frame.hoisted[key] = inner
