@@ -6,8 +6,9 @@ drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsu
 contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
 ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
 logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout) and random `shard()`
-constraints, open `?` dims included. tests/test_coverage.py fails when an op of the op table can not
-come out of it.
+constraints, open `?` dims included; with `loops=True`, also `loop` statements (nested up to two
+deep) carrying a value with a random sharding through random ops, reading rows at the loop index.
+tests/test_coverage.py fails when an op of the op table can not come out of it.
 Dims are mostly small primes so uneven sharding is the common case.
 
 The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
@@ -116,8 +117,11 @@ def _broadcast(a, b):
 
 
 class Generator:
-    def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=()):
+    def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=(), loops=False):
         self.ch = ch
+        # `loop` statements too (off by default: a new op would change every seed's program, and
+        # tests pin programs by seed)
+        self.loops = loops
         self.exclude = frozenset(exclude)
         self.max_devices, self.min_ops, self.max_ops = max_devices, min_ops, max_ops
         self.params: list[tuple[Val, str | None]] = []
@@ -125,7 +129,7 @@ class Generator:
         self.pool: list[Val] = []
         self.counter = 0
         self.uses_bf16 = False
-        self.in_loop = False
+        self.in_loop = 0
 
     # ------------------------------------------------------------------ basics
 
@@ -761,7 +765,7 @@ class Generator:
     def op_loop(self):
         """A `loop` carrying one f32 value (laid out by a random shard()) through 1-3 random ops;
         the body reads the loop index (a cast, and a dynamic row of some value via take)."""
-        if self.in_loop:
+        if self.in_loop >= 2:
             return None
         a = self.pick(lambda v: v.dtype == "f32" and v.shape)
         if a is None:
@@ -773,8 +777,9 @@ class Generator:
         start = self.ch.int(0, 2) if self.ch.chance(0.3) else None
         rng = f"range({n})" if start is None else f"range({start}, {start + n})"
         self.lines.append(f"  loop {idx} in {rng} {{")
-        self.in_loop = True
+        self.in_loop += 1
         try:
+            self.pool.append(Val(idx, (), "i32", True))  # ops needing an integer value may read the index
             rows = [v for v in self.pool if len(v.shape) >= 2 and v.dtype != "bool"]
             if rows and self.ch.chance(0.5):
                 w = self.ch.choice(rows)
@@ -782,7 +787,7 @@ class Generator:
             for _ in range(self.ch.int(1, 3)):
                 self.step()
         finally:
-            self.in_loop = False
+            self.in_loop -= 1
         body = [v for v in self.pool[saved:] if v.dtype == "f32" and _broadcast(v.shape, carry.shape) == carry.shape]
         b = self.ch.choice(body) if body else carry
         scale = self.ch.choice(["0.5", f"cast({idx}, f32) * 0.25"])
@@ -797,7 +802,7 @@ class Generator:
         exact = carry.exact and b.exact
         return self.assign(carry.name, carry.shape, "f32", exact)
 
-    OPS = (("loop", 2), ("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
+    OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1), ("scan", 2),
@@ -806,7 +811,8 @@ class Generator:
            ("pool", 1), ("random", 1))
 
     def step(self):
-        names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]
+        ops = self.OPS + ((("loop", 5),) if self.loops else ())
+        names = [n for n, w in ops for _ in range(w) if n not in self.exclude]
         for _ in range(10):
             out = getattr(self, "op_" + self.ch.choice(names))()
             if out is not None:

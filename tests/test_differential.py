@@ -70,7 +70,7 @@ def check_ledger(spmd, src: str = "") -> None:
 
 @st.composite
 def programs(draw, max_devices=24, min_ops=2, max_ops=8, exclude=()):
-    return Generator(HypothesisChooser(draw), max_devices, min_ops, max_ops, exclude).program()
+    return Generator(HypothesisChooser(draw), max_devices, min_ops, max_ops, exclude, loops=True).program()
 
 
 _COMMON = dict(deadline=None, database=None,

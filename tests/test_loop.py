@@ -407,3 +407,38 @@ def test_nested_loops_hoist_to_the_outermost_and_run_on_every_backend():
     got = c.run(ins, backend="sim")
     np.testing.assert_allclose(got[0], x, rtol=1e-5, atol=1e-5)
     assert got[1] == k
+
+
+# ---------------------------------------------------------------------------------- random loops
+
+
+def random_loop_programs(first_seed, count, max_devices=16):
+    """The first `count` programs with a loop from seeds first_seed, first_seed + 1, ..."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from progen import Generator, RandomChooser
+
+    seed = first_seed
+    while count:
+        src = Generator(RandomChooser(seed), max_devices=max_devices, loops=True).program()
+        if "loop " in src:
+            count -= 1
+            yield seed, src
+        seed += 1
+
+
+def test_random_loops_on_the_simulator():
+    from test_differential import check_program
+
+    for _seed, src in random_loop_programs(500_000, 25):
+        check_program(src)
+
+
+def test_random_loops_on_jax():
+    for seed, src in random_loop_programs(600_000, 8):
+        c = spmdlang.compile(src)
+        tol = 3e-2 if "bf16" in src else None
+        d = c.diff(backends=["ref", "jax"], rtol=tol, atol=tol)
+        assert d["ok"], f"seed {seed}: {d['results']}\n{src}"
