@@ -442,3 +442,18 @@ def test_random_loops_on_jax():
         tol = 3e-2 if "bf16" in src else None
         d = c.diff(backends=["ref", "jax"], rtol=tol, atol=tol)
         assert d["ok"], f"seed {seed}: {d['results']}\n{src}"
+
+
+def test_a_loop_too_long_to_interpret_is_a_located_error():
+    c = spmdlang.compile("""
+mesh [x=2]
+func main(a: f32[4] {x}) -> f32[4] {
+  loop i in range(1000000000) { a = a * 0.5 }
+  return a
+}
+""")
+    assert len(list(all_ops(c.program.ops))) == 3  # compiling is instant, whatever the trip count
+    for backend in ("ref", "sim"):
+        with pytest.raises(spmdlang.SpmdError, match="once per iteration") as e:
+            c.run({"a": np.ones(4, np.float32)}, backend=backend)
+        assert e.value.line == 4
