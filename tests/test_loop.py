@@ -457,3 +457,27 @@ func main(a: f32[4] {x}) -> f32[4] {
         with pytest.raises(spmdlang.SpmdError, match="once per iteration") as e:
             c.run({"a": np.ones(4, np.float32)}, backend=backend)
         assert e.value.line == 4
+
+
+def test_stacked_weights_indexed_at_the_loop_index():
+    # w[l] on an unsplit layer dim is a local read; on a layer dim split over `stage` each shard
+    # reads the layer in place if it holds it and the shards are summed: once per iteration
+    src = """
+mesh [stage=2, model=2]
+func main(x: f32[8, 16], w: f32[6, 16, 16] {SPEC}) -> f32[8, 16] {
+  loop l in range(6) {
+    x = tanh(x @ w[l])
+  }
+  return x
+}
+"""
+    ins = inputs(x=(8, 16), w=(6, 16, 16))
+    want = ins["x"]
+    for i in range(6):
+        want = np.tanh(want @ ins["w"][i])
+    for spec, per_iteration in (("_, _, model", set()), ("stage, _, model", {("all_reduce", ("stage",))})):
+        c = spmdlang.compile(src.replace("SPEC", spec))
+        r = c.explain_report()
+        looped = {(x["kind"], tuple(x["axes"])) for x in r["collectives"] if x.get("trip_count") == 6}
+        assert per_iteration <= looped and not any(k == "all_reduce" and "stage" not in a for k, a in looped), looped
+        np.testing.assert_allclose(c.run(ins, backend="sim")[0], want, rtol=1e-5, atol=1e-5)
