@@ -354,7 +354,7 @@ func main(x: f32[8, 16] {data, _}, w: f32[16, 16] {_, model}) -> (f32[], f32[]) 
   other = sum(x)
   loop l in range(5) {
     acc = acc + sum(tanh(x @ w) * cast(l, f32))
-    other = other * 0.5 + sum(x @ w)
+    other = other * 0.5 + sum(tanh(x @ w) * cast(l + 1, f32))
   }
   return acc, other
 }
@@ -370,7 +370,7 @@ def test_accumulation_with_a_nonzero_start_and_one_that_cannot_be_deferred():
     acc, other = np.float32(ins["x"].mean() * 3), ins["x"].sum()
     for i in range(5):
         acc = acc + (np.tanh(ins["x"] @ ins["w"]) * i).sum()
-        other = other * 0.5 + (ins["x"] @ ins["w"]).sum()
+        other = other * 0.5 + (np.tanh(ins["x"] @ ins["w"]) * (i + 1)).sum()
     for backend in ("sim", "jax"):
         got = c.run(ins, backend=backend)
         np.testing.assert_allclose(got[0], acc, rtol=1e-4)
@@ -481,3 +481,28 @@ func main(x: f32[8, 16], w: f32[6, 16, 16] {SPEC}) -> f32[8, 16] {
         looped = {(x["kind"], tuple(x["axes"])) for x in r["collectives"] if x.get("trip_count") == 6}
         assert per_iteration <= looped and not any(k == "all_reduce" and "stage" not in a for k, a in looped), looped
         np.testing.assert_allclose(c.run(ins, backend="sim")[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_loop_invariant_work_and_its_communication_leave_the_loop():
+    src = """
+mesh [model=4]
+func main(x: f32[8, 16], w: f32[16, 16] {model, _}, b: f32[16]) -> f32[8, 16] {
+  loop i in range(6) {
+    v = shard(w * 2.0 + 1.0, {_, _})
+    x = tanh(x @ v + b * 0.5) + cast(i, f32) * 0.01
+  }
+  return x
+}
+"""
+    c = spmdlang.compile(src)
+    r = c.explain_report()
+    assert [(x["kind"], x.get("trip_count", 1)) for x in r["collectives"]] == [("all_gather", 1)]
+    (loop,) = loops(c.canonical)
+    body_kinds = [op.kind for op in loop.regions[0].ops]
+    assert body_kinds.count("mul") == 1  # only cast(i) * 0.01 stays: it reads i
+    assert not [k for k in body_kinds if k == "shard"]
+    ins = inputs(x=(8, 16), w=(16, 16), b=(16,))
+    want = ins["x"]
+    for i in range(6):
+        want = np.tanh(want @ (ins["w"] * 2 + 1) + ins["b"] * 0.5) + np.float32(i * 0.01)
+    np.testing.assert_allclose(c.run(ins, backend="sim")[0], want, rtol=1e-5, atol=1e-5)

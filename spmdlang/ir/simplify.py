@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from .core import Op, Program, Region
+from .core import LOOP, Loop, Op, Program, Region, Value, make_loop
 
 
 def _full_except(op: Op, axis: int) -> bool:
@@ -136,8 +136,60 @@ def _region_rotations(region: Region) -> Region:
     return region if all(a is b for a, b in zip(ops, region.ops)) else region.replace(ops=tuple(ops))
 
 
+def hoist_invariants(ops_in) -> list[Op]:
+    """Loop-invariant code motion: a body op whose operands are all loop-invariant (captures, or
+    results of such ops) runs once, before the loop, and its result comes in as a capture, so
+    whatever communication it needs happens once too. Constants move only along with an op that
+    uses them (a copy stays in the body if the body uses them as well); nested loops first."""
+    out: list[Op] = []
+    for op in ops_in:
+        if op.kind != LOOP:
+            out.append(op)
+            continue
+        loop = Loop(op)
+        body_ops = hoist_invariants(loop.body.ops)
+        invariant: set[Value] = set(loop.capture_params)
+        inv_ops = []
+        for bop in body_ops:
+            if not bop.regions and all(v in invariant for v in bop.operands):
+                inv_ops.append(bop)
+                invariant.update(bop.results)
+        users: dict[Value, list[Op]] = {}
+        for bop in body_ops:
+            for v in bop.operands:
+                users.setdefault(v, []).append(bop)
+        moved = {bop for bop in inv_ops if bop.operands}
+        moved |= {bop for bop in inv_ops if not bop.operands
+                  and any(u in moved for r in bop.results for u in users.get(r, ()))}
+        if not any(bop.operands for bop in moved):
+            out.append(op.replace(regions=(loop.body.replace(ops=tuple(body_ops)),)))
+            continue
+        outer = dict(zip(loop.capture_params, loop.captures))  # body value -> its value outside
+        for bop in body_ops:
+            if bop in moved:
+                clone = bop.replace(operands=tuple(outer[v] for v in bop.operands),
+                                    results=tuple(Value(r.type, r.name) for r in bop.results))
+                out.append(clone)
+                outer.update(zip(bop.results, clone.results))
+        kept = [bop for bop in body_ops if bop not in moved or (not bop.operands and any(
+            u not in moved for r in bop.results for u in users.get(r, ())))]
+        kept_results = {r for bop in kept for r in bop.results}
+        needed = {v for bop in kept for v in bop.operands} | set(loop.body.results)
+        new_params = {r: Value(r.type, r.name) for bop in body_ops if bop in moved and bop not in kept
+                      for r in bop.results if r in needed and r not in kept_results}
+        kept = [bop.replace(operands=tuple(new_params.get(v, v) for v in bop.operands)) for bop in kept]
+        results = tuple(new_params.get(v, v) for v in loop.body.results)
+        used = {v for bop in kept for v in bop.operands} | set(results)
+        # captures the body still reads: the old ones it did not hand over, then the hoisted values
+        caps = [(p, c) for p, c in zip(loop.capture_params, loop.captures) if p in used]
+        caps += [(p, outer[r]) for r, p in new_params.items()]
+        body = Region((loop.index, *loop.carries, *(p for p, _ in caps)), tuple(kept), results)
+        out.append(make_loop(loop.start, loop.stop, loop.inits, [c for _, c in caps], body, op.results, op.span))
+    return out
+
+
 def simplify(prog: Program) -> Program:
-    ops = _rotations(prog.ops)
+    ops = _rotations(hoist_invariants(prog.ops))
     kept = live_ops(ops, {r.value for r in prog.results} | {v for _, v, _ in prog.names})
     if len(kept) == len(prog.ops) and all(a is b for a, b in zip(kept, prog.ops)):
         return prog
