@@ -117,7 +117,7 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     written = Plan("as written", _with_overrides(text, module, mesh, consts, base), base)
 
     t0 = time.perf_counter()
-    prob = ilp.build(base.canonical)
+    prob = ilp.build(base.canonical, attach_params=budget is None)
     if method == "auto":
         method = "ilp" if ilp.have_solver() and prob.size <= ilp.MAX_ILP_VARIABLES else "greedy"
     solve = ilp.solve_ilp if method == "ilp" else ilp.solve_greedy

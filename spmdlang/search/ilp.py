@@ -50,7 +50,7 @@ from ..partition.factors import PASS, REDUCTION, FactorRule, project, unproject
 from ..partition.reshard import plan_reshard
 
 MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
-MAX_STRATEGIES = 96  # per unit: the most sharded first
+MAX_STRATEGIES = 32  # per unit: the replicated one and the most sharded
 TIME_LIMIT_S = 30.0
 
 
@@ -188,12 +188,24 @@ def op_views(op, rule: FactorRule, mesh: Mesh) -> list[View]:
             work = op.result.type.size / FLOPS_PER_BYTE
             cands.insert(0, View((fixed,), (fixed,), work))
         return cands[:MAX_STRATEGIES]
-    views = [op_view(op, rule, fa, mesh) for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes)
-             if _valid(rule, fa, mesh)]
+    views, seen = [], {}
+    for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes):
+        if not _valid(rule, fa, mesh):
+            continue
+        v = op_view(op, rule, fa, mesh)
+        k = (v.reqs, v.outs)
+        if k in seen:  # the same layouts: keep the cheaper
+            if v.work < views[seen[k]][0].work:
+                views[seen[k]] = (v, len(set(fa)))
+            continue
+        seen[k] = len(views)
+        views.append((v, len(set(fa))))
     if len(views) > MAX_STRATEGIES:
-        replicated = views[0]
-        views = sorted(views[1:], key=lambda v: v.work)[: MAX_STRATEGIES - 1] + [replicated]
-    return views
+        # the least local work first; among equals, axes spread over more factors (data and model
+        # parallel at once before two axes on one dim), then enumeration order
+        order = sorted(range(1, len(views)), key=lambda i: (views[i][0].work, -views[i][1], i))
+        views = [views[0]] + [views[i] for i in sorted(order[: MAX_STRATEGIES - 1])]
+    return [v for v, _ in views]
 
 
 def param_views(p, mesh: Mesh) -> list[View]:
@@ -219,6 +231,15 @@ def _follower_view(op, rule: FactorRule, main: int, src: Sharding, mesh: Mesh) -
     return op_view(op, rule, fa, mesh)
 
 
+def _attached_view(op, rule: FactorRule, want: Sharding, mesh: Mesh) -> View:
+    """An op laid out as its one user wants its result (what its factors can hold of that)."""
+    fa = project(rule.results[0], want.dims, rule.sizes, mesh, op.result.type.shape)
+    fa = {f: a for f, a in fa.items() if rule.kinds[f] == PASS}
+    if not _valid(rule, fa, mesh):
+        fa = {}
+    return op_view(op, rule, fa, mesh)
+
+
 # ---------------------------------------------------------------------------------- the graph
 
 
@@ -230,7 +251,8 @@ def _op_key(op, rule):
             tuple(str(r.type) for r in op.results), rule)
 
 
-def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True) -> Problem:
+def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True,
+          attach_params: bool = True) -> Problem:
     from ..partition.propagate import op_rule
 
     mesh = prog.mesh
@@ -249,14 +271,41 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         rules[op] = op_rule(op)
         for j, r in enumerate(op.results):
             producer[r] = (op, j)
+    # attached: a broadcast (or other layout op) of parameters or of nothing, used once, is laid out
+    # as its one user wants it
+    users: dict = {}
+    for op in prog.ops:
+        for i, v in enumerate(op.operands):
+            users.setdefault(v, []).append((op, i))
+    returned = {r.value for r in prog.results}
+    attached: dict = {}
+    for op in prog.ops:
+        opdef = registry.get(op.kind)
+        if (merge_elementwise and opdef.family in ("layout", "create") and len(op.results) == 1
+                and op.result not in returned and len(users.get(op.result, [])) == 1
+                and all(hasattr(producer[v][0], "value") for v in op.operands if v in producer)):
+            attached[op] = users[op.result][0]
+    # a parameter used once, unannotated, is stored as its user wants it (no memory budget: a
+    # layout other than the one it is used in would only add a reshard)
+    attached_params = {}
+    if attach_params:
+        for p in prog.params:
+            if p.sharding is None and p.value not in returned and len(users.get(p.value, [])) == 1:
+                attached_params[p] = users[p.value][0]
+                root_of[p] = None
     # followers: elementwise ops adopt their main producer's strategy
     main_of: dict = {}
     for op in prog.ops:
+        if op in attached:
+            root_of[op] = None
+            continue
         opdef = registry.get(op.kind)
         main = None
         if merge_elementwise and opdef.family == "elementwise" and len(op.results) == 1 and not opdef.constraint:
             for i, v in enumerate(op.operands):
-                if v.type.shape == op.result.type.shape and v in producer and not hasattr(producer[v][0], "value"):
+                src = producer.get(v, (None,))[0]
+                if v.type.shape == op.result.type.shape and src is not None and not hasattr(src, "value") \
+                        and src not in attached:
                     main = i  # a parameter's layout is its own choice: never follow one
                     break
         if main is not None:
@@ -270,7 +319,7 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     by_key: dict = {}
     for u in units:
         if root_of[u] is not u:
-            continue
+            continue  # a follower, or attached
         key = _op_key(u, rules[u]) if (tie_layers and not hasattr(u, "value")) else None
         if key is not None and key in by_key:
             g = by_key[key]
@@ -282,11 +331,18 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         groups[g].roots.append(u)
         group_of[u] = g
     for op in prog.ops:
-        if op in root_of and root_of[op] is not op:
+        if root_of[op] is not None and root_of[op] is not op:
             group_of[op] = group_of[root_of[op]]
+    for op in reversed(prog.ops):
+        if op in attached:
+            group_of[op] = group_of[attached[op][0]]
+    for p, (user, _i) in attached_params.items():
+        group_of[p] = group_of[user]
     # views per unit, indexed by its group's strategy (program order: a follower's main producer first)
     followed: dict = {}  # identical followers of identical producers share one list
     for op in prog.ops:
+        if op in attached:
+            continue
         if op in main_of:
             src_unit, j = producer[op.operands[main_of[op]]]
             k = (_op_key(op, rules[op]), id(views[src_unit]), j) if tie_layers else None
@@ -299,6 +355,12 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
             views[op] = views[groups[group_of[op]].roots[0]]
         else:
             views[op] = op_views(op, rules[op], mesh)
+    for op in reversed(prog.ops):
+        if op in attached:
+            user, i = attached[op]
+            views[op] = [_attached_view(op, rules[op], v.reqs[i], mesh) for v in views[user]]
+    for p, (user, i) in attached_params.items():
+        views[p] = [View((), (Sharding(v.reqs[i].dims),), 0.0) for v in views[user]]
     for u in units:
         groups[group_of[u]].units.append(u)
     for g in groups:
@@ -311,7 +373,8 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
             g.node_cost[s] += v.work
         if hasattr(u, "value"):
             t = u.value.type
-            g.param_bytes = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, mesh)) for v in views[u]]
+            nbytes = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, mesh)) for v in views[u]]
+            g.param_bytes = [a + b for a, b in zip(g.param_bytes, nbytes)] if g.param_bytes else nbytes
     # edges: one reshard question per distinct (result layout, wanted layout) pair
     edges: dict = {}
     cache: dict = {}
@@ -334,6 +397,12 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
             src_unit, j = producer[v]
             ga = group_of[src_unit]
             shape, isz = v.type.shape, itemsize(v.type.dtype)
+            if ga == gb:  # inside a group: only each strategy against itself
+                g = groups[ga]
+                outs, reqs = views[src_unit], views[op]
+                g.node_cost = [c + _edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache)
+                               for s, c in enumerate(g.node_cost)]
+                continue
             sk = (id(views[src_unit]), j, id(views[op]), i)
             if sk not in smalls:
                 ia, da = classes([x.outs[j] for x in views[src_unit]], (id(views[src_unit]), j, "out"))
@@ -344,9 +413,6 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
                         small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache)
                 smalls[sk] = (small[np.ix_(ia, ib)], views[src_unit], views[op])
             full = smalls[sk][0]
-            if ga == gb:
-                groups[ga].node_cost = list(np.asarray(groups[ga].node_cost) + np.diagonal(full))
-                continue
             key = (ga, gb) if ga < gb else (gb, ga)
             if ga > gb:
                 full = full.T
