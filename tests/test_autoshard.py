@@ -19,25 +19,10 @@ import pytest
 import spmdlang
 from spmdlang.frontend.parse import parse
 from spmdlang.search import ilp
-from spmdlang.shard_search import Plan, autoshard, strip_annotations
+from spmdlang.shard_search import Plan, autoshard, batch_only, strip_annotations
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = sorted((ROOT / "programs").glob("*.spmd"))
-
-
-def batch_only(text: str, filename: str = "<input>") -> str:
-    """Every annotation of the entry function removed but the first split dim of the first parameter."""
-    module, _ = parse(text, filename)
-    func = next(f for f in module.funcs if f.name == "main")
-    p = func.params[0]
-    entries, done = [], False
-    for e in p.spec.entries:
-        if e.axes and e.axes != ("_",) and not done:
-            entries.append(e.axes[0] if len(e.axes) == 1 else "(" + ", ".join(e.axes) + ")")
-            done = True
-        else:
-            entries.append("_")
-    return strip_annotations(text, {p.name: "{" + ", ".join(entries) + "}"})
 
 
 @cache
@@ -261,10 +246,10 @@ def _diff_cli(path: Path, backends: str) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("name", ["mlp.spmd", "moe.spmd"])
-def test_programs_pass_diff(name, tmp_path):
+@pytest.mark.parametrize("name,budget", [("mlp.spmd", None), ("moe.spmd", 4_000_000)])
+def test_programs_pass_diff(name, budget, tmp_path):
     path = tmp_path / name
-    path.write_text(searched(name).source)
+    path.write_text(searched(name, budget).source)
     assert _diff_cli(path, "sim,jax")["ok"]
 
 

@@ -340,6 +340,7 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         group_of[p] = group_of[user]
     # views per unit, indexed by its group's strategy (program order: a follower's main producer first)
     followed: dict = {}  # identical followers of identical producers share one list
+    interned: dict = {}
     for op in prog.ops:
         if op in attached:
             continue
@@ -355,12 +356,21 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
             views[op] = views[groups[group_of[op]].roots[0]]
         else:
             views[op] = op_views(op, rules[op], mesh)
+        views[op] = interned.setdefault(tuple(views[op]), views[op])  # equal lists: one object
     for op in reversed(prog.ops):
         if op in attached:
             user, i = attached[op]
-            views[op] = [_attached_view(op, rules[op], v.reqs[i], mesh) for v in views[user]]
+            k = (_op_key(op, rules[op]), id(views[user]), i) if tie_layers else None
+            if k is None or k[0] is None or k not in followed:
+                vs = [_attached_view(op, rules[op], v.reqs[i], mesh) for v in views[user]]
+                if k is not None and k[0] is not None:
+                    followed[k] = (vs, views[user])
+            views[op] = vs if k is None or k[0] is None or k not in followed else followed[k][0]
     for p, (user, i) in attached_params.items():
         views[p] = [View((), (Sharding(v.reqs[i].dims),), 0.0) for v in views[user]]
+    # equal lists become one object: the edge costs below are computed once per pair of lists
+    for u in units:
+        views[u] = interned.setdefault(tuple(views[u]), views[u])
     for u in units:
         groups[group_of[u]].units.append(u)
     for g in groups:
@@ -389,6 +399,8 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         return distinct[k]
 
     smalls: dict = {}
+    for g in groups:
+        g.node_cost = np.asarray(g.node_cost, dtype=float)
     for op in prog.ops:
         gb = group_of[op]
         for i, v in enumerate(op.operands):
@@ -400,8 +412,11 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
             if ga == gb:  # inside a group: only each strategy against itself
                 g = groups[ga]
                 outs, reqs = views[src_unit], views[op]
-                g.node_cost = [c + _edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache)
-                               for s, c in enumerate(g.node_cost)]
+                dk = (id(outs), j, id(reqs), i, "diag")
+                if dk not in smalls:
+                    smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache)
+                                            for s in range(g.n)]), outs, reqs)
+                g.node_cost = np.asarray(g.node_cost) + smalls[dk][0]
                 continue
             sk = (id(views[src_unit]), j, id(views[op]), i)
             if sk not in smalls:
@@ -537,7 +552,7 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), time_limit
     res = milp(np.array(c), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
                integrality=np.array(integrality), bounds=Bounds(np.zeros(n), np.ones(n)),
                options={"time_limit": time_limit, "presolve": True})
-    if res.x is None:
+    if res.x is None:  # infeasible, or no plan found in the time limit
         return None
     choice = {}
     for gi, g in enumerate(prob.groups):
