@@ -127,15 +127,16 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
         finally:
             clock[0] += time.perf_counter() - t0
 
-    prob = timed(ilp.build, base.canonical, attach_params=budget is None)
+    prob = timed(ilp.build, base.canonical)
     if method == "auto":
         method = "ilp" if ilp.have_solver() and prob.size <= ilp.MAX_ILP_VARIABLES else "greedy"
     solve = ilp.solve_ilp if method == "ilp" else ilp.solve_greedy
     limit = None if budget is None else float(budget)
     plans: list[Plan] = []
     best = timed(solve, prob, limit)
-    # the budget binds the compiled peak, which holds activations too: tighten and solve again
-    for _ in range(4):
+    # the budget binds the compiled peak, which holds activations too: tighten the parameters'
+    # share by what the plan went over, and solve again (keeping the last plan if none is found)
+    for _ in range(5):
         if best is None:
             break
         plan = _plan(text, module, func, base, prob, best, mesh, consts, entry, filename, "autoshard")
@@ -143,14 +144,16 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
             break
         over = plan.totals()["peak_bytes_per_device"] - budget
         limit = prob.param_bytes(best.choice) - over
-        best = timed(solve, prob, limit)
+        nxt = timed(solve, prob, limit) if limit > 0 else None
+        if nxt is None:
+            break
+        best = nxt
     if best is not None:
         solutions = [best]
-        first_s = clock[0]
         for _ in range(n_runners):
-            # runners-up are for the report: the best found in a short time, not proven optimal
-            extra = {"time_limit": max(1.0, first_s)} if method == "ilp" else {}
-            nxt = timed(solve, prob, limit, exclude=[s.choice for s in solutions], **extra)
+            # runners-up are for the report: the greedy search's best plan that lays out some
+            # parameter otherwise than every plan before it (fast, deterministic, not proven optimal)
+            nxt = timed(ilp.solve_greedy, prob, limit, exclude=[s.choice for s in solutions])
             if nxt is None:
                 break
             solutions.append(nxt)

@@ -51,7 +51,8 @@ from ..partition.reshard import plan_reshard
 
 MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
 MAX_STRATEGIES = 32  # per unit: the replicated one and the most sharded
-TIME_LIMIT_S = 30.0
+TIME_LIMIT_S = 120.0  # a safety net only: the answer must not depend on the machine's speed
+MIP_REL_GAP = 1e-3  # stop within 0.1% of the optimum's bound
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,10 @@ class Problem:
         for (a, b), m in self.edges.items():
             total += float(m[choice[a], choice[b]])
         return total
+
+    def param_layouts(self, choice: dict[int, int]) -> tuple:
+        """The layout of every parameter under `choice`."""
+        return tuple(self.views[p][choice[self.group_of[p]]].outs[0] for p in self.program.params)
 
     def param_bytes(self, choice: dict[int, int]) -> float:
         return sum(g.param_bytes[choice[i]] for i, g in enumerate(self.groups) if g.param_bytes)
@@ -488,7 +493,8 @@ def _classes(rows):
     return list(seen.items())
 
 
-def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), time_limit: float = TIME_LIMIT_S):
+def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit: int | None = None,
+              time_limit: float = TIME_LIMIT_S):
     """The optimum of the integer program; `exclude`: parameter layouts already taken (each a
     dict group -> strategy), so the answer differs from each of them in some parameter.
     Returns None when infeasible."""
@@ -551,7 +557,8 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), time_limit
     a = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
     res = milp(np.array(c), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
                integrality=np.array(integrality), bounds=Bounds(np.zeros(n), np.ones(n)),
-               options={"time_limit": time_limit, "presolve": True})
+               options={"time_limit": time_limit, "presolve": True, "mip_rel_gap": MIP_REL_GAP,
+                        **({"node_limit": node_limit} if node_limit is not None else {})})
     if res.x is None:  # infeasible, or no plan found in the time limit
         return None
     choice = {}
@@ -587,9 +594,10 @@ def solve_greedy(prob: Problem, budget: float | None = None, exclude=(), passes:
     def fits(ch):
         return budget is None or prob.param_bytes(ch) <= budget
 
+    excluded = {prob.param_layouts(t) for t in exclude}
+
     def allowed(ch):
-        taken = tuple(ch[g] for g in pgroups)
-        return all(taken != tuple(t[g] for g in pgroups) for t in exclude)
+        return prob.param_layouts(ch) not in excluded
 
     for _ in range(passes):
         improved = False
@@ -614,7 +622,7 @@ def solve_greedy(prob: Problem, budget: float | None = None, exclude=(), passes:
         return None
     if not allowed(choice):  # the nearest plan with another parameter layout
         best = None
-        for gi in pgroups:
+        for gi in range(ng):
             for s in range(prob.groups[gi].n):
                 trial = dict(choice)
                 trial[gi] = s
