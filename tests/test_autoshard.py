@@ -294,3 +294,21 @@ def test_cli_errors(tmp_path):
     out = tmp_path / "never.spmd"
     r = _cli(str(ROOT / "programs" / "mlp.spmd"), "--memory-per-device", "1000", "-o", str(out))
     assert r.returncode == 1 and "error:" in r.stderr and not out.exists()  # nothing half-written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp.spmd", "transformer_block.spmd"])
+def test_measured_collectives_no_more_than_xla_with_the_hand_annotations(name):
+    """Read from compiled HLO: our module for the autoshard plan against XLA's GSPMD partitioning
+    the hand-annotated program."""
+    from spmdlang.backend_jax.hlo import collectives, compiled_text
+
+    def measured(c, backend):
+        r = c.runner(backend)
+        inputs = c.random_inputs(0)
+        hlo = collectives(compiled_text(r.fn, *r.module.place([inputs[p.name] for p in c.program.params], r.mesh)))
+        return len(hlo), sum(x["bytes_per_device"] for x in hlo)
+
+    ours = measured(searched(name).compiled, "jax")
+    xla = measured(spmdlang.compile(str(ROOT / "programs" / name)), "xla")
+    assert ours[0] <= xla[0] and ours[1] <= xla[1], (ours, xla)
