@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("--verify", action="store_true",
                         help="check the IR after every pass (as SPMDLANG_VERIFY=1 does); for compiler debugging")
+    common.add_argument("--shard-weight-updates", metavar="AXIS", default=None,
+                        help="shard every elementwise weight update replicated over AXIS: its gradient is "
+                        "reduce-scattered, the update and optimizer state run on a shard, the new weights "
+                        "are all-gathered (Xu et al. 2020)")
 
     p = argparse.ArgumentParser(
         prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
@@ -209,13 +213,14 @@ def _compile(args):
 
     if args.file == "-":
         return compile_program(_read_stdin(), mesh=args.mesh, consts=args.consts, entry=args.entry,
-                               filename=STDIN_NAME, verify=True if args.verify else None)
+                               filename=STDIN_NAME, verify=True if args.verify else None,
+                               shard_weight_updates=args.shard_weight_updates)
     if not os.path.exists(args.file):
         raise UsageError(f"no such file: '{args.file}'")
     if os.path.isdir(args.file):
         raise UsageError(f"'{args.file}' is a directory, not a .spmd file")
     return compile_program(args.file, mesh=args.mesh, consts=args.consts, entry=args.entry,
-                           verify=True if args.verify else None)
+                           verify=True if args.verify else None, shard_weight_updates=args.shard_weight_updates)
 
 
 def _read_stdin() -> str:
