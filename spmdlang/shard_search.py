@@ -214,8 +214,38 @@ class _Text:
     def insert(self, at: int, new: str) -> None:
         self.edits.append((at, at, new))
 
-    def wrap(self, s: Span, before: str, after: str) -> None:
-        a, b = self.span(s)
+    def extent(self, node) -> tuple[int, int]:
+        """Offsets of the whole text of an expression: a node's own span can be a part of it (a
+        binary operator's is its operator token), so take every sub-node's, then the parentheses
+        that close around them."""
+        a, b = self.span(node.span)
+
+        def walk(n):
+            nonlocal a, b
+            for v in vars(n).values():
+                for x in (v if isinstance(v, list) else [v]):
+                    if isinstance(x, A.Node) and x.span is not None and x.span.end_line is not None:
+                        xa, xb = self.span(x.span)
+                        a, b = min(a, xa), max(b, xb)
+                        walk(x)
+
+        walk(node)
+        while True:
+            depth = 0
+            low = 0
+            for ch in self.text[a:b]:
+                depth += ch == "("
+                depth -= ch == ")"
+                low = min(low, depth)
+            if low < 0:  # a ')' closes something opened before: take its '('
+                a = self.text.rindex("(", 0, a)
+            elif depth > 0:
+                b = self.text.index(")", b) + 1
+            else:
+                return a, b
+
+    def wrap(self, node, before: str, after: str) -> None:
+        a, b = self.extent(node)
         self.edits.append((a, a, before))
         self.edits.append((b, b, after))
 
@@ -341,7 +371,7 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
             continue
         want = _spec(prob.sharding(unit, sol, j))
         if want != _spec(c1.propagation.shardings[got]):
-            t.wrap(s.value.span, "shard(", f", {want})")
+            t.wrap(s.value, "shard(", f", {want})")
             constraints.append({"line": s.span.line, "name": s.target, "sharding": want})
     if not constraints:
         return p1
@@ -379,10 +409,9 @@ def strip_annotations(text: str, keep: dict[str, str] | None = None, filename: s
 
     def strip_calls(node):
         if isinstance(node, A.Call) and node.func == "shard" and node.args:
-            a, _b = t.span(node.span)
+            a, eb = t.extent(node)
             inner = node.args[0]
-            ia, ib = t.span(inner.span)
-            _ea, eb = t.span(node.span)
+            ia, ib = t.extent(inner)
             t.edits.append((a, ia, ""))
             t.edits.append((ib, eb, ""))
             strip_calls(inner)
