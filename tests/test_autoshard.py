@@ -22,7 +22,8 @@ from spmdlang.search import ilp
 from spmdlang.shard_search import Plan, autoshard, batch_only, strip_annotations
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = sorted((ROOT / "programs").glob("*.spmd"))
+# autoshard does not search loops yet (a located error, tests/test_loop.py): the loop programs are left out
+PROGRAMS = sorted(p for p in (ROOT / "programs").glob("*.spmd") if "\n  loop " not in p.read_text())
 
 
 @cache

@@ -506,3 +506,11 @@ func main(x: f32[8, 16], w: f32[16, 16] {model, _}, b: f32[16]) -> f32[8, 16] {
     for i in range(6):
         want = np.tanh(want @ (ins["w"] * 2 + 1) + ins["b"] * 0.5) + np.float32(i * 0.01)
     np.testing.assert_allclose(c.run(ins, backend="sim")[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_autoshard_of_a_loop_is_a_located_error():
+    from spmdlang.shard_search import autoshard
+
+    with pytest.raises(spmdlang.SpmdError, match="does not search programs with a `loop`") as e:
+        autoshard(STACK)
+    assert e.value.line == 6
