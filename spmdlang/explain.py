@@ -89,6 +89,7 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
         collectives.append({
             "kind": col.kind, "axes": list(col.axes), "bytes_per_device": int(round(col.bytes_per_device)),
             "line": col.line, "op": col.op, "reason": col.reason,
+            "pass": "backward" if col.backward else "forward",
             "time_us": round(collective_time_us(col.kind, c.mesh.group_size(col.axes), col.bytes_per_device,
                                                 col.axes, bandwidth, latency, preset), 3),
         })
@@ -107,11 +108,13 @@ def render_explain(console, c, report, show=()) -> None:
     from rich.markup import escape
 
     render_check(console, c, report)
-    cols = table("line", "kind", "axes", "bytes", "time (us)", "why", text_column="why",
-                 texts=[x["reason"] for x in report["collectives"]])
+    # a program that differentiates says which pass each collective belongs to
+    passes = any(x["pass"] == "backward" for x in report["collectives"])
+    cols = table("line", *(("pass",) if passes else ()), "kind", "axes", "bytes", "time (us)", "why",
+                 text_column="why", texts=[x["reason"] for x in report["collectives"]])
     for x in report["collectives"]:
-        cols.add_row(str(x["line"] or ""), x["kind"], ",".join(x["axes"]), f"{x['bytes_per_device']:,}",
-                     f"{x['time_us']:.1f}", escape(x["reason"]))
+        cols.add_row(str(x["line"] or ""), *((x["pass"],) if passes else ()), x["kind"], ",".join(x["axes"]),
+                     f"{x['bytes_per_device']:,}", f"{x['time_us']:.1f}", escape(x["reason"]))
     if report["collectives"]:
         heading(console, "collectives (per device)")
         console.print(cols)

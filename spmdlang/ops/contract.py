@@ -8,7 +8,7 @@ from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder, einsum_rule
 from .moving import partition_conv
-from .registry import Family, PartialMode, ReduceKind, check, register
+from .registry import Family, Grad, PartialMode, ReduceKind, check, register, set_vjp
 
 # ---------------------------------------------------------------------------------- einsum
 
@@ -157,3 +157,29 @@ register("conv", doc="convolution [N, spatial..., C] x [window..., C, F] -> [N, 
          partial=PartialMode.multilinear, reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
          family=Family.contract)
 
+
+
+# ---------------------------------------------------------------------------------- derivatives
+
+
+def _einsum_vjp(d, op, ct):
+    """Operand i's cotangent is an einsum of the result cotangent with the other operands, onto
+    operand i's indices; indices that only operand i has (summed away alone) are broadcast back."""
+    ins, out = parse_einsum(op.attrs["spec"], [v.type.rank for v in op.operands])
+    if not T.is_float(op.result.type.dtype):
+        return (None,) * len(op.operands)
+    cts = []
+    for i, v in enumerate(op.operands):
+        others = [(ins[j], op.operands[j]) for j in range(len(ins)) if j != i]
+        seen = set(out) | {c for letters, _ in others for c in letters}
+        mine = "".join(c for c in ins[i] if c in seen)
+        spec = ",".join([out] + [letters for letters, _ in others]) + "->" + mine
+        g = d.emit("einsum", ct, *[w for _, w in others], spec=spec)
+        if mine != ins[i]:
+            g = d.emit("broadcast_in_dim", g, shape=v.type.shape, dims=tuple(ins[i].index(c) for c in mine))
+        cts.append(g)
+    return tuple(cts)
+
+
+set_vjp("einsum", _einsum_vjp)
+set_vjp("conv", Grad.unsupported)  # needs conv with lhs/rhs dilation and feature groups

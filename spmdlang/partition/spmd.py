@@ -44,6 +44,7 @@ class Collective:
     reason: str
     local_op: Op | None = None
     reduce: str = "sum"
+    backward: bool = False  # needed by an op of the backward pass (differentiation)
 
 
 @dataclass
@@ -222,7 +223,7 @@ class Partitioner:
         op = self.current
         line = op.span.line if op is not None and op.span else None
         self.ledger.append(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
-                                      reason, local_op, reduce))
+                                      reason, local_op, reduce, bool(op is not None and op.backward)))
         self.notes[local_op] = reason
 
     def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
@@ -296,10 +297,12 @@ class Partitioner:
             self.state[p.value] = (local, s)
         for op in self.prog.ops:
             self.current, self.span = op, op.span
+            self.b.backward = op.backward
             self.partition_op(op)
         results, outs = [], []
         for r in self.prog.results:
             self.current, self.span = None, r.span
+            self.b.backward = False
             s = self.target(r.value).closed().with_partial(())
             local = self.reshard(r.value, s, "for the result")
             results.append(Result(local, s, r.span))
