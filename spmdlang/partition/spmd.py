@@ -44,7 +44,7 @@ class Collective:
     reason: str
     local_op: Op | None = None
     reduce: str = "sum"
-    backward: bool = False  # needed by an op of the backward pass (differentiation)
+    backward: bool | None = False  # needed by the backward pass (differentiation); None: both passes
 
 
 @dataclass
@@ -163,8 +163,10 @@ class Partitioner:
             self.cache[(v, st.after.closed())] = x
             # what the emitted collective really sends (padding included), not the plan's estimate
             sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in col.operands))
+            made = self.producer.get(v)
             self.log(st.kind, st.axes, sent, st.reduce,
-                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
+                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col,
+                     backward=made is not None and made.backward)
         return x
 
     def all_to_all_dims(self, x: Value, moves, axes, k: int):
@@ -215,7 +217,9 @@ class Partitioner:
         line = f" at line {op.span.line}" if op.span else ""
         return f"the {op.kind} result{line} ({v.type})"
 
-    def log(self, kind, axes, nbytes, reduce, reason, local_op):
+    def log(self, kind, axes, nbytes, reduce, reason, local_op, backward=False):
+        """`backward`: the collective moves a value of the backward pass (a gradient settled for
+        its update counts as backward even though the update is a forward op)."""
         if kind == "all_reduce" and reduce == "prod":
             # jax has no product all-reduce: it runs as an all_gather and a local product
             kind = "all_gather"
@@ -223,7 +227,7 @@ class Partitioner:
         op = self.current
         line = op.span.line if op is not None and op.span else None
         self.ledger.append(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
-                                      reason, local_op, reduce, bool(op is not None and op.backward)))
+                                      reason, local_op, reduce, bool(backward or op is not None and op.backward)))
         self.notes[local_op] = reason
 
     def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
