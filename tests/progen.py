@@ -118,8 +118,8 @@ def _broadcast(a, b):
 class Generator:
     def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=(), grad=False):
         self.ch = ch
-        self.grad = grad  # grad_program(): draw only what can be differentiated (no conv yet)
-        self.exclude = frozenset(exclude) | ({"conv"} if grad else frozenset())
+        self.grad = grad  # grad_program() draws stop_gradient too
+        self.exclude = frozenset(exclude)
         self.max_devices, self.min_ops, self.max_ops = max_devices, min_ops, max_ops
         self.params: list[tuple[Val, str | None]] = []
         self.lines: list[str] = []
