@@ -84,6 +84,8 @@ def print_program(prog: Program, shardings: dict[Value, Sharding] | None = None,
         comment = []
         if op.span is not None:
             comment.append(f"line {op.span.line}")
+        if op.backward:
+            comment.append("backward")
         if notes and op in notes:
             comment.append(notes[op])
         tail = f"  # {'; '.join(comment)}" if comment else ""
