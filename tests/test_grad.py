@@ -223,7 +223,8 @@ def _f64_source(src: str) -> str:
 
 def finite_difference_check(seed: int, points: int = 3, eps: float = 1e-6) -> None:
     gen = progen.Generator(progen.RandomChooser(seed), max_devices=8, grad=True)
-    src = _f64_source(gen.grad_program())
+    # finite differences see through stop_gradient (it is the identity): compare without it
+    src = _f64_source(gen.grad_program()).replace("stop_gradient(", "(")
     c = spmdlang.compile(src)
     loss = spmdlang.compile(src, entry="loss")
     inputs = random_inputs(c.program, seed)
