@@ -371,25 +371,31 @@ func main(x: f32[4], y: f32[4]) -> f32[4] { return grad(f, x, y) }
     ("return grad(two, x)", "grad() needs a function with one result, a float scalar; 'two' declares 2", 15),
     ("return grad(vec, x)", "grad() needs a function whose result is a float scalar such as f32[]; 'vec' returns "
      "f32[4]", 15),
-    ("return grad(f, x, argnums=[1])", "argnums: 1 is out of range for a function of 1 argument(s)", 30),
-    ("return grad(f, x, argnums=[0, 0])", "argnums: argument 0 is named twice", 30),
-    ("return grad(f, x, argnums=[])", "argnums must be a non-empty list of argument indices", 30),
+    ("return grad(f, x, argnums=[1])", "argnums: 1 is out of range for a function of 1 argument(s)", 29),
+    ("return grad(f, x, argnums=[0, 0])", "argnums: argument 0 is named twice", 29),
+    ("return grad(f, x, argnums=[])", "argnums must be a non-empty list of argument indices", 29),
     ("return grad(f, x, wrt=[0])", "grad() has no argument 'wrt'", 21),
     ("return grad(h, x, i)", "grad(): argument 1 ('i') is i32[4]; only float arguments can be differentiated", 21),
     ("return grad()", "grad() needs a function and its arguments", 10),
     ("return grad(f)", "missing argument 'a' of 'f'", 10),
+    ("return grad(f, x, argnums=[0], argnums=[0])", "argument 'argnums' of grad() given twice", 34),
+    ("return grad(k)", "grad(): the function takes no arguments to differentiate", 15),
+    ("return grad(f, x, argnums=[x])", "argnums must be a non-empty list of argument indices", 29),
+    ("return grad(r, x)", "recursive call to 'r'", (7, 41)),  # at the inner call
 ])
 def test_grad_misuse_is_a_located_error(body, message, col):
     src = (f"mesh [p=2]\nfunc f(a: f32[4]) -> f32[] {{ return sum(a) }}\n"
            f"func two(a: f32[4]) -> (f32[], f32[]) {{ return sum(a), sum(a) }}\n"
            f"func vec(a: f32[4]) -> f32[4] {{ return a }}\n"
            f"func h(a: f32[4], i: i32[4]) -> f32[] {{ return sum(a * cast(i, f32)) }}\n"
+           f"func k() -> f32[] {{ return 1.0 }}\n"
+           f"func r(a: f32[4]) -> f32[] {{ return sum(grad(r, a)) }}\n"
            f"func main(x: f32[4], i: i32[4]) -> f32[4] {{\n  {body}\n}}\n")
     src = src.replace("grad(h, x, i)", "grad(h, x, i, argnums=[1])")
     with pytest.raises(SpmdError) as e:
         spmdlang.compile(src)
     assert message in e.value.message
-    assert e.value.span.line == 7
+    assert (e.value.span.line, e.value.span.col) == (col if isinstance(col, tuple) else (9, col))
 
 
 def test_an_op_without_a_rule_is_a_located_error(monkeypatch):

@@ -37,6 +37,8 @@ def lower_grad(ctx, node: A.Call, env, with_value: bool):
     for kw in node.kwargs:
         if kw.name != "argnums":
             raise SpmdError(f"{name}() has no argument '{kw.name}'" + did_you_mean(kw.name, ["argnums"]), kw.span)
+        if argnums_node is not None:
+            raise SpmdError(f"argument 'argnums' of {name}() given twice", kw.span)
         argnums_node = kw
     # the arguments of f, checked and bound as a call of f would bind them
     call = A.Call(span=node.span, func=f.name, args=node.args[1:], kwargs=[], func_span=fnode.span)
@@ -48,19 +50,19 @@ def lower_grad(ctx, node: A.Call, env, with_value: bool):
     if rt.rank != 0 or not T.is_float(rt.dtype):
         raise SpmdError(f"{name}() needs a function whose result is a float scalar such as f32[]; "
                         f"'{f.name}' returns {rt}", fnode.span)
-    argnums = _argnums(ctx, argnums_node, env, len(args), name)
+    argnums = _argnums(ctx, argnums_node, env, len(args), name, fnode.span)
     for i in argnums:
         if not T.is_float(args[i].type.dtype):
             where = node.args[1 + i].span if 1 + i < len(node.args) else node.span
             raise SpmdError(f"{name}(): argument {i} ('{f.params[i].name}') is {args[i].type}; only float "
-                            "arguments can be differentiated", argnums_node.value.span if argnums_node else where)
+                            "arguments can be differentiated", where)
     return _differentiate(ctx, f, args, argnums, node, with_value)
 
 
-def _argnums(ctx, kw, env, n: int, name: str) -> tuple[int, ...]:
+def _argnums(ctx, kw, env, n: int, name: str, span) -> tuple[int, ...]:
+    if n == 0:
+        raise SpmdError(f"{name}(): the function takes no arguments to differentiate", span)
     if kw is None:
-        if n == 0:
-            raise SpmdError(f"{name}(): the function takes no arguments to differentiate", None)
         return (0,)
     v = ctx.static(kw.value, env)
     items = v if isinstance(v, list) else [v]
