@@ -5,7 +5,8 @@
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
 contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
 ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
-logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout) and random `shard()`
+logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout, dynamic indexing x[l],
+dynamic_slice/dynamic_update_slice with value and static starts) and random `shard()`
 constraints, open `?` dims included. tests/test_coverage.py fails when an op of the op table can not
 come out of it.
 Dims are mostly small primes so uneven sharding is the common case.
@@ -724,6 +725,49 @@ class Generator:
         arg = "" if ax == 0 and self.ch.chance(0.5) else f", axis={ax}"
         return self.assign(f"take({a.name}, {ids.name}{arg})", shape, a.dtype, a.exact)
 
+    def int_scalar(self, index_of: int = 0) -> str:
+        """An integer scalar start, or an index into a dim of `index_of`: a value (a parameter, or
+        an exact one of the pool, sometimes shifted below 0) or, now and then, a static integer
+        (out of range too for a start; an index must be in range)."""
+        if self.ch.chance(0.15):
+            return str(self.ch.int(-index_of, index_of - 1) if index_of else self.ch.int(-3, 9))
+        fits = [v for v in self.pool if v.dtype == "i32" and v.exact and not v.shape]
+        v = self.ch.choice(fits) if fits and self.ch.chance(0.4) else self.param((), "i32")
+        return f"{v.name} - {self.ch.int(1, 9)}" if self.ch.chance(0.2) else v.name
+
+    def op_dynamic_slice(self):
+        """x[l] (mixed with static slices) or dynamic_slice(x, starts, sizes)."""
+        a = self.pick(lambda v: v.shape)
+        if a is None:
+            return None
+        if self.ch.chance(0.5) and len(a.shape) > 1:
+            parts, shape = [], []
+            for d, n in enumerate(a.shape):
+                r = self.ch.int(0, 3)
+                if d == 0 or r == 0:
+                    parts.append(self.int_scalar(n))
+                elif r == 1 and n > 1:
+                    lo = self.ch.int(0, n - 1)
+                    parts.append(f"{lo}:")
+                    shape.append(n - lo)
+                else:
+                    parts.append(":")
+                    shape.append(n)
+            return self.assign(f"{a.name}[{', '.join(parts)}]", shape, a.dtype, a.exact)
+        sizes = [self.ch.int(1, n) if self.ch.chance(0.7) else n for n in a.shape]
+        starts = [self.int_scalar() for _ in a.shape]
+        return self.assign(f"dynamic_slice({a.name}, [{', '.join(starts)}], {sizes})", sizes, a.dtype, a.exact)
+
+    def op_dynamic_update(self):
+        a = self.pick(lambda v: v.shape)
+        if a is None:
+            return None
+        shape = tuple(self.ch.int(1, n) if self.ch.chance(0.7) else n for n in a.shape)
+        upd = self.param(shape, a.dtype)
+        starts = [self.int_scalar() for _ in a.shape]
+        return self.assign(f"dynamic_update_slice({a.name}, {upd.name}, [{', '.join(starts)}])", a.shape, a.dtype,
+                           a.exact)
+
     def op_one_hot(self):
         ids = self.int_value()
         n = self.ch.choice([3, 5, 7, 8, 16])
@@ -766,7 +810,7 @@ class Generator:
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1), ("scan", 2),
            ("unary_more", 2), ("floor_mod", 2),
            ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1),
-           ("pool", 1), ("random", 1))
+           ("pool", 1), ("random", 1), ("dynamic_slice", 1), ("dynamic_update", 1))
 
     def step(self):
         names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]

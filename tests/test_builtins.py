@@ -1416,6 +1416,66 @@ def test_indexing(case):
     check_case(case)
 
 
+# ---------------------------------------------------------------------------------- dynamic indexing
+
+# i32 scalars are drawn from [-8, 8): negative and past-the-end starts clamp (no wrapping)
+
+
+def _at(s, n, m=1):
+    return int(np.clip(s, 0, n - m))
+
+
+def _window(x, starts, sizes):
+    at = [_at(s, n, m) for s, n, m in zip(starts, x.shape, sizes)]
+    return x[tuple(slice(a, a + m) for a, m in zip(at, sizes))]
+
+
+def _updated(x, u, starts):
+    out = x.copy()
+    at = [_at(s, n, m) for s, n, m in zip(starts, x.shape, u.shape)]
+    out[tuple(slice(a, a + m) for a, m in zip(at, u.shape))] = u
+    return out
+
+
+_NEAR = {"l": lambda r: r.integers(0, 5), "t": lambda r: r.integers(-2, 9)}
+
+
+@cases(
+    Case("index-value", "x: f32[5, 4], l: i32[]", "x[l]", lambda x, l: x[_at(l, 5)]),
+    Case("index-value-in-range", "x: f32[5, 4], l: i32[]", "x[l]", lambda x, l: x[_at(l, 5)], _NEAR),
+    Case("index-value-mixed", "x: f32[5, 6, 7], l: i32[]", "x[l, :, 2:4]", lambda x, l: x[_at(l, 5), :, 2:4]),
+    Case("index-value-middle", "x: f32[5, 6, 7], l: i32[]", "x[1:, l, -1]", lambda x, l: x[1:, _at(l, 6), -1]),
+    Case("index-two-values", "x: f32[5, 6], l: i32[], t: i32[]", "x[l, t]",
+         lambda x, l, t: np.asarray(x[_at(l, 5), _at(t, 6)]), _NEAR),
+    Case("index-computed-value", "x: f32[5, 6], v: f32[5]", "x[argmax(v, 0)]", lambda x, v: x[np.argmax(v)]),
+    Case("index-value-i32-table", "x: i32[4, 3], l: i32[]", "x[l - 1]", lambda x, l: x[_at(l - 1, 4)]),
+    Case("dynamic_slice-rows", "x: f32[7, 4], t: i32[]", "dynamic_slice(x, [t, 0], [3, 4])",
+         lambda x, t: _window(x, [t, 0], [3, 4]), _NEAR),
+    Case("dynamic_slice-clamped", "x: f32[7, 4], t: i32[]", "dynamic_slice(x, [t, t], [3, 2])",
+         lambda x, t: _window(x, [t, t], [3, 2])),
+    Case("dynamic_slice-static-starts", "x: f32[5, 4]", "dynamic_slice(x, [7, -2], [2, 2])",
+         lambda x: _window(x, [7, -2], [2, 2])),
+    Case("dynamic_slice-mixed-starts", "x: f32[5, 6, 4], t: i32[]", "dynamic_slice(x, [1, t, 3], [2, 3, 1])",
+         lambda x, t: _window(x, [1, t, 3], [2, 3, 1]), _NEAR),
+    Case("dynamic_slice-whole", "x: f32[5, 4], t: i32[]", "dynamic_slice(x, [0, t], [5, 4])", lambda x, t: x),
+    Case("dynamic_slice-bool", "x: bool[6, 3], t: i32[]", "dynamic_slice(x, [t, 1], [2, 2])",
+         lambda x, t: _window(x, [t, 1], [2, 2]), _NEAR),
+    Case("dynamic_update_slice", "x: f32[7, 4], u: f32[3, 4], t: i32[]", "dynamic_update_slice(x, u, [t, 0])",
+         lambda x, u, t: _updated(x, u, [t, 0]), _NEAR),
+    Case("dynamic_update_slice-clamped", "x: f32[7, 4], u: f32[2, 3], t: i32[]",
+         "dynamic_update_slice(x, u, [t, t - 5])", lambda x, u, t: _updated(x, u, [t, t - 5])),
+    Case("dynamic_update_slice-static", "x: i32[5, 4], u: i32[1, 4]", "dynamic_update_slice(x, u, [-1, 9])",
+         lambda x, u: _updated(x, u, [-1, 9])),
+    Case("dynamic_update_slice-bf16", "x: bf16[6, 2], u: bf16[2, 2], t: i32[]",
+         "dynamic_update_slice(x, u * 2.0, [t, 0])", lambda x, u, t: _updated(x, u * 2, [t, 0]), _NEAR),
+    Case("dynamic_update_slice-of-a-slice", "x: f32[6, 3], t: i32[]",
+         "dynamic_update_slice(x, dynamic_slice(x, [t, 0], [2, 3]) + 1.0, [t + 1, 0])",
+         lambda x, t: _updated(x, _window(x, [t, 0], [2, 3]) + 1, [t + 1, 0]), _NEAR),
+)
+def test_dynamic_indexing(case):
+    check_case(case)
+
+
 # ---------------------------------------------------------------------------------- programs
 
 
@@ -1674,7 +1734,8 @@ CONTRACT_BUILTINS = (
     "maximum minimum pow logical_and logical_or where cast sum max min mean prod argmax argmin "
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
     "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax "
-    "top_k sort argsort take_along_axis scatter_add max_pool avg_pool random_uniform random_normal dropout"
+    "top_k sort argsort take_along_axis scatter_add max_pool avg_pool random_uniform random_normal dropout "
+    "dynamic_slice dynamic_update_slice"
 ).split()
 
 

@@ -455,7 +455,7 @@ def test_bad_axis(call, at, fragment):
                 "index 4 is out of range for dimension 0 of size 4",
             ),
             (M + "func main(a: f32[4]) -> f32[] { return a[-5] }", "-5", "index -5 is out of range"),
-            (M + "func main(a: f32[4], i: i32[]) -> f32[] { return a[i] }", "i]", "use take(x, ids, axis)"),
+            (M + "func main(a: f32[4], i: i32[2]) -> f32[] { return a[i] }", "i]", "use take(x, ids, axis)"),
             (M + "func main(a: f32[4]) -> f32[] { return a[0, 0] }", "a[", "too many indices (2) for f32[4]"),
             (
                 M + "func main(a: f32[4]) -> f32[] { return a[::0] }",

@@ -116,6 +116,12 @@ RULES = [
     ("slice whole", "slice", [(8, 16)], {"starts": (0, 0), "stops": (8, 16), "steps": (1, 1)}, "([i, j]) -> ([i, j])"),
     ("pad", "pad", [(8, 16)], {"lo": (0, 1), "hi": (0, 2), "value": 0.0}, "([i, j]) -> ([i, j]) permutation={j}"),
     ("roll", "roll", [(8, 16)], {"shift": 3, "axis": 0}, "([i, j]) -> ([i, j]) permutation={i}"),
+    # run-time windows: a cut dim of x is read where it lies and summed (reduction), the window's
+    # dim is never split; whole dims pass. An update keeps x's split (each shard writes its part)
+    ("dynamic_slice", "dynamic_slice", [(8, 16, 4), (I32, ()), (I32, ()), (I32, ())], {"sizes": (1, 16, 2)},
+     "([i, j, k], [], [], []) -> ([1, j, l]) reduction={i, k} need_replication={l}"),
+    ("dynamic_update_slice", "dynamic_update_slice", [(8, 16), (2, 16), (I32, ()), (I32, ())], {},
+     "([i, j], [k, j], [], []) -> ([i, j]) need_replication={k} permutation={i}"),
 ]
 # the rest of the elementwise family: the same rule as their representative above
 RULES += [(f"{op} like exp", op, [(8, 16)], {}, "([i, j]) -> ([i, j])")

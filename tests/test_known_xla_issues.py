@@ -141,3 +141,9 @@ def test_scatter_reproduction_shows_xla_partitioner_is_wrong():
     out = _run_snippet(_doc_snippets()[2])
     assert "unsharded [0. 1. 2. 3. 4.]" in out  # unpartitioned: right
     assert "sharded   [0. 1. 4. 3. 4.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
+
+
+def test_single_strided_slice_into_a_finely_split_dim_reproduction():
+    out = _run_snippet(_doc_snippets()[4])
+    assert "unsharded [1. 4.]" in out  # unpartitioned: right
+    assert "sharded   [0. 3.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"

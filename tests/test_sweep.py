@@ -75,6 +75,12 @@ INSTANCES.update({
     "pool": [(("f32[2, 6, 4, 2]",), {"reduce": "max", "window": (3, 2), "strides": (1, 2),
                                      "padding": ((1, 1), (0, 0))}),
              (("f32[1, 5, 3]",), {"reduce": "sum", "window": (2,), "strides": (2,), "padding": ((0, 1),)})],
+    # starts are drawn from [0, 4): clamped where the window would not fit (start 3 of a 3-wide
+    # window in 5); windows of one element and wider ones that straddle shard boundaries
+    "dynamic_slice": [(("f32[6, 4]", "i32[]", "i32[]"), {"sizes": (1, 4)}),
+                      (("f32[5, 3]", "i32[]", "i32[]"), {"sizes": (3, 2)})],
+    "dynamic_update_slice": [(("f32[6, 4]", "f32[1, 4]", "i32[]", "i32[]"), {}),
+                             (("f32[5, 3]", "f32[3, 2]", "i32[]", "i32[]"), {})],
     "random": [(("i32[]", "i32[4, 6]"), {"dist": "uniform", "dtype": "f32"}),
                (("i32[]", "i32[3, 5]"), {"dist": "normal", "dtype": "f32"})],
 })
@@ -167,7 +173,8 @@ GLOBAL_OPS = [name for name, op in registry.OPS.items() if not op.local_only]
 # (select, with three operands, alone takes 7,000 cases: --runslow)
 DEFAULT = ("neg", "exp", "mul", "cast", "full", "iota", "take", "shard", "transpose", "reshape",
            "broadcast_in_dim", "slice", "pad", "concat", "roll", "reduce_sum", "reduce_max", "argmax", "einsum",
-           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "pool")
+           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "pool", "dynamic_slice",
+           "dynamic_update_slice")
 
 
 @pytest.mark.parametrize("name", DEFAULT)

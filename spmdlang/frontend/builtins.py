@@ -748,6 +748,79 @@ def _scatter_add(ctx, span, args):
     return ctx.b.emit("scatter_add", x, ids, ctx.cast(upd, x.type.dtype, span), span=span, axis=axis)
 
 
+def _starts(ctx, args, x: Value, name: str) -> list:
+    """`starts`: one integer scalar per dim of x, each a static integer or an integer scalar value."""
+    starts = args["starts"]
+    where = args.span("starts")
+    if not isinstance(starts, list):
+        raise SpmdError(f"{name}: starts must be a list with one integer scalar per dim, e.g. [t, 0], got "
+                        f"{describe(starts)}", where)
+    if len(starts) != x.type.rank:
+        raise SpmdError(f"{name}: {len(starts)} start(s) for {x.type} of rank {x.type.rank}; give one per dim",
+                        where)
+    for i, s in enumerate(starts):
+        if isinstance(s, Value):
+            if s.type.rank != 0 or not T.is_int(s.type.dtype):
+                raise SpmdError(f"{name}: start {i} must be an integer scalar, got {s.type}", where)
+        elif isinstance(s, bool) or not isinstance(s, int):
+            raise SpmdError(f"{name}: start {i} must be an integer scalar, got {describe(s)}", where)
+    return starts
+
+
+def dynamic_window(ctx, x: Value, starts, sizes, span) -> Value:
+    """x's window of `sizes` at `starts` (static integers or integer scalar values), each start
+    clamped into [0, n - size]. The dims with a value start and a window smaller than the dim go to
+    one dynamic_slice first (so that a static part slices the smaller result); static starts
+    become a static slice."""
+    shape = x.type.shape
+    dynamic = [isinstance(s, Value) and m < n for s, n, m in zip(starts, shape, sizes)]
+    out = x
+    if any(dynamic):
+        ops = [ctx.cast(s, "i32", span) if dyn else ctx.materialize(0, span, "i32") for s, dyn in zip(starts, dynamic)]
+        out = ctx.b.emit("dynamic_slice", x, *ops, span=span,
+                         sizes=tuple(m if dyn else n for m, n, dyn in zip(sizes, shape, dynamic)))
+    lo, hi = [0] * x.type.rank, list(out.type.shape)
+    for d, (s, n, m) in enumerate(zip(starts, shape, sizes)):
+        if not dynamic[d] and m < n:
+            lo[d] = min(max(s, 0), n - m) if isinstance(s, int) else 0
+            hi[d] = lo[d] + m
+    if (lo, hi) != ([0] * x.type.rank, list(out.type.shape)):
+        out = ctx.b.emit("slice", out, span=span, starts=tuple(lo), stops=tuple(hi), steps=(1,) * x.type.rank)
+    return out
+
+
+@builtin("dynamic_slice", "x:tensor", "starts:any", "sizes:ints",
+         doc="the window of static `sizes` at `starts` (integer scalars, static or values), clamped to fit")
+def _dynamic_slice(ctx, span, args):
+    x = tensor(ctx, args, "x")
+    starts = _starts(ctx, args, x, "dynamic_slice")
+    sizes = args["sizes"]
+    if len(sizes) != x.type.rank:
+        raise SpmdError(f"dynamic_slice: {len(sizes)} size(s) for {x.type} of rank {x.type.rank}; give one per dim",
+                        args.span("sizes"))
+    for d, (m, n) in enumerate(zip(sizes, x.type.shape)):
+        if not 0 <= m <= n:
+            raise SpmdError(f"dynamic_slice: size {m} of dim {d} does not fit in {x.type} (0 <= size <= {n})",
+                            args.span("sizes"))
+    return dynamic_window(ctx, x, starts, sizes, span)
+
+
+@builtin("dynamic_update_slice", "x:tensor", "update:tensor", "starts:any",
+         doc="x with `update` written at `starts` (integer scalars, static or values), clamped to fit")
+def _dynamic_update_slice(ctx, span, args):
+    x = tensor(ctx, args, "x")
+    upd = tensor(ctx, args, "update", x.type.dtype)
+    if upd.type.rank != x.type.rank or any(m > n for m, n in zip(upd.type.shape, x.type.shape)):
+        raise SpmdError(f"dynamic_update_slice: the update {upd.type} does not fit in {x.type} (same rank, "
+                        "no dim larger)", args.span("update"))
+    if upd.type.dtype != x.type.dtype:
+        raise SpmdError(f"dynamic_update_slice: the update is {upd.type.dtype} but x is {x.type.dtype}; cast it",
+                        args.span("update"))
+    starts = _starts(ctx, args, x, "dynamic_update_slice")
+    ops = [ctx.cast(s, "i32", span) if isinstance(s, Value) else ctx.materialize(s, span, "i32") for s in starts]
+    return ctx.b.emit("dynamic_update_slice", x, upd, *ops, span=span)
+
+
 @builtin("one_hot", "ids:tensor", "n:int", "dtype:dtype=f32")
 def _one_hot(ctx, span, args):
     ids = tensor(ctx, args, "ids", "i32")

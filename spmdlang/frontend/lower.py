@@ -18,7 +18,7 @@ from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.types import TensorType
 from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from . import ast as A
-from .builtins import BUILTINS, call_builtin
+from .builtins import BUILTINS, call_builtin, dynamic_window
 from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
 from .values import static_int as _check_static_int
 
@@ -493,6 +493,7 @@ class Lowerer:
         if len(node.indices) > x.type.rank:
             raise SpmdError(f"too many indices ({len(node.indices)}) for {x.type}", node.span)
         starts, stops, steps, drop = [], [], [], []
+        at: dict[int, Value] = {}  # dims indexed by a run-time value
         for d, n in enumerate(x.type.shape):
             if d >= len(node.indices):
                 starts.append(0), stops.append(n), steps.append(1)
@@ -513,8 +514,13 @@ class Lowerer:
             else:
                 i = self.expr(idx, env)
                 if isinstance(i, Value):
-                    raise SpmdError("tensor indices are not supported; use take(x, ids, axis) to gather",
-                                    idx.span)
+                    if i.type.rank != 0 or not T.is_int(i.type.dtype):
+                        raise SpmdError(f"an index must be an integer scalar, got {i.type}; use "
+                                        "take(x, ids, axis) to gather with a tensor of ids", idx.span)
+                    at[d] = i
+                    starts.append(0), stops.append(1), steps.append(1)  # of the dynamic_slice's one element
+                    drop.append(d)
+                    continue
                 i = _check_static_int(i, idx.span, "an index")
                 if not -n <= i < n:
                     raise SpmdError(f"index {i} is out of range for dimension {d} of size {n}", idx.span)
@@ -522,8 +528,11 @@ class Lowerer:
                 starts.append(i), stops.append(i + 1), steps.append(1)
                 drop.append(d)
         out = x
-        if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * x.type.rank, x.type.shape, (1,) * x.type.rank):
-            out = self.b.emit("slice", x, span=node.span, starts=tuple(starts), stops=tuple(stops),
+        if at:  # one element of each such dim, clamped into [0, n-1]; the static part slices that
+            out = dynamic_window(self, x, [at.get(d, 0) for d in range(x.type.rank)],
+                                 [1 if d in at else n for d, n in enumerate(x.type.shape)], node.span)
+        if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * x.type.rank, out.type.shape, (1,) * x.type.rank):
+            out = self.b.emit("slice", out, span=node.span, starts=tuple(starts), stops=tuple(stops),
                               steps=tuple(steps))
         if drop:
             shape = tuple(n for d, n in enumerate(out.type.shape) if d not in drop)

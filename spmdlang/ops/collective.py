@@ -279,13 +279,14 @@ register("range_mask", doc="keep elements at global positions idx*chunk + offset
          family=Family.local, stage=Stage.local,
          infer=_range_mask_infer, numpy=_range_mask_numpy, jax=_range_mask_jax, jax_helper=_RANGE_MASK_HELPER)
 
-# ---------------------------------------------------------------------------------- dynamic_slice
+# ---------------------------------------------------------------------------------- dynamic_slice_in_dim
+# (the halo's per-partition window; the language's dynamic_slice is in ops/dynamic.py)
 
 
 def _dynamic_slice_infer(ops, attrs):
     x, start = ops
-    check(start.rank == 0 and start.dtype == "i32", "dynamic_slice: the start must be an i32 scalar")
-    check(attrs["size"] <= x.shape[attrs["dim"]], "dynamic_slice: size larger than the dim")
+    check(start.rank == 0 and start.dtype == "i32", "dynamic_slice_in_dim: the start must be an i32 scalar")
+    check(attrs["size"] <= x.shape[attrs["dim"]], "dynamic_slice_in_dim: size larger than the dim")
     return _with_dim(x, attrs["dim"], attrs["size"])
 
 
@@ -294,7 +295,7 @@ def _dynamic_slice_numpy(x, start, *, dim, size):
     return np.take(x, np.arange(s, s + size), axis=dim)
 
 
-register("dynamic_slice", doc="`size` elements of dim `dim` from a run-time start (clamped into the dim)",
+register("dynamic_slice_in_dim", doc="`size` elements of dim `dim` from a run-time start (clamped into the dim)",
          family=Family.local, stage=Stage.local,
          flops=no_flops, infer=_dynamic_slice_infer, numpy=_dynamic_slice_numpy,
          jax=lambda a, attrs, out: f"jax.lax.dynamic_slice_in_dim({a[0]}, {a[1]}, {attrs['size']}, {attrs['dim']})",

@@ -159,7 +159,7 @@ def window(p: Emitter, x: Value, dim: int, in_axes, out_axes, n: int, w: Window,
         win = p.emit("range_mask", win, idx, dim=dim, chunk=c, offset=lo, lo=0, hi=n, value=w.fill)
     if w.a != c:
         start = p.affine_index(axes, w.a - c, w.s - lo)
-        win = p.emit("dynamic_slice", win, start, dim=dim, size=w.length)
+        win = p.emit("dynamic_slice_in_dim", win, start, dim=dim, size=w.length)
     elif win.type.shape[dim] != w.length:
         win = p.slice_dim(win, dim, w.s - lo, w.s - lo + w.length)
     return win
@@ -180,4 +180,4 @@ def _local_window(p: Emitter, x: Value, dim: int, out_axes, n: int, w: Window) -
     if k == 1:
         return p.slice_dim(xp, dim, w.s + lead, w.s + lead + w.length)
     start = p.affine_index(out_axes, w.a, w.s + lead)
-    return p.emit("dynamic_slice", xp, start, dim=dim, size=w.length)
+    return p.emit("dynamic_slice_in_dim", xp, start, dim=dim, size=w.length)
