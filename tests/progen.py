@@ -851,7 +851,7 @@ class Generator:
 
     def grad_program(self) -> str:
         """A program that differentiates (make the generator with grad=True): the drawn statements
-        become `loss`, a function of every parameter returning sum(sin(v)) of its last f32 value, and
+        become `loss`, a function of every parameter returning sum(tanh(v)) of its last f32 value, and
         main returns value_and_grad (or grad) of it with respect to some f32 parameters."""
         mesh = self.mesh()
         first = self.param(self.shape(), "f32")
@@ -865,7 +865,7 @@ class Generator:
         # the loss sums what nothing else uses (the last f32 value and up to two dead ends)
         unused = [v for v in f32[:-1] if v.name.startswith("v")
                   and not re.search(rf"\b{v.name}\b", body.split(f"  {v.name} = ", 1)[-1])]
-        terms = " + ".join(f"sum(sin({v.name}))" for v in [f32[-1]] + unused[-2:])
+        terms = " + ".join(f"sum(tanh({v.name}))" for v in [f32[-1]] + unused[-2:])
         floats = [i for i, (v, _) in enumerate(self.params) if v.dtype == "f32"]
         argnums = [i for i in floats if self.ch.chance(0.6)] or [floats[0]]
         plain = ", ".join(f"{v.name}: {_ty(v.dtype, v.shape)}" for v, _ in self.params)
