@@ -46,10 +46,12 @@ class Compiled:
     """A compiled program. Stages (IR, shardings, per-partition IR, jax source) are computed on
     first use; every stage is a pure function of the previous one."""
 
-    def __init__(self, program: Program, verify: bool | None = None):
+    def __init__(self, program: Program, verify: bool | None = None, shard_weight_updates: str | None = None):
         from .ir.verify import enabled
 
         self.program = program
+        self.shard_weight_updates = shard_weight_updates
+        self._pass_notes: list = []
         self._runners: dict = {}
         self.verify = enabled(verify)  # run the IR verifier after every pass
         if self.verify:
@@ -72,11 +74,21 @@ class Compiled:
         from .ir.simplify import cse, simplify
 
         prog = simplify(cse(self.program)[0])
+        if self.shard_weight_updates:
+            from .partition.weight_update import shard_weight_updates
+
+            prog, self._pass_notes = shard_weight_updates(prog, self.shard_weight_updates)
         if self.verify:
             from .ir.verify import verify
 
             verify(prog)
         return prog
+
+    @property
+    def pass_notes(self) -> list:
+        """What compile options did to the program (partition.weight_update.Note: line, message)."""
+        self.canonical  # noqa: B018  (the passes run with canonicalisation)
+        return self._pass_notes
 
     @cached_property
     def propagation(self):
@@ -310,10 +322,14 @@ def _compare(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tupl
 
 
 def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, int] | None = None,
-            entry: str | None = None, filename: str | None = None, verify: bool | None = None) -> Compiled:
+            entry: str | None = None, filename: str | None = None, verify: bool | None = None,
+            shard_weight_updates: str | None = None) -> Compiled:
     """Compile a .spmd file (a path) or source text. `mesh` overrides axis sizes, `consts` consts.
     `verify` runs the IR verifier after every pass (default: the SPMDLANG_VERIFY environment
     variable); a verifier failure is a compiler bug and raises AssertionError.
+    `shard_weight_updates` names a mesh axis: every parameter replicated over it and updated
+    elementwise (w_new = f(w, g, state...)) has its gradient, update and optimizer state sharded
+    over it (reduce_scatter -> local update -> all_gather; Xu et al. 2020).
 
     Raises SpmdError for anything wrong with the program or the overrides.
     """
@@ -324,16 +340,16 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
         filename = filename or "<input>"
     from .limits import deep_call
 
-    return deep_call(_compile_text, text, filename, mesh, consts, entry, verify)
+    return deep_call(_compile_text, text, filename, mesh, consts, entry, verify, shard_weight_updates)
 
 
-def _compile_text(text, filename, mesh, consts, entry, verify) -> Compiled:
+def _compile_text(text, filename, mesh, consts, entry, verify, shard_weight_updates=None) -> Compiled:
     module, source = parse(text, filename)
-    _check_overrides(module, source, mesh, consts)
-    return Compiled(lower(module, source, mesh, consts, entry), verify)
+    _check_overrides(module, source, mesh, consts, shard_weight_updates)
+    return Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
 
 
-def _check_overrides(module, source, mesh, consts):
+def _check_overrides(module, source, mesh, consts, shard_weight_updates=None):
     # point at the declaration the override is checked against (the mesh, the consts), not at line 1
     where = module.meshes[0].span if module.meshes else Span(source, 1, 1)
     axes = {a.name for m in module.meshes for a in m.axes}
@@ -343,6 +359,9 @@ def _check_overrides(module, source, mesh, consts):
                             + (f" (axes: {', '.join(sorted(axes))})" if axes else ""), where)
         if not isinstance(size, int) or size < 1:
             raise OverrideError(f"--mesh {name}={size}: sizes must be positive integers", where)
+    if shard_weight_updates is not None and shard_weight_updates not in axes:
+        raise OverrideError(f"--shard-weight-updates names axis '{shard_weight_updates}', which the mesh does not have"
+                            + (f" (axes: {', '.join(sorted(axes))})" if axes else ""), where)
     names = {c.name for c in module.consts}
     where = module.consts[0].span if module.consts else where
     for name in consts or {}:

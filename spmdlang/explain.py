@@ -27,9 +27,12 @@ def value_rows(c) -> list[dict]:
 
 def check_report(c) -> dict:
     prop = c.propagation
-    return {"mesh": mesh_json(c.mesh), "values": value_rows(c),
-            "conflicts": [{"line": op.span.line if op.span else None, "op": op.kind, "message": text}
-                          for op, text in prop.conflicts]}
+    report = {"mesh": mesh_json(c.mesh), "values": value_rows(c),
+              "conflicts": [{"line": op.span.line if op.span else None, "op": op.kind, "message": text}
+                            for op, text in prop.conflicts]}
+    if c.pass_notes:  # what a compile option (--shard-weight-updates) did
+        report["notes"] = [{"line": n.line, "message": n.message} for n in c.pass_notes]
+    return report
 
 
 # Rendering at any width (80 columns, tmux panes): headings are lines of their own, not table titles
@@ -72,6 +75,9 @@ def render_check(console, c, report) -> None:
     console.print(t)
     for conflict in report["conflicts"]:
         console.print(f"[yellow]conflict[/yellow] {escape(conflict['message'])}")
+    for note in report.get("notes", ()):
+        line = f"line {note['line']}: " if note["line"] else ""
+        console.print(f"[cyan]note[/cyan] {escape(line + note['message'])}")
 
 
 # ---------------------------------------------------------------------------------- explain

@@ -76,6 +76,19 @@ CASES: dict[str, dict] = {
     "patterns/split_result_contraction": {
         "sizes": {"tiny": {"B": 4, "K": 32, "N": 16}, "default": {}, "large": {"B": 1024, "K": 4096, "N": 2048}},
         "meshes": [{"data": 2, "model": 4}, {"data": 1, "model": 8}]},
+    "patterns/train_dp_mlp": {
+        "sizes": {"tiny": {"B": 64, "D": 8, "F": 16}, "default": {}, "large": {"B": 8192, "D": 512, "F": 1024}},
+        "meshes": [{"data": 8}, {"data": 4}]},
+    "patterns/train_mlp_sgd": {
+        "sizes": {"tiny": {"B": 16, "D": 8, "F": 32}, "default": {}, "large": {"B": 1024, "D": 1024, "F": 4096}},
+        "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},
+    "patterns/train_zero": {
+        "sizes": {"tiny": {"B": 64, "D": 8, "F": 16}, "default": {}, "large": {"B": 8192, "D": 512, "F": 1024}},
+        "meshes": [{"data": 8}, {"data": 4}]},
+    "patterns/train_transformer_adam": {
+        "sizes": {"tiny": {"B": 2, "S": 8, "H": 4, "DH": 4, "F": 32}, "default": {},
+                  "large": {"B": 16, "S": 256, "H": 8, "DH": 64, "F": 2048}},
+        "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},
     "patterns/two_axis_contraction": {
         "sizes": {"tiny": {"B": 4, "K": 32, "N": 16}, "default": {}, "large": {"B": 1024, "K": 4096, "N": 2048}},
         "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},

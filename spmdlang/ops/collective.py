@@ -98,14 +98,40 @@ def _all_reduce_jax(a, attrs, out):
     if kind == "prod":
         parts = [f"jnp.prod(jax.lax.all_gather({x}, {axes!r}, axis=0), axis=0)" for x in a]
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
-    fn = {"sum": "psum", "max": "pmax", "min": "pmin"}[kind]
-    return f"jax.lax.{fn}({arg}, {axes!r})"
+    if kind == "sum":
+        return f"jax.lax.psum({arg}, {axes!r})"
+    parts = [f"all_reduce({x}, {axes!r}, {str(kind)!r})" for x in a]
+    return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
+
+
+_ALL_REDUCE_HELPER = '''
+def all_reduce(x, axes, reduce):
+    """jax.lax.pmax / pmin ("max" / "min") with a derivative, so that jax.grad of this module
+    works (jax has no differentiation rule for pmax): as jax differentiates a max reduction, the
+    tangent is that of the elements holding the result, averaged over the ties in the group."""
+    collective = jax.lax.pmax if reduce == "max" else jax.lax.pmin
+
+    @jax.custom_jvp
+    def extreme(x):
+        return collective(x, axes)
+
+    @extreme.defjvp
+    def extreme_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        y = extreme(x)
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            return y, t  # integers carry no tangent (float0 zeros)
+        hit = (x == y).astype(t.dtype)
+        return y, jax.lax.psum(t * hit, axes) / jax.lax.psum(hit, axes)
+
+    return extreme(x)
+'''
 
 
 register("all_reduce", doc="combine (`reduce`: sum, max, min, prod) over the group; variadic: one collective",
          family=Family.collective, stage=Stage.local,
          flops=no_flops, infer=lambda ops, attrs: ops, numpy=None,
-         simulate=_sim_all_reduce, jax=_all_reduce_jax)
+         simulate=_sim_all_reduce, jax=_all_reduce_jax, jax_helper=_ALL_REDUCE_HELPER)
 
 # ---------------------------------------------------------------------------------- reduce_scatter
 

@@ -15,13 +15,43 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir.core import Op, Program
+from ..ir.builder import Builder
+from ..ir.core import Op, Program, freeze
 from ..ir.simplify import cse, dead_code
 
 
 def _key(op: Op) -> tuple:
     # XLA's compiled module splits a tuple all-reduce of mixed element types into one per type
-    return tuple(op.attrs["axes"]), op.attrs["reduce"], op.operands[0].type.dtype
+    if op.kind == "reduce_scatter":
+        return op.kind, tuple(op.attrs["axes"]), op.attrs["group"], op.operands[0].type.dtype
+    return op.kind, tuple(op.attrs["axes"]), op.attrs["reduce"], op.operands[0].type.dtype
+
+
+def _fused_reduce_scatter(group: list[Op]) -> tuple[list[Op], Op]:
+    """Several reduce_scatters over one group as ONE (XLA's reduce-scatter combiner): each operand
+    laid out as [k, m_i] (its k chunks of `dim` first), concatenated to [k, sum m_i], scattered,
+    and each member's piece reshaped back into the member's own result value. Returns the ops and
+    the collective among them."""
+    b = Builder()
+    k = group[0].attrs["group"]
+    flat = []
+    for g in group:
+        (x,), d = g.operands, g.attrs["dim"]
+        shape = x.type.shape
+        y = b.emit("reshape", x, span=g.span, shape=(*shape[:d], k, shape[d] // k, *shape[d + 1:]))
+        if d:
+            y = b.emit("transpose", y, span=g.span, perm=(d, *[i for i in range(len(shape) + 1) if i != d]))
+        flat.append(b.emit("reshape", y, span=g.span, shape=(k, x.type.size // k)))
+    both = b.emit("concat", *flat, span=group[0].span, axis=1)
+    scattered = b.emit("reduce_scatter", both, span=group[0].span, axes=group[0].attrs["axes"], dim=0, group=k)
+    collective = b.ops[-1]
+    start = 0
+    for g, f in zip(group, flat):
+        m = f.type.shape[1]
+        piece = b.emit("slice", scattered, span=g.span, starts=(0, start), stops=(1, start + m), steps=(1, 1))
+        b.ops.append(Op("reshape", (piece,), g.results, freeze({"shape": g.result.type.shape}), g.span))
+        start += m
+    return b.ops, collective
 
 
 def _combine(prog: Program, ledger):
@@ -40,9 +70,12 @@ def _combine(prog: Program, ledger):
     pending: dict[tuple, list[Op]] = {}
     ops: list[Op] = []
     merged: dict[Op, list[Op]] = {}
+    extra = 0  # ops added by fusing reduce_scatters
 
     def combinable(op) -> bool:
         # a product all-reduce runs as an all_gather per operand in jax: nothing to combine
+        if op.kind == "reduce_scatter":
+            return True
         return op.kind == "all_reduce" and op.attrs["reduce"] != "prod"
 
     def arrive(op):
@@ -94,16 +127,21 @@ def _combine(prog: Program, ledger):
         for group in [pending.pop(key)]:
             group.sort(key=lambda o: index[o])
             if len(group) == 1:
-                op = group[0]
+                ops.append(group[0])
+            elif group[0].kind == "reduce_scatter":
+                fused, op = _fused_reduce_scatter(group)
+                merged[op] = group
+                extra += len(fused) - 1
+                ops.extend(fused)
             else:
                 op = Op("all_reduce", tuple(v for g in group for v in g.operands),
                         tuple(r for g in group for r in g.results), group[0].attrs, group[0].span)
                 merged[op] = group
-            ops.append(op)
+                ops.append(op)
             emitted.update(group)
             for g in group:
                 done(g)
-    assert len(ops) + sum(len(g) - 1 for g in merged.values()) == len(prog.ops), "scheduling lost ops"
+    assert len(ops) - extra + sum(len(g) - 1 for g in merged.values()) == len(prog.ops), "scheduling lost ops"
     by_op = {c.local_op: c for c in ledger}
     members = {g: op for op, group in merged.items() for g in group}
     new_ledger = [c for c in ledger if c.local_op not in members]

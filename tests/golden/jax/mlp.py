@@ -108,6 +108,28 @@ def mesh_order_pairs(pairs, axes, sizes, mesh_axes):
     return [(renumber(s), renumber(d)) for s, d in pairs]
 
 
+def all_reduce(x, axes, reduce):
+    """jax.lax.pmax / pmin ("max" / "min") with a derivative, so that jax.grad of this module
+    works (jax has no differentiation rule for pmax): as jax differentiates a max reduction, the
+    tangent is that of the elements holding the result, averaged over the ties in the group."""
+    collective = jax.lax.pmax if reduce == "max" else jax.lax.pmin
+
+    @jax.custom_jvp
+    def extreme(x):
+        return collective(x, axes)
+
+    @extreme.defjvp
+    def extreme_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        y = extreme(x)
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            return y, t  # integers carry no tangent (float0 zeros)
+        hit = (x == y).astype(t.dtype)
+        return y, jax.lax.psum(t * hit, axes) / jax.lax.psum(hit, axes)
+
+    return extreme(x)
+
+
 def all_to_all(x, axes, split_dim, concat_dim):
     """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
     splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one

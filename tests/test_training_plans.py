@@ -1,0 +1,239 @@
+"""Plan tests for training steps, with the backward passes written by hand (plain forward code
+computing the gradients, as reverse-mode differentiation would): where a weight gradient (a
+pending sum over `data`) is settled, and how summed input gradients are reduced.
+
+- a replicated update settles its gradient with an all_reduce (combined across weights);
+- a sharded update or optimizer state settles it with a reduce_scatter straight into the shard,
+  never an all_reduce and a slice;
+- a sum of pending sums (the q, k, v input gradients of attention) is added first and reduced once.
+
+Each test also checks the mesh simulator against the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import spmdlang
+from spmdlang.ir.verify import verify
+from spmdlang.partition.reshard import step_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+PATTERNS = ROOT / "benchmarks" / "patterns"
+F32 = 4
+
+
+def compiled(src, mesh=None, consts=None):
+    c = spmdlang.compile(src, mesh=mesh, consts=consts)
+    verify(c.spmd.program)
+    d = c.diff(backends=["ref", "sim"])
+    assert d["ok"], f"sim != ref: {d['results']}\n{c.spmd_ir}"
+    return c
+
+
+def plan(c) -> list[tuple[str, tuple[str, ...]]]:
+    return [(e.kind, tuple(e.axes)) for e in c.spmd.ledger]
+
+
+def total_bytes(c) -> float:
+    return sum(e.bytes_per_device for e in c.spmd.ledger)
+
+
+def test_data_parallel_sgd_is_one_combined_all_reduce():
+    c = compiled(str(PATTERNS / "train_dp_mlp.spmd"), consts={"B": 256, "D": 16, "F": 32})
+    assert plan(c) == [("all_reduce", ("data",))]
+    # both gradients, whole ([D, F] and [F, D]), in one all_reduce over 8 devices
+    assert total_bytes(c) == step_bytes("all_reduce", 8, 2 * 16 * 32 * F32)
+
+
+def test_megatron_sgd_settles_gradients_over_data_once():
+    c = compiled(str(PATTERNS / "train_mlp_sgd.spmd"), consts={"B": 64, "D": 16, "F": 32})
+    assert sorted(plan(c)) == [("all_reduce", ("data",)), ("all_reduce", ("model",))]
+    data = next(e for e in c.spmd.ledger if e.axes == ("data",))
+    # each device holds a quarter (model) of each gradient: [16, 32/4] and [32/4, 16]
+    assert data.bytes_per_device == step_bytes("all_reduce", 2, 2 * 16 * 8 * F32)
+
+
+SHARDED_SGD = """
+mesh [data=8]
+func main(x: f32[256, 16] {data, _}, y: f32[256, 16] {data, _}, w: f32[16, 32] {data, _},
+          w2: f32[32, 16] {data, _}) -> (f32[16, 32] {data, _}, f32[32, 16] {data, _}) {
+  h = x @ w
+  dy = h @ w2 - y
+  g2 = einsum("bf,bd->fd", h, dy)
+  g = einsum("bd,bf->df", x, einsum("bd,fd->bf", dy, w2))
+  return w - 0.1 * g, w2 - 0.1 * g2
+}
+"""
+
+
+def test_sharded_update_reduce_scatters_the_gradient():
+    c = compiled(SHARDED_SGD)
+    kinds = plan(c)
+    # the weights are gathered for the forward pass (ZeRO-3), each gradient scattered into its shard
+    # (the two gradients' reduce_scatters combined into one, as XLA's combiner would)
+    assert sorted(kinds) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    scatters = [e for e in c.spmd.ledger if e.kind == "reduce_scatter"]
+    assert [e.bytes_per_device for e in scatters] == [step_bytes("reduce_scatter", 8, 2 * 16 * 32 * F32)]
+    assert "all_reduce" not in [op.kind for op in c.spmd.program.ops]
+    assert [op.kind for op in c.spmd.program.ops].count("reduce_scatter") == 1
+
+
+def test_sharded_adam_state_reduce_scatters_without_shard_annotation():
+    # the gradients are not annotated: the sharded m and v pull them onto `data`, so each is
+    # scattered, the update runs on a shard, and the replicated new weights are gathered
+    src = (PATTERNS / "train_zero.spmd").read_text().replace("shard(einsum", "(einsum").replace(", {data, _})", ")")
+    assert "= shard(" not in src
+    c = compiled(src, consts={"B": 256, "D": 16, "F": 32})
+    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    assert str(c.shardings["g1"]) == "{data, _}" and str(c.shardings["g2"]) == "{data, _}"
+
+
+def test_hand_written_weight_update_sharding_halves_the_bytes():
+    c = compiled(str(PATTERNS / "train_zero.spmd"), consts={"B": 256, "D": 16, "F": 32})
+    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    whole = 16 * 32 * F32
+    # reduce_scatter + all_gather of each weight: as much as ONE all_reduce of it, where XLA
+    # runs an all_reduce (the same again as the all_gathers) and slices
+    assert total_bytes(c) == 2 * (step_bytes("reduce_scatter", 8, whole) + step_bytes("all_gather", 8, whole // 8))
+    assert total_bytes(c) == 2 * step_bytes("all_reduce", 8, whole)
+
+
+SUMMED = """
+mesh [data=2, model=4]
+func main(h: f32[4, 8, 32] {data, _, _}, dq: f32[4, 8, 32] {data, _, model}, dk: f32[4, 8, 32] {data, _, model},
+          dv: f32[4, 8, 32] {data, _, model}, wq: f32[32, 32] {_, model}, wk: f32[32, 32] {_, model},
+          wv: f32[32, 32] {_, model}, g: f32[32]) -> (f32[4, 8, 32] {data, _, _}, f32[32, 32] {_, model}) {
+  dh = einsum("bse,de->bsd", dq, wq) + einsum("bse,de->bsd", dk, wk) + einsum("bse,de->bsd", dv, wv)
+  dn = dh * g
+  dx = dn - mean(dn, axis=-1, keepdims=true)
+  return dx, wq - 0.1 * einsum("bsd,bse->de", h, dq)
+}
+"""
+
+
+def test_summed_input_gradients_are_reduced_once():
+    c = compiled(SUMMED)
+    model = [e for e in c.spmd.ledger if e.axes == ("model",)]
+    # the three pending sums over `model` are added first: one all_reduce of one [4/2, 8, 32]
+    assert [e.kind for e in model] == ["all_reduce"]
+    assert model[0].bytes_per_device == step_bytes("all_reduce", 4, 2 * 8 * 32 * F32)
+
+
+def test_transformer_backward_reduces_the_qkv_input_gradients_once():
+    c = compiled(str(PATTERNS / "train_transformer_adam.spmd"), consts={"B": 2, "S": 8, "H": 4, "DH": 4, "F": 32})
+    # forward attention output, the FFN's and the attention's input gradients (one each, the q, k, v
+    # terms summed first), and one combined all_reduce of the weight gradients over `data`
+    assert sorted(plan(c)) == [("all_reduce", ("data",))] + [("all_reduce", ("model",))] * 3
+    act = step_bytes("all_reduce", 4, 1 * 8 * 16 * F32)  # one [B/2, S, D] activation gradient
+    assert [e.bytes_per_device for e in c.spmd.ledger if e.axes == ("model",)] == [act] * 3
+
+
+# ---------------------------------------------------------------------------------- --shard-weight-updates
+
+ADAM_DP = """
+mesh [data=8]
+func main(x: f32[256, 16] {data, _}, y: f32[256, 16] {data, _}, w: f32[16, 32] {_, _},
+          m: f32[16, 32] {_, _}, v: f32[16, 32] {_, _}, w2: f32[32, 16] {_, _})
+    -> (f32[16, 32] {_, _}, f32[16, 32], f32[16, 32], f32[32, 16] {_, _}) {
+  h = relu(x @ w)
+  dy = h @ w2 - y
+  g2 = einsum("bf,bd->fd", h, dy)
+  g = einsum("bd,bf->df", x, einsum("bd,fd->bf", dy, w2) * cast(h > 0.0, f32))
+  m = 0.9 * m + 0.1 * g
+  v = 0.999 * v + 0.001 * g * g
+  w = w - 0.01 * m / (sqrt(abs(v)) + 1e-8)
+  return w, m, v, transpose(transpose(w2) - 0.1 * transpose(g2))
+}
+"""
+
+
+def test_shard_weight_updates_reduce_scatters_then_all_gathers():
+    plain = compiled(ADAM_DP)
+    c = spmdlang.compile(ADAM_DP, shard_weight_updates="data")
+    verify(c.spmd.program)
+    assert c.diff(backends=["ref", "sim"])["ok"]
+    whole = 16 * 32 * F32
+    # without the option: one all_reduce of both whole gradients (combined)
+    assert plan(plain) == [("all_reduce", ("data",))]
+    assert total_bytes(plain) == step_bytes("all_reduce", 8, 2 * whole)
+    # with it, for w: reduce_scatter of its gradient, Adam on a shard, all_gather of the new w;
+    # w2's update goes through transposes (not elementwise in w2's layout): left alone
+    by_kind = sorted(plan(c))
+    assert by_kind == [("all_gather", ("data",)), ("all_reduce", ("data",)), ("reduce_scatter", ("data",))]
+    scatter = next(e for e in c.spmd.ledger if e.kind == "reduce_scatter")
+    assert scatter.bytes_per_device == step_bytes("reduce_scatter", 8, whole) == step_bytes("all_reduce", 8, whole) / 2
+    assert str(c.shardings["m"]) == "{_, data}" and str(c.shardings["v"]) == "{_, data}"
+    assert str(c.shardings["g"]) == "{_, data}"
+    # one note, naming the weight and its state
+    assert [n.message.split(" (")[0] for n in c.pass_notes] == [
+        "weight-update sharding over data: the elementwise update of m, v, w"]
+    # the update itself runs on a shard: [16, 32/8] per device
+    mul_shapes = {op.results[0].type.shape for op in c.spmd.program.ops if op.kind == "sqrt"}
+    assert mul_shapes == {(16, 4)}
+
+
+def test_shard_weight_updates_same_numbers_on_every_backend():
+    c = spmdlang.compile(str(PATTERNS / "train_dp_mlp.spmd"), consts={"B": 64, "D": 16, "F": 24},
+                         shard_weight_updates="data")
+    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    d = c.diff(backends=["ref", "sim", "jax", "xla"])
+    assert d["ok"], d["results"]
+
+
+def test_shard_weight_updates_on_megatron_adds_data_to_the_model_split():
+    c = spmdlang.compile(str(PATTERNS / "train_mlp_sgd.spmd"), consts={"B": 64, "D": 16, "F": 32},
+                         shard_weight_updates="data")
+    assert c.diff(backends=["ref", "sim"])["ok"]
+    assert sorted(plan(c)) == ([("all_gather", ("data",))] * 2 + [("all_reduce", ("model",))]
+                               + [("reduce_scatter", ("data",))])
+    assert "{_, (model, data)}" in c.pass_notes[0].message + c.pass_notes[1].message
+
+
+def test_shard_weight_updates_leaves_sharded_and_non_elementwise_params_alone():
+    # w is already split over data (ZeRO-3 style): nothing to do; a params-only forward result is no update
+    src = """
+mesh [data=4]
+func main(x: f32[64, 8] {data, _}, w: f32[8, 8] {data, _}, r: f32[8, 8]) -> (f32[8, 8] {data, _}, f32[64, 8]) {
+  g = einsum("bd,be->de", x, x @ w)
+  return w - 0.1 * g, x @ r
+}
+"""
+    c = spmdlang.compile(src, shard_weight_updates="data")
+    assert c.pass_notes == []
+    plain = spmdlang.compile(src)
+    assert [op.kind for op in c.canonical.ops] == [op.kind for op in plain.canonical.ops]
+    assert plan(c) == plan(plain) and ("reduce_scatter", ("data",)) in plan(c)
+
+
+def test_shard_weight_updates_cli(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    path = PATTERNS / "train_dp_mlp.spmd"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "spmdlang", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=ROOT)
+    out = run("explain", str(path), "--shard-weight-updates", "data", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [x["kind"] for x in report["collectives"]].count("reduce_scatter") == 1
+    assert len(report["notes"]) == 2 and "reduce-scattered" in report["notes"][0]["message"]
+    bad = run("check", str(path), "--shard-weight-updates", "model")
+    assert bad.returncode == 2 and "--shard-weight-updates names axis 'model'" in bad.stderr
+    assert "--shard-weight-updates" in run("compile", "--help").stdout
+
+
+def test_shard_weight_updates_follows_a_result_wanted_split():
+    # the new weight is wanted split over data on dim 0: the update runs there (no all_gather and
+    # no resharding after it), although dim 1 (12 = 4 * 3) would also divide
+    src = """
+mesh [data=4]
+func main(x: f32[64, 8] {data, _}, w: f32[8, 12] {_, _}) -> f32[8, 12] {data, _} {
+  g = einsum("bd,be->de", x, x @ w)
+  return w - 0.1 * g
+}
+"""
+    c = spmdlang.compile(src, shard_weight_updates="data")
+    assert "runs on {data, _}" in c.pass_notes[0].message
+    assert plan(c) == [("reduce_scatter", ("data",))]
+    assert c.diff(backends=["ref", "sim"])["ok"]
