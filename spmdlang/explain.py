@@ -95,6 +95,7 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
         entry = {
             "kind": col.kind, "axes": list(col.axes), "bytes_per_device": int(round(col.bytes_per_device)),
             "line": col.line, "op": col.op, "reason": col.reason,
+            "pass": {False: "forward", True: "backward", None: "both"}[col.backward],
             "time_us": round(collective_time_us(col.kind, c.mesh.group_size(col.axes), col.bytes_per_device,
                                                 col.axes, bandwidth, latency, preset), 3),
         }
@@ -119,12 +120,14 @@ def render_explain(console, c, report, show=()) -> None:
     render_check(console, c, report)
     looped = any("trip_count" in x for x in report["collectives"])
     runs = ("runs",) if looped else ()  # a collective in a loop body runs once per iteration
-    cols = table("line", "kind", "axes", *runs, "bytes", "time (us)", "why", text_column="why",
-                 texts=[x["reason"] for x in report["collectives"]])
+    # a program that differentiates says which pass each collective belongs to
+    passes = any(x["pass"] != "forward" for x in report["collectives"])
+    cols = table("line", *(("pass",) if passes else ()), "kind", "axes", *runs, "bytes", "time (us)", "why",
+                 text_column="why", texts=[x["reason"] for x in report["collectives"]])
     for x in report["collectives"]:
         n = (f"x{x.get('trip_count', 1)}",) if looped else ()
-        cols.add_row(str(x["line"] or ""), x["kind"], ",".join(x["axes"]), *n, f"{x['bytes_per_device']:,}",
-                     f"{x['time_us']:.1f}", escape(x["reason"]))
+        cols.add_row(str(x["line"] or ""), *((x["pass"],) if passes else ()), x["kind"], ",".join(x["axes"]), *n,
+                     f"{x['bytes_per_device']:,}", f"{x['time_us']:.1f}", escape(x["reason"]))
     if report["collectives"]:
         heading(console, "collectives (per device)")
         console.print(cols)

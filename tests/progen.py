@@ -119,8 +119,10 @@ def _broadcast(a, b):
 
 
 class Generator:
-    def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=(), loops=False):
+    def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=(), grad=False,
+                 loops=False):
         self.ch = ch
+        self.grad = grad  # grad_program() draws stop_gradient too
         # `loop` statements too (off by default: a new op would change every seed's program, and
         # tests pin programs by seed)
         self.loops = loops
@@ -215,6 +217,8 @@ class Generator:
         forms = ["neg({})", "abs({})", "tanh({})", "sigmoid({})", "relu({})", "gelu({})", "sin({})",
                  "cos({})",
                  "exp(tanh({}))", "log(abs({}) + 1.0)", "sqrt(abs({}))", "rsqrt(abs({}) + 1.0)", "-{}"]
+        if self.grad:
+            forms.append("stop_gradient({})")
         if v.exact:
             forms += ["floor({} * 2.0)", "ceil({})", "sign({})"]
         form = self.ch.choice(forms)
@@ -894,3 +898,42 @@ class Generator:
         ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
         return (f"{mesh}\nfunc main({params}) -> {ret} {{\n{body}\n"
                 f"  return {', '.join(v.name for v in results)}\n}}\n")
+
+    def grad_program(self) -> str:
+        """A program that differentiates (make the generator with grad=True): the drawn statements
+        become `loss`, a function of every parameter returning sum(tanh(v)) of its last f32 value, and
+        main returns value_and_grad (or grad) of it with respect to some f32 parameters."""
+        mesh = self.mesh()
+        first = self.param(self.shape(), "f32")
+        self.pool.append(first)
+        if self.ch.chance(0.3):
+            self.pool.append(self.param(self.shape(), "f32"))
+        for _ in range(self.ch.int(self.min_ops, self.max_ops)):
+            self.step()
+        body = "\n".join(self.lines)
+        f32 = [v for v in self.pool if v.dtype == "f32"]
+        # the loss sums what nothing else uses (the last f32 value and up to two dead ends)
+        unused = [v for v in f32[:-1] if v.name.startswith("v")
+                  and not re.search(rf"\b{v.name}\b", body.split(f"  {v.name} = ", 1)[-1])]
+        terms = " + ".join(f"sum(tanh({v.name}))" for v in [f32[-1]] + unused[-2:])
+        floats = [i for i, (v, _) in enumerate(self.params) if v.dtype == "f32"]
+        argnums = [i for i in floats if self.ch.chance(0.6)] or [floats[0]]
+        plain = ", ".join(f"{v.name}: {_ty(v.dtype, v.shape)}" for v, _ in self.params)
+        params = ", ".join(f"{v.name}: {_ty(v.dtype, v.shape)}" + (f" {s}" if s else "") for v, s in self.params)
+        grads = [self.params[i][0] for i in argnums]
+        outs = []
+        for v in grads:
+            spec = f" {self.spec(len(v.shape))}" if v.shape and self.ch.chance(0.4) else ""
+            outs.append(f"{_ty(v.dtype, v.shape)}{spec}")
+        args = ", ".join(v.name for v, _ in self.params)
+        names = [f"g{i}" for i in argnums]
+        call = f"({args}, argnums=[{', '.join(map(str, argnums))}])"
+        if self.ch.chance(0.5):
+            lhs, fn, outs = ["l"] + names, "value_and_grad", ["f32[]"] + outs
+        else:
+            lhs, fn = names, "grad"
+        ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
+        call = fn + "(loss, " + call[1:]
+        return (f"{mesh}\nfunc loss({plain}) -> f32[] {{\n{body}\n  return {terms}\n}}\n"
+                f"func main({params}) -> {ret} {{\n  {', '.join(lhs)} = {call}\n"
+                f"  return {', '.join(lhs)}\n}}\n")

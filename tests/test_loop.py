@@ -514,3 +514,17 @@ def test_autoshard_of_a_loop_is_a_located_error():
     with pytest.raises(spmdlang.SpmdError, match="does not search programs with a `loop`") as e:
         autoshard(STACK)
     assert e.value.line == 6
+
+
+def test_grad_through_a_loop_is_a_located_error():
+    e = error_of("""
+mesh [x=2]
+func loss(w: f32[4, 4], a: f32[4]) -> f32[] {
+  loop i in range(3) { a = tanh(w @ a) }
+  return sum(a)
+}
+func main(w: f32[4, 4], a: f32[4]) -> f32[4, 4] {
+  return grad(loss, w, a)
+}
+""")
+    assert "through a `loop` is not supported yet" in e.message and e.line == 4

@@ -226,8 +226,12 @@ def _dtypes(prog: Program):
 
 
 def _body(prog: Program, namer: Namer, constraint=None) -> list[str]:
+    return _op_lines(prog.ops, namer, constraint)
+
+
+def _op_lines(ops, namer: Namer, constraint=None, indent: str = "    ", count=None) -> list[str]:
     lines: list[str] = []
-    _ops(prog.ops, namer, constraint, "    ", lines, [0])
+    _ops(ops, namer, constraint, indent, lines, [0] if count is None else count)
     return lines
 
 
@@ -273,6 +277,59 @@ def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: li
         if op.span is not None:
             line += f"  # line {op.span.line}"
         lines.append(line)
+
+
+def _xla_body(prog: Program, namer: Namer, constraint) -> list[str]:
+    """The global program's ops, except that every grad call's gradients come from jax's own
+    autodiff (the oracle): jax.value_and_grad of the call's forward function, emitted as plain jax,
+    where our backward ops would compute them. Backward ops nothing else needs are left out."""
+    if not prog.grads:
+        return _body(prog, namer, constraint)
+    grad_of: dict[Value, int] = {}
+    for k, g in enumerate(prog.grads):
+        for v in g.grads:
+            grad_of.setdefault(v, k)
+    live = {r.value for r in prog.results}
+    calls: set[int] = set()
+    keep = []
+    for op in reversed(prog.ops):
+        own = [r for r in op.results if r in live and r not in grad_of]
+        for r in op.results:
+            if r in live and r in grad_of and grad_of[r] not in calls:
+                calls.add(grad_of[r])
+                live.update(prog.grads[grad_of[r]].args)
+        if own:
+            keep.append(op)
+            live.update(op.operands)
+    keep.reverse()
+    lines: list[str] = []
+    done: set[int] = set()
+
+    def call(k: int):
+        if k in done:
+            return
+        done.add(k)
+        g = prog.grads[k]
+        inner = Namer()
+        params = [pyname(inner, p) for p in g.params]
+        fn = f"_grad_fn{k}"
+        line = f" (line {g.span.line})" if g.span is not None else ""
+        lines.append(f"    def {fn}({', '.join(params)}):  # the function differentiated at the grad call{line}")
+        lines.extend(_op_lines(g.forward, inner, constraint, indent="        "))
+        lines.append(f"        return {pyname(inner, g.output)}")
+        args = ", ".join(pyname(namer, a) for a in g.args)
+        outs = ", ".join(pyname(namer, v) for v in g.grads)
+        lines.append(f"    _value{k}, ({outs},) = jax.value_and_grad({fn}, argnums={tuple(g.argnums)!r})({args})")
+
+    for op in keep:
+        for v in op.operands:
+            if v in grad_of and grad_of[v] in calls:
+                call(grad_of[v])
+        lines.extend(_op_lines([op], namer, constraint))
+    for r in prog.results:
+        if r.value in grad_of:
+            call(grad_of[r.value])
+    return lines
 
 
 def _np_dtype(t) -> str:
@@ -345,7 +402,7 @@ def emit_xla(prog: Program, in_shardings, out_shardings) -> str:
         if s_in != s:
             name = pyname(namer, p.value)
             lines.append(f"    {name} = jax.lax.with_sharding_constraint({name}, NamedSharding(mesh, {spec_text(s)}))")
-    lines += _body(prog, namer, constraint=lambda a, s: (
+    lines += _xla_body(prog, namer, constraint=lambda a, s: (
         f"jax.lax.with_sharding_constraint({a}, NamedSharding(mesh, {spec_text(s)}))"))
     res = [pyname(namer, r.value) for r in prog.results]
     for i, (s_out, s) in enumerate(zip(outs, out_shardings)):

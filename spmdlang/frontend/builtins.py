@@ -194,6 +194,23 @@ def _shard(ctx, span, args):
     return ctx.b.emit("shard", x, span=span, sharding=sharding)
 
 
+# ---------------------------------------------------------------------------------- differentiation
+
+
+def _lowered_by_grad(ctx, span, args):  # pragma: no cover - Lowerer.expr_Call lowers them (frontend/grad.py)
+    raise AssertionError("grad and value_and_grad are lowered by frontend.grad.lower_grad")
+
+
+builtin("grad", "f:any", "args:tensors*", doc="gradients of a scalar function (frontend/grad.py)")(_lowered_by_grad)
+builtin("value_and_grad", "f:any", "args:tensors*",
+        doc="value and gradients of a scalar function (frontend/grad.py)")(_lowered_by_grad)
+
+
+@builtin("stop_gradient", "x:tensor", doc="x, with no gradient flowing back through it")
+def _stop_gradient(ctx, span, args):
+    return ctx.b.emit("stop_gradient", tensor(ctx, args, "x"), span=span)
+
+
 # ---------------------------------------------------------------------------------- elementwise
 
 # a new elementwise op is one entry in ops/elementwise.py and its name here

@@ -43,6 +43,7 @@ class Lowerer:
         self.called: set[str] = set()  # functions reached by inlining
         self.unrolled = 0  # loop iterations unrolled so far, against MAX_UNROLLED
         self.entry_named: set[Value] = set()  # values named by an assignment in the entry function
+        self.grad_calls: list = []  # ir.core.GradCall of each grad/value_and_grad, for the xla oracle
 
     # ------------------------------------------------------------------ module level
 
@@ -131,13 +132,13 @@ class Lowerer:
         called = self.called
         for name, f in self.funcs.items():
             if name != entry and name not in called:
-                saved = (self.b, self.names)
-                self.b, self.names = Builder(), {}
+                saved = (self.b, self.names, self.grad_calls)
+                self.b, self.names, self.grad_calls = Builder(), {}, []
                 try:
                     params = [Value(self.type_of(p.type)) for p in f.params]
                     self.call_function(f, params, f.span)
                 finally:
-                    self.b, self.names = saved
+                    self.b, self.names, self.grad_calls = saved
 
     def _lower_entry(self, f: A.FuncDef) -> Program:
         self._check_params(f)
@@ -163,7 +164,9 @@ class Lowerer:
         params = [Param(rename.get(p.value, p.value), p.name, p.sharding, p.span) for p in params]
         results = [Result(rename.get(r.value, r.value), r.sharding, r.span) for r in results]
         names = tuple((n, rename.get(v, v), s) for n, (v, s) in named.items())
-        return Program(f.name, self.mesh, tuple(params), tuple(ops), tuple(results), names, self.source)
+        grads = tuple(g.remapped(rename) for g in self.grad_calls)
+        return Program(f.name, self.mesh, tuple(params), tuple(ops), tuple(results), names, self.source,
+                       grads=grads)
 
     def _finalize_names(self) -> tuple[list[Op], dict[Value, Value]]:
         """Give values the source names they were assigned to, in one pass over the ops."""
@@ -485,6 +488,10 @@ class Lowerer:
             args = self._bind_user_args(f, node, env)
             outs = self.call_function(f, args, node.span)
             return outs[0] if len(outs) == 1 and not f.parenthesised else tuple(outs)
+        if node.func in ("grad", "value_and_grad"):
+            from .grad import lower_grad
+
+            return lower_grad(self, node, env, with_value=node.func == "value_and_grad")
         if node.func in BUILTINS:
             return call_builtin(self, BUILTINS[node.func], node, env)
         if T.is_dtype(node.func):

@@ -66,6 +66,7 @@ class Op:
     results: tuple[Value, ...]
     attrs: Mapping[str, Any] = field(default_factory=lambda: freeze(None))
     span: Span | None = None
+    backward: bool = False  # made by differentiation (ir.autodiff); `span` is the forward op's
     regions: tuple[Region, ...] = ()
 
     @property
@@ -75,7 +76,7 @@ class Op:
 
     def replace(self, **kw) -> Op:
         fields = dict(kind=self.kind, operands=self.operands, results=self.results,
-                      attrs=self.attrs, span=self.span, regions=self.regions)
+                      attrs=self.attrs, span=self.span, regions=self.regions, backward=self.backward)
         fields.update(kw)
         return Op(**fields)
 
@@ -130,7 +131,7 @@ class Loop:
 
 def make_loop(start: int, stop: int, inits, captures, body: Region, results, span=None) -> Op:
     return Op(LOOP, tuple(inits) + tuple(captures), tuple(results), freeze({"start": start, "stop": stop}),
-              span, (body,))
+              span, regions=(body,))
 
 
 def walk(ops):
@@ -205,6 +206,27 @@ class Result:
 
 
 @dataclass(frozen=True, eq=False)
+class GradCall:
+    """One grad/value_and_grad call, kept for the xla oracle (which differentiates with jax's own
+    autodiff instead of running our backward ops): `forward` is the inlined function as ops of its
+    own, on `params` (one fresh value per argument), computing the scalar `output`; `args` are the
+    program's values passed in, `argnums` the differentiated positions and `grads` the program's
+    values of our gradients, one per argnum. Only `args` and `grads` are values of the program."""
+
+    params: tuple[Value, ...]
+    forward: tuple[Op, ...]
+    output: Value
+    args: tuple[Value, ...]
+    argnums: tuple[int, ...]
+    grads: tuple[Value, ...]
+    span: Span | None = None
+
+    def remapped(self, m: Mapping[Value, Value]) -> GradCall:
+        return GradCall(self.params, self.forward, self.output, tuple(m.get(v, v) for v in self.args),
+                        self.argnums, tuple(m.get(v, v) for v in self.grads), self.span)
+
+
+@dataclass(frozen=True, eq=False)
 class Program:
     """The entry function after inlining, with its mesh.
 
@@ -219,10 +241,11 @@ class Program:
     names: tuple[tuple[str, Value, Span | None], ...] = ()
     source: Source | None = None
     local: bool = False  # True for the per-partition program
+    grads: tuple[GradCall, ...] = ()  # the grad calls (global programs), for the xla oracle
 
     def replace(self, **kw) -> Program:
         fields = {k: getattr(self, k) for k in
-                  ("name", "mesh", "params", "ops", "results", "names", "source", "local")}
+                  ("name", "mesh", "params", "ops", "results", "names", "source", "local", "grads")}
         fields.update(kw)
         return Program(**fields)
 

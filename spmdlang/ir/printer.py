@@ -91,6 +91,8 @@ def _print_ops(ops, lines, indent, name, shard, notes) -> None:
         comment = []
         if op.span is not None:
             comment.append(f"line {op.span.line}")
+        if op.backward:
+            comment.append("backward")
         if notes and op in notes:
             comment.append(notes[op])
         tail = f"  # {'; '.join(comment)}" if comment else ""

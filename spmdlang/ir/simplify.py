@@ -37,7 +37,9 @@ def _rotation(op: Op, producers) -> Op | None:
 
 
 def _key(op: Op):
-    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(op.attrs.items())))
+    # backward ops never stand in for forward ones (nor the other way): the xla oracle replaces
+    # the backward ops of a grad call by jax's autodiff
+    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(op.attrs.items())), op.backward)
 
 
 def with_regions(op: Op, fn) -> Op:
@@ -98,7 +100,8 @@ def cse(prog: Program, keep=frozenset()) -> tuple[Program, dict]:
     params = prog.params
     results = tuple(r.__class__(repl.get(r.value, r.value), r.sharding, r.span) for r in prog.results)
     names = tuple((n, repl.get(v, v), s) for n, v, s in prog.names)
-    return prog.replace(ops=tuple(ops), params=params, results=results, names=names), repl
+    grads = tuple(g.remapped(repl) for g in prog.grads)
+    return prog.replace(ops=tuple(ops), params=params, results=results, names=names, grads=grads), repl
 
 
 def live_ops(ops, roots) -> list[Op]:

@@ -168,6 +168,7 @@ def _combine_ops(prog_ops, ledger):
         if entries:
             new_ledger.append(replace(entries[0], bytes_per_device=sum(e.bytes_per_device for e in entries),
                                       reason=" + ".join(e.reason for e in entries), local_op=op,
+                                      backward=_same_pass(entries),
                                       line=min((e.line for e in entries if e.line is not None), default=None)))
     return ops, new_ledger
 
@@ -187,3 +188,9 @@ def finish(spmd):
     prog, ledger = _combine(prog, ledger)
     notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}
     return replace(spmd, program=prog, ledger=ledger, notes=notes)
+
+
+def _same_pass(entries):
+    """The pass a combined collective serves: forward (False), backward (True), or both (None)."""
+    passes = {e.backward for e in entries}
+    return passes.pop() if len(passes) == 1 else None

@@ -46,6 +46,7 @@ class Collective:
     local_op: Op | None = None
     reduce: str = "sum"
     trip_count: int = 1  # runs once per iteration of the loops around it: this many times in all
+    backward: bool | None = False  # needed by the backward pass (differentiation); None: both passes
 
 
 @dataclass
@@ -279,8 +280,10 @@ class Partitioner:
             self.cache[(v, st.after.closed())] = x
             # what the emitted collective really sends (padding included), not the plan's estimate
             sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in col.operands))
+            made = self.producer.get(v)
             self.log(st.kind, st.axes, sent, st.reduce,
-                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
+                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col,
+                     backward=made is not None and made.backward)
         return x
 
     def all_to_all_dims(self, x: Value, moves, axes, k: int):
@@ -331,7 +334,9 @@ class Partitioner:
         line = f" at line {op.span.line}" if op.span else ""
         return f"the {op.kind} result{line} ({v.type})"
 
-    def log(self, kind, axes, nbytes, reduce, reason, local_op):
+    def log(self, kind, axes, nbytes, reduce, reason, local_op, backward=False):
+        """`backward`: the collective moves a value of the backward pass (a gradient settled for
+        its update counts as backward even though the update is a forward op)."""
         if kind == "all_reduce" and reduce == "prod":
             # jax has no product all-reduce: it runs as an all_gather and a local product
             kind = "all_gather"
@@ -339,7 +344,9 @@ class Partitioner:
         op = self.current
         line = op.span.line if op is not None and op.span else None
         self.ledger.append(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
-                                      reason, local_op, reduce, self.trips))
+                                      reason, local_op, reduce,
+                                      backward=bool(backward or op is not None and op.backward),
+                                      trip_count=self.trips))
         self.notes[local_op] = reason
 
     def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
@@ -413,10 +420,12 @@ class Partitioner:
             self.state[p.value] = (local, s)
         for op in self.prog.ops:
             self.current, self.span = op, op.span
+            self.b.backward = op.backward
             self.partition_op(op)
         results, outs = [], []
         for r in self.prog.results:
             self.current, self.span = None, r.span
+            self.b.backward = False
             s = self.target(r.value).closed().with_partial(())
             local = self.reshard(r.value, s, "for the result")
             results.append(Result(local, s, r.span))
