@@ -43,6 +43,13 @@ SIZES = {
     "conv": {"N": 16},
     "embedding": {"B": 32, "S": 128},
     "pipeline": {"B": 64, "D": 512},
+    "pipeline_microbatch": {"B": 64, "D": 512},
+    "stack_scan": {"L": 12, "B": 16, "S": 128},
+    "decode_kv_cache": {"B": 32, "T": 64},
+    "train_mlp": {"B": 256, "D": 1024, "F": 4096},
+    "train_transformer": {"B": 16, "S": 128},
+    "train_embedding": {"B": 16, "S": 128, "V": 8192, "D": 256},
+    "train_zero": {"B": 256, "D": 1024, "F": 4096},
 }
 
 SWEEP = [{"data": 2, "model": 4}, {"data": 8, "model": 8}, {"data": 16, "model": 16}, {"data": 32, "model": 64}]

@@ -3,6 +3,7 @@
 from . import ops as _ops  # noqa: F401  (registers the op table)
 from .api import Compiled, compile
 from .errors import SpmdError
+from .shard_search import autoshard
 
-__all__ = ["Compiled", "SpmdError", "compile"]
+__all__ = ["Compiled", "SpmdError", "autoshard", "compile"]
 __version__ = "0.1.0"

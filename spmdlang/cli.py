@@ -163,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
                    help="rounds of ours and XLA called in turn; the ratio's spread is over rounds (default 5)")
     b.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+    a = sub.add_parser("autoshard", parents=[common],
+                       help="choose the missing annotations (a search over strategies) and write them in")
+    a.add_argument("--memory-per-device", type=_size_arg, default=None, metavar="BYTES", dest="memory",
+                   help="peak memory per device the plan must fit (e.g. 4G, 512M, 1000000; default: no limit)")
+    a.add_argument("--solver", choices=("auto", "ilp", "greedy"), default="auto",
+                   help="ilp: the integer program (HiGHS through scipy); greedy: the fast heuristic; "
+                   "auto: the ILP unless the problem is too large or scipy is missing (default)")
+    a.add_argument("-o", dest="output", metavar="OUT.spmd",
+                   help="write the annotated program here (default: standard output, the report on "
+                   "standard error)")
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return p
@@ -384,6 +394,36 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_autoshard(args) -> int:
+    from .shard_search import autoshard, render_autoshard
+
+    if args.file == "-":
+        text, filename = _read_stdin(), STDIN_NAME
+    else:
+        if not os.path.exists(args.file):
+            raise UsageError(f"no such file: '{args.file}'")
+        if os.path.isdir(args.file):
+            raise UsageError(f"'{args.file}' is a directory, not a .spmd file")
+        from .api import read_source
+
+        text, filename = read_source(args.file), args.file
+    result = autoshard(text, mesh=args.mesh, consts=args.consts, entry=args.entry, filename=filename,
+                       memory_per_device=args.memory, method=args.solver)
+    report = result.report()
+    if args.output and args.output != "-":
+        write_output(args.output, result.source.encode())
+        report["output"] = args.output
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    if args.output and args.output != "-":
+        render_autoshard(_console(), report)
+    else:
+        sys.stdout.write(result.source)
+        render_autoshard(_console(stderr=True), report)
+    return 0
+
+
 def cmd_ops(args) -> int:
     from .oplist import ops_report, render_ops
 
@@ -393,7 +433,7 @@ def cmd_ops(args) -> int:
 
 
 COMMANDS = {"check": cmd_check, "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
-            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops}
+            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard}
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG}

@@ -92,19 +92,24 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
     sp = c.spmd
     collectives = []
     for col in sp.ledger:
-        collectives.append({
+        entry = {
             "kind": col.kind, "axes": list(col.axes), "bytes_per_device": int(round(col.bytes_per_device)),
             "line": col.line, "op": col.op, "reason": col.reason,
+            "pass": {False: "forward", True: "backward", None: "both"}[col.backward],
             "time_us": round(collective_time_us(col.kind, c.mesh.group_size(col.axes), col.bytes_per_device,
                                                 col.axes, bandwidth, latency, preset), 3),
-        })
-    total_bytes = sum(x["bytes_per_device"] for x in collectives)
+        }
+        if col.trip_count != 1:  # inside a loop: listed once, run once per iteration
+            entry["trip_count"] = col.trip_count
+        collectives.append(entry)
+    runs = [x.get("trip_count", 1) for x in collectives]
+    total_bytes = sum(x["bytes_per_device"] * n for x, n in zip(collectives, runs))
     return {
         **check_report(c),
         "collectives": collectives,
-        "totals": {"collectives": len(collectives), "bytes_per_device": total_bytes,
+        "totals": {"collectives": sum(runs), "bytes_per_device": total_bytes,
                    "flops_per_device": flops(sp.program), "peak_bytes_per_device": peak_bytes(sp.program),
-                   "comm_time_us": round(sum(x["time_us"] for x in collectives), 3)},
+                   "comm_time_us": round(sum(x["time_us"] * n for x, n in zip(collectives, runs)), 3)},
         "model": {"preset": preset, "bandwidth_gbps": bandwidth, "latency_us": latency},
     }
 
@@ -113,17 +118,24 @@ def render_explain(console, c, report, show=()) -> None:
     from rich.markup import escape
 
     render_check(console, c, report)
-    cols = table("line", "kind", "axes", "bytes", "time (us)", "why", text_column="why",
-                 texts=[x["reason"] for x in report["collectives"]])
+    looped = any("trip_count" in x for x in report["collectives"])
+    runs = ("runs",) if looped else ()  # a collective in a loop body runs once per iteration
+    # a program that differentiates says which pass each collective belongs to
+    passes = any(x["pass"] != "forward" for x in report["collectives"])
+    cols = table("line", *(("pass",) if passes else ()), "kind", "axes", *runs, "bytes", "time (us)", "why",
+                 text_column="why", texts=[x["reason"] for x in report["collectives"]])
     for x in report["collectives"]:
-        cols.add_row(str(x["line"] or ""), x["kind"], ",".join(x["axes"]), f"{x['bytes_per_device']:,}",
-                     f"{x['time_us']:.1f}", escape(x["reason"]))
+        n = (f"x{x.get('trip_count', 1)}",) if looped else ()
+        cols.add_row(str(x["line"] or ""), *((x["pass"],) if passes else ()), x["kind"], ",".join(x["axes"]), *n,
+                     f"{x['bytes_per_device']:,}", f"{x['time_us']:.1f}", escape(x["reason"]))
     if report["collectives"]:
         heading(console, "collectives (per device)")
         console.print(cols)
     else:
         console.print("no collectives: every op runs on local data")
     t = report["totals"]
+    if looped:
+        console.print("bytes and time are per run; totals count each collective once per loop iteration")
     console.print(f"totals: {t['collectives']} collectives, {t['bytes_per_device']:,} bytes sent per device, "
                   f"~{t['comm_time_us']:.1f} us ({report['model']['preset']} model), "
                   f"{t['flops_per_device']:,} FLOPs per device, peak {t['peak_bytes_per_device']:,} bytes per device")

@@ -14,6 +14,8 @@ never a crash. The limits (also listed in the README):
                               JAX_MAX_MESH_AXES axes and, on virtual CPU devices,
                               JAX_MAX_CPU_DEVICES devices; the simulator at most SIM_MAX_WORK
                               device-steps (devices x per-partition ops)
+  loops                       the ref backend runs at most REF_MAX_WORK ops (a loop body counts
+                              once per iteration; the simulator's device-steps count them so too)
   memory                      before a run, the backend's estimated peak (the cost model's
                               per-device peak on the per-partition program; the global peak for
                               ref) must fit in the available memory, or `--max-memory`
@@ -44,6 +46,7 @@ MAX_INT = (1 << 63) - 1
 JAX_MAX_MESH_AXES = 64
 JAX_MAX_CPU_DEVICES = 256
 SIM_MAX_WORK = 500_000  # devices x per-partition ops: the simulator runs every device in turn
+REF_MAX_WORK = 10_000_000  # ops the numpy interpreter runs (a loop body's once per iteration)
 
 _STACK_BYTES = 1 << 30  # reserved address space; only what deep programs touch is ever used
 _RECURSION_LIMIT = 400_000
@@ -212,11 +215,42 @@ def check_jax_devices(program, backend: str, cpu: bool) -> None:
 def check_sim_work(compiled) -> None:
     """The simulator runs each op once per device, in one process: bound devices x ops."""
     n = compiled.program.mesh.size
-    ops = len(compiled.spmd.program.ops) + len(compiled.program.params) + len(compiled.program.results)
+    ops = _ops_run(compiled.spmd.program.ops) + len(compiled.program.params) + len(compiled.program.results)
     if n * ops > SIM_MAX_WORK:
+        loop = _biggest_loop(compiled.program)
+        if loop is not None and _ops_run([loop]) * n > SIM_MAX_WORK:  # the loop is what is too long
+            raise SpmdError(f"the sim backend would run {ops:,} ops (a loop body once per iteration) on each of "
+                            f"{n} devices in turn ({n * ops:,} steps; at most {SIM_MAX_WORK:,}); use `explain`, "
+                            "or fewer loop iterations (--set)", loop.span or mesh_span(compiled.program))
         raise SpmdError(f"the sim backend would run {ops} ops on each of {n} devices in turn ({n * ops:,} steps; at "
                         f"most {SIM_MAX_WORK:,}); use the ref backend, `explain`, or a smaller mesh (--mesh)",
                         mesh_span(compiled.program))
+
+
+def check_ref_work(compiled) -> None:
+    """The interpreter runs a loop body once per iteration: bound the ops it runs in all."""
+    prog = compiled.program
+    ops = _ops_run(prog.ops)
+    if ops > REF_MAX_WORK:
+        biggest = _biggest_loop(prog)
+        span = biggest.span if biggest is not None and biggest.span is not None else mesh_span(prog)
+        raise SpmdError(f"the ref backend would run {ops:,} ops (a loop body once per iteration; at most "
+                        f"{REF_MAX_WORK:,}); use `explain`, or fewer loop iterations (--set)", span)
+
+
+def _biggest_loop(prog):
+    """The outermost loop of the global program that runs the most ops (None without loops)."""
+    return max((op for op in prog.ops if op.regions), key=lambda op: _ops_run([op]), default=None)
+
+
+def _ops_run(ops) -> int:
+    """Ops a run executes: a loop body's once per iteration (a loop op's attrs give its range)."""
+    n = 0
+    for op in ops:
+        n += 1
+        for region in op.regions:
+            n += max(0, op.attrs["stop"] - op.attrs["start"]) * _ops_run(region.ops)
+    return n
 
 
 # ------------------------------------------------------------------------------------- memory
@@ -274,6 +308,12 @@ def peak_and_culprit(prog) -> tuple[int, object, Span | None]:
             live += r.type.nbytes
             live_set[r] = None
             spans[r] = op.span
+        for region in op.regions:  # a loop body's own temporaries, live while it runs
+            inner, v, span = peak_and_culprit(_RegionAsProgram(region))
+            inner -= sum(p.type.nbytes for p in region.params)  # those alias the loop's operands
+            if live + inner > peak:
+                peak, at_peak = live + inner, {**live_set, v: None}
+                spans[v] = span
         if live > peak:
             peak, at_peak = live, dict(live_set)
         for v in frees.get(i, ()):
@@ -286,6 +326,17 @@ def peak_and_culprit(prog) -> tuple[int, object, Span | None]:
                 del live_set[r]
     culprit = max(at_peak, key=lambda v: v.type.nbytes, default=None)
     return peak, culprit, spans.get(culprit) if culprit is not None else None
+
+
+class _RegionAsProgram:
+    """A loop body seen as a program by peak_and_culprit."""
+
+    def __init__(self, region):
+        from types import SimpleNamespace
+
+        self.ops = region.ops
+        self.params = [SimpleNamespace(value=p, span=None) for p in region.params]
+        self.results = [SimpleNamespace(value=r) for r in region.results]
 
 
 def estimate(compiled, backend: str) -> tuple[int, object, Span | None, str]:
@@ -311,6 +362,8 @@ def check_memory(compiled, backend: str, limit: int | None = None) -> None:
     given (--max-memory), else in the memory available now."""
     if backend == "sim":
         check_sim_work(compiled)
+    if backend == "ref":
+        check_ref_work(compiled)
     avail = limit if limit is not None else available_memory()
     if avail is None:
         return

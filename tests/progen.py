@@ -7,8 +7,10 @@ contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softma
 ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
 logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout, dynamic indexing x[l],
 dynamic_slice/dynamic_update_slice with value and static starts) and random `shard()`
-constraints, open `?` dims included. tests/test_coverage.py fails when an op of the op table can not
-come out of it.
+constraints, open `?` dims included; with `loops=True`, also `loop` statements (nested up to two
+deep) carrying a value with a random sharding through random ops, reading rows at the loop index
+(x[i], take, and the dynamic ops, which find the index among the integer values).
+tests/test_coverage.py fails when an op of the op table can not come out of it.
 Dims are mostly small primes so uneven sharding is the common case.
 
 The chooser is either hypothesis-driven (`HypothesisChooser`, shrinks well) or a seeded
@@ -117,8 +119,13 @@ def _broadcast(a, b):
 
 
 class Generator:
-    def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=()):
+    def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=(), grad=False,
+                 loops=False):
         self.ch = ch
+        self.grad = grad  # grad_program() draws stop_gradient too
+        # `loop` statements too (off by default: a new op would change every seed's program, and
+        # tests pin programs by seed)
+        self.loops = loops
         self.exclude = frozenset(exclude)
         self.max_devices, self.min_ops, self.max_ops = max_devices, min_ops, max_ops
         self.params: list[tuple[Val, str | None]] = []
@@ -126,6 +133,7 @@ class Generator:
         self.pool: list[Val] = []
         self.counter = 0
         self.uses_bf16 = False
+        self.in_loop = 0
 
     # ------------------------------------------------------------------ basics
 
@@ -209,6 +217,8 @@ class Generator:
         forms = ["neg({})", "abs({})", "tanh({})", "sigmoid({})", "relu({})", "gelu({})", "sin({})",
                  "cos({})",
                  "exp(tanh({}))", "log(abs({}) + 1.0)", "sqrt(abs({}))", "rsqrt(abs({}) + 1.0)", "-{}"]
+        if self.grad:
+            forms.append("stop_gradient({})")
         if v.exact:
             forms += ["floor({} * 2.0)", "ceil({})", "sign({})"]
         form = self.ch.choice(forms)
@@ -837,6 +847,48 @@ class Generator:
         spec = self.spec(len(a.shape), open_ok=True)
         return self.assign(f"shard({a.name}, {spec})", a.shape, a.dtype, a.exact)
 
+    def op_loop(self):
+        """A `loop` carrying one f32 value (laid out by a random shard()) through 1-3 random ops;
+        the body reads the loop index (a cast, a row x[i] or take(x, i) of some value, and any op
+        that draws an integer scalar)."""
+        if self.in_loop >= 2:
+            return None
+        a = self.pick(lambda v: v.dtype == "f32" and v.shape)
+        if a is None:
+            return None
+        carry = self.assign(f"shard({a.name}, {self.spec(len(a.shape))})", a.shape, "f32", a.exact)
+        saved = len(self.pool)
+        idx = f"i{self.counter}"
+        n = self.ch.int(0, 4)
+        start = self.ch.int(0, 2) if self.ch.chance(0.3) else None
+        rng = f"range({n})" if start is None else f"range({start}, {start + n})"
+        self.lines.append(f"  loop {idx} in {rng} {{")
+        self.in_loop += 1
+        try:
+            self.pool.append(Val(idx, (), "i32", True))  # ops needing an integer value may read the index
+            rows = [v for v in self.pool if len(v.shape) >= 2 and v.dtype != "bool"]
+            if rows and self.ch.chance(0.5):
+                w = self.ch.choice(rows)
+                row = f"{w.name}[{idx}]" if self.ch.chance(0.5) else f"take({w.name}, {idx})"
+                self.assign(row, w.shape[1:], w.dtype, w.exact)
+            for _ in range(self.ch.int(1, 3)):
+                self.step()
+        finally:
+            self.in_loop -= 1
+        body = [v for v in self.pool[saved:] if v.dtype == "f32" and _broadcast(v.shape, carry.shape) == carry.shape]
+        b = self.ch.choice(body) if body else carry
+        scale = self.ch.choice(["0.5", f"cast({idx}, f32) * 0.25"])
+        if self.ch.chance(0.5):
+            update = f"{carry.name} + tanh({b.name}) * {scale}"  # an accumulation
+        else:
+            update = f"tanh({b.name} + {carry.name}) * {scale}"
+        self.lines.append(f"  {carry.name} = {update}")
+        self.lines.append("  }")
+        del self.pool[saved:]
+        self.pool.remove(carry)
+        exact = carry.exact and b.exact
+        return self.assign(carry.name, carry.shape, "f32", exact)
+
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
@@ -846,7 +898,8 @@ class Generator:
            ("pool", 1), ("random", 1), ("dynamic_slice", 1), ("dynamic_update", 1))
 
     def step(self):
-        names = [n for n, w in self.OPS for _ in range(w) if n not in self.exclude]
+        ops = self.OPS + ((("loop", 5),) if self.loops else ())
+        names = [n for n, w in ops for _ in range(w) if n not in self.exclude]
         for _ in range(10):
             out = getattr(self, "op_" + self.ch.choice(names))()
             if out is not None:
@@ -881,3 +934,42 @@ class Generator:
         ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
         return (f"{mesh}\nfunc main({params}) -> {ret} {{\n{body}\n"
                 f"  return {', '.join(v.name for v in results)}\n}}\n")
+
+    def grad_program(self) -> str:
+        """A program that differentiates (make the generator with grad=True): the drawn statements
+        become `loss`, a function of every parameter returning sum(tanh(v)) of its last f32 value, and
+        main returns value_and_grad (or grad) of it with respect to some f32 parameters."""
+        mesh = self.mesh()
+        first = self.param(self.shape(), "f32")
+        self.pool.append(first)
+        if self.ch.chance(0.3):
+            self.pool.append(self.param(self.shape(), "f32"))
+        for _ in range(self.ch.int(self.min_ops, self.max_ops)):
+            self.step()
+        body = "\n".join(self.lines)
+        f32 = [v for v in self.pool if v.dtype == "f32"]
+        # the loss sums what nothing else uses (the last f32 value and up to two dead ends)
+        unused = [v for v in f32[:-1] if v.name.startswith("v")
+                  and not re.search(rf"\b{v.name}\b", body.split(f"  {v.name} = ", 1)[-1])]
+        terms = " + ".join(f"sum(tanh({v.name}))" for v in [f32[-1]] + unused[-2:])
+        floats = [i for i, (v, _) in enumerate(self.params) if v.dtype == "f32"]
+        argnums = [i for i in floats if self.ch.chance(0.6)] or [floats[0]]
+        plain = ", ".join(f"{v.name}: {_ty(v.dtype, v.shape)}" for v, _ in self.params)
+        params = ", ".join(f"{v.name}: {_ty(v.dtype, v.shape)}" + (f" {s}" if s else "") for v, s in self.params)
+        grads = [self.params[i][0] for i in argnums]
+        outs = []
+        for v in grads:
+            spec = f" {self.spec(len(v.shape))}" if v.shape and self.ch.chance(0.4) else ""
+            outs.append(f"{_ty(v.dtype, v.shape)}{spec}")
+        args = ", ".join(v.name for v, _ in self.params)
+        names = [f"g{i}" for i in argnums]
+        call = f"({args}, argnums=[{', '.join(map(str, argnums))}])"
+        if self.ch.chance(0.5):
+            lhs, fn, outs = ["l"] + names, "value_and_grad", ["f32[]"] + outs
+        else:
+            lhs, fn = names, "grad"
+        ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
+        call = fn + "(loss, " + call[1:]
+        return (f"{mesh}\nfunc loss({plain}) -> f32[] {{\n{body}\n  return {terms}\n}}\n"
+                f"func main({params}) -> {ret} {{\n  {', '.join(lhs)} = {call}\n"
+                f"  return {', '.join(lhs)}\n}}\n")

@@ -168,6 +168,7 @@ def sigmoid(x):
 
 _UNARY_F = [
     ("neg", np.negative, None),
+    ("stop_gradient", lambda x: x, None),
     ("abs", np.abs, None),
     ("exp", np.exp, None),
     ("log", np.log, (3, 5)),

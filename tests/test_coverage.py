@@ -71,7 +71,21 @@ def generated_ops() -> dict[str, str]:
                                    exclude=[n for n in names if n not in alone])
             for op in _lowered(gen.program()).ops:
                 out.setdefault(op.kind, name)
+    for seed in range(16):  # what only differentiating programs draw (stop_gradient)
+        gen = progen.Generator(progen.RandomChooser(seed), min_ops=8, max_ops=8, grad=True,
+                               exclude=[n for n in names if n != "unary"])
+        for op in _lowered(gen.grad_program()).ops:
+            out.setdefault(op.kind, "unary (grad=True)")
     return out
+
+
+@pytest.mark.parametrize("name", GLOBAL_OPS)
+def test_gradient_declared(name):
+    """Every op has a derivative (a vjp rule, tested against jax in tests/test_grad.py) or says that
+    it passes none (integer-valued, piecewise constant) or that differentiating it is not supported yet."""
+    vjp = registry.get(name).vjp
+    assert vjp is not None, (f"{name}: declare its derivative: vjp=<rule> next to its other rules, or "
+                             "vjp=Grad.none (no gradient flows back) or Grad.unsupported (a located error)")
 
 
 @pytest.mark.parametrize("name", GLOBAL_OPS)

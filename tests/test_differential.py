@@ -22,6 +22,7 @@ from progen import Generator, HypothesisChooser, RandomChooser
 
 import spmdlang
 from spmdlang.errors import SpmdError
+from spmdlang.ir.core import all_ops
 from spmdlang.ir.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "coll
 def check_ledger(spmd, src: str = "") -> None:
     """The ledger lists exactly the collectives of the per-partition program, one entry each."""
     prog = spmd.program
-    ops = [op for op in prog.ops if op.kind in COLLECTIVES]
+    ops = [op for op in all_ops(prog.ops) if op.kind in COLLECTIVES]
     logged = []
     for c in spmd.ledger:
         op = c.local_op
@@ -69,7 +70,7 @@ def check_ledger(spmd, src: str = "") -> None:
 
 @st.composite
 def programs(draw, max_devices=24, min_ops=2, max_ops=8, exclude=()):
-    return Generator(HypothesisChooser(draw), max_devices, min_ops, max_ops, exclude).program()
+    return Generator(HypothesisChooser(draw), max_devices, min_ops, max_ops, exclude, loops=True).program()
 
 
 _COMMON = dict(deadline=None, database=None,

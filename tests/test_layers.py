@@ -28,6 +28,8 @@ LAYERS = {
     "spmdlang.explain": 5,
     "spmdlang.oplist": 5,
     "spmdlang.api": 6,
+    "spmdlang.shard_search": 6,  # autoshard: compiles candidates through the API
+    "spmdlang.search": 2,
     "spmdlang.cli": 7,
     "spmdlang.outfile": 7,
     "spmdlang.__main__": 7,

@@ -53,8 +53,8 @@ def measure(c, seed: int = 0, repeat: int = 20, progress=None, rounds: int = 5) 
         fn = runner.fn.lower(*a).compile()
         out[f"{name}_jit_s"] = time.perf_counter() - t
         cols = collectives(fn.as_text())
-        out[f"{name}_collectives"] = len(cols)
-        out[f"{name}_bytes_per_device"] = int(sum(x["bytes_per_device"] for x in cols))
+        out[f"{name}_collectives"] = sum(x["trip_count"] for x in cols)  # once per loop iteration
+        out[f"{name}_bytes_per_device"] = int(sum(x["bytes_per_device"] * x["trip_count"] for x in cols))
         out[f"{name}_collective_kinds"] = sorted({x["kind"] for x in cols})
         compiled.append(fn)
         args.append(a)
@@ -68,7 +68,7 @@ def measure(c, seed: int = 0, repeat: int = 20, progress=None, rounds: int = 5) 
     out["ratio"] = out["ours_s"] / out["xla_s"] if out["xla_s"] else float("nan")
     out["ratio_min"], out["ratio_max"] = min(ratios), max(ratios)
     out["ratio_spread"] = (max(ratios) - min(ratios)) / 2 / out["ratio"] if out["ratio"] else float("nan")
-    out["ledger_collectives"] = len(c.spmd.ledger)
+    out["ledger_collectives"] = sum(e.trip_count for e in c.spmd.ledger)
     out["mesh"] = dict(c.mesh.axes)
     out["repeat"] = repeat
     out["rounds"] = rounds

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import inspect
 import keyword
+import re
 
 from ..ir import registry
 from ..ir import types as T
-from ..ir.core import Program, Value
+from ..ir.core import LOOP, Loop, Program, Value
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.printer import Namer
 from ..partition import permute
@@ -39,8 +40,10 @@ def pyname(namer: Namer, v: Value) -> str:
     if name[0].isdigit():
         return f"t{name}"
     name = name.replace(".", "_")
-    if keyword.iskeyword(name) or name in _RESERVED or (name[0] == "t" and name[1:].isdigit()):
-        # t<digits> are the temporaries' names
+    if (keyword.iskeyword(name) or name in _RESERVED or (name[0] == "t" and name[1:].isdigit())
+            or re.fullmatch(r"loop\d+(_i|_carry)?", name)):
+        # t<digits> are the temporaries' names, loop<digits> the loop bodies' (and their arguments)
+
         name += "_"
     return name
 
@@ -223,8 +226,43 @@ def _dtypes(prog: Program):
 
 
 def _body(prog: Program, namer: Namer, constraint=None) -> list[str]:
-    lines = []
-    for op in prog.ops:
+    return _op_lines(prog.ops, namer, constraint)
+
+
+def _op_lines(ops, namer: Namer, constraint=None, indent: str = "    ", count=None) -> list[str]:
+    lines: list[str] = []
+    _ops(ops, namer, constraint, indent, lines, [0] if count is None else count)
+    return lines
+
+
+def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: list[int]) -> None:
+    """A loop as jax.lax.fori_loop over a nested function of (index, carries); the body reads
+    its captures from the enclosing function."""
+    loop = Loop(op)
+    fn = f"loop{count[0]}"
+    count[0] += 1
+    carries = [pyname(namer, v) for v in loop.carries]
+    line = f"  # line {op.span.line}" if op.span is not None else ""
+    lines.append(f"{indent}def {fn}({fn}_i, {fn}_carry):{line}")
+    inner = indent + "    "
+    lines.append(f"{inner}{pyname(namer, loop.index)} = jnp.asarray({fn}_i, jnp.int32)")
+    if carries:
+        lines.append(f"{inner}{', '.join(carries)}, = {fn}_carry")
+    for p, v in zip(loop.capture_params, loop.captures):
+        lines.append(f"{inner}{pyname(namer, p)} = {pyname(namer, v)}")
+    _ops(loop.body.ops, namer, constraint, inner, lines, count)
+    lines.append(f"{inner}return ({''.join(pyname(namer, v) + ', ' for v in loop.body.results)})")
+    inits = "".join(pyname(namer, v) + ", " for v in loop.inits)
+    outs = "".join(pyname(namer, r) + ", " for r in op.results)
+    call = f"jax.lax.fori_loop({loop.start}, {loop.stop}, {fn}, ({inits}))"
+    lines.append(f"{indent}{outs} = {call}" if outs else f"{indent}{call}")
+
+
+def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: list[int]) -> None:
+    for op in ops:
+        if op.kind == LOOP:
+            _loop(op, namer, constraint, indent, lines, count)
+            continue
         args = [pyname(namer, v) for v in op.operands]
         outs = [pyname(namer, r) for r in op.results]
         if registry.get(op.kind).constraint and constraint is not None:
@@ -235,10 +273,62 @@ def _body(prog: Program, namer: Namer, constraint=None) -> list[str]:
             expr = ", ".join(f"jnp.zeros({r.type.shape!r}, {T.jnp_dtype(r.type.dtype)})" for r in op.results)
         else:
             expr = registry.get(op.kind).jax(args, op.attrs, [r.type for r in op.results])
-        line = f"    {', '.join(outs)} = {expr}"
+        line = f"{indent}{', '.join(outs)} = {expr}"
         if op.span is not None:
             line += f"  # line {op.span.line}"
         lines.append(line)
+
+
+def _xla_body(prog: Program, namer: Namer, constraint) -> list[str]:
+    """The global program's ops, except that every grad call's gradients come from jax's own
+    autodiff (the oracle): jax.value_and_grad of the call's forward function, emitted as plain jax,
+    where our backward ops would compute them. Backward ops nothing else needs are left out."""
+    if not prog.grads:
+        return _body(prog, namer, constraint)
+    grad_of: dict[Value, int] = {}
+    for k, g in enumerate(prog.grads):
+        for v in g.grads:
+            grad_of.setdefault(v, k)
+    live = {r.value for r in prog.results}
+    calls: set[int] = set()
+    keep = []
+    for op in reversed(prog.ops):
+        own = [r for r in op.results if r in live and r not in grad_of]
+        for r in op.results:
+            if r in live and r in grad_of and grad_of[r] not in calls:
+                calls.add(grad_of[r])
+                live.update(prog.grads[grad_of[r]].args)
+        if own:
+            keep.append(op)
+            live.update(op.operands)
+    keep.reverse()
+    lines: list[str] = []
+    done: set[int] = set()
+
+    def call(k: int):
+        if k in done:
+            return
+        done.add(k)
+        g = prog.grads[k]
+        inner = Namer()
+        params = [pyname(inner, p) for p in g.params]
+        fn = f"_grad_fn{k}"
+        line = f" (line {g.span.line})" if g.span is not None else ""
+        lines.append(f"    def {fn}({', '.join(params)}):  # the function differentiated at the grad call{line}")
+        lines.extend(_op_lines(g.forward, inner, constraint, indent="        "))
+        lines.append(f"        return {pyname(inner, g.output)}")
+        args = ", ".join(pyname(namer, a) for a in g.args)
+        outs = ", ".join(pyname(namer, v) for v in g.grads)
+        lines.append(f"    _value{k}, ({outs},) = jax.value_and_grad({fn}, argnums={tuple(g.argnums)!r})({args})")
+
+    for op in keep:
+        for v in op.operands:
+            if v in grad_of and grad_of[v] in calls:
+                call(grad_of[v])
+        lines.extend(_op_lines([op], namer, constraint))
+    for r in prog.results:
+        if r.value in grad_of:
+            call(grad_of[r.value])
     return lines
 
 
@@ -312,7 +402,7 @@ def emit_xla(prog: Program, in_shardings, out_shardings) -> str:
         if s_in != s:
             name = pyname(namer, p.value)
             lines.append(f"    {name} = jax.lax.with_sharding_constraint({name}, NamedSharding(mesh, {spec_text(s)}))")
-    lines += _body(prog, namer, constraint=lambda a, s: (
+    lines += _xla_body(prog, namer, constraint=lambda a, s: (
         f"jax.lax.with_sharding_constraint({a}, NamedSharding(mesh, {spec_text(s)}))"))
     res = [pyname(namer, r.value) for r in prog.results]
     for i, (s_out, s) in enumerate(zip(outs, out_shardings)):

@@ -49,10 +49,42 @@ def _group_size(line: str) -> int:
     return 1
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(")
+_WHILE = re.compile(r"\swhile\(.*\bbody=%?([\w.\-]+)")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def _trip_counts(lines) -> dict[str, int]:
+    """Computation name -> how many times it runs per call of the module: a while loop's body
+    runs its known trip count times per run of the computation holding the loop."""
+    loops: list[tuple[str, str, int]] = []
+    current = ""
+    for line in lines:
+        if line and not line[0].isspace():
+            m = _COMPUTATION.match(line)
+            current = m.group(1) if m else current
+        m = _WHILE.search(line)
+        if m:
+            t = _TRIPS.search(line)
+            loops.append((current, m.group(1), int(t.group(1)) if t else 1))
+    runs: dict[str, int] = {}
+    for _ in range(len(loops)):  # nested loops: settle outer ones first, whatever the text order
+        for parent, body, n in loops:
+            runs[body] = runs.get(parent, 1) * n
+    return runs
+
+
 def collectives(hlo_text: str) -> list[dict]:
-    """[{kind, group, bytes_per_device}] for every collective in the HLO module."""
+    """[{kind, group, bytes_per_device, trip_count}] for every collective in the HLO module;
+    `trip_count`: the times it runs (more than 1 inside a while loop with a known trip count)."""
     out = []
-    for line in hlo_text.splitlines():
+    lines = hlo_text.splitlines()
+    runs = _trip_counts(lines)
+    current = ""
+    for line in lines:
+        if line and not line[0].isspace():
+            c = _COMPUTATION.match(line)
+            current = c.group(1) if c else current
         m = _INSTR.match(line)
         if not m:
             continue
@@ -67,7 +99,7 @@ def collectives(hlo_text: str) -> list[dict]:
         # the shape is the result's; the formulas take the operand's local bytes
         operand = size / k if kind == "all_gather" else size * k if kind == "reduce_scatter" else size
         sent = step_bytes(kind, k, operand) if k else 0
-        out.append({"kind": kind, "group": k, "bytes_per_device": sent})
+        out.append({"kind": kind, "group": k, "bytes_per_device": sent, "trip_count": runs.get(current, 1)})
     return out
 
 

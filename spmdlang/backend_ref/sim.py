@@ -12,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import registry
+from ..ir.core import LOOP, Loop
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import np_is_float
+from .interp import run_loop
 
 INT_POISON = 1_000_000_007
 
@@ -78,21 +80,30 @@ def run_sim(spmd, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return run_shards(spmd, shards)
 
 
-def run_shards(spmd, shards: list[list[np.ndarray]]) -> list[np.ndarray]:
-    """Run on given per-device inputs (one list of mesh.size arrays per parameter); global results."""
-    prog = spmd.program
-    mesh = prog.mesh
-    env: dict = {p.value: list(s) for p, s in zip(prog.params, shards)}
-    with np.errstate(all="ignore"):
-        for op in prog.ops:
+def _run_ops(ops, env: dict, mesh: Mesh) -> None:
+    """Run `ops` on every device: env maps each value to its per-device arrays."""
+    for op in ops:
+        if op.kind == LOOP:
+            outs = run_loop(Loop(op), [env[v] for v in op.operands], lambda o, e: _run_ops(o, e, mesh),
+                            lambda i: [np.asarray(i, dtype=np.int32)] * mesh.size)
+        else:
             opdef = registry.get(op.kind)
             if opdef.simulate is not None:
                 outs = opdef.simulate([env[v] for v in op.operands], op.attrs, mesh)
             else:
                 per_device = [opdef.evaluate([env[v][pos] for v in op.operands], op.attrs) for pos in range(mesh.size)]
                 outs = [[np.asarray(d[i]) for d in per_device] for i in range(len(op.results))]
-            for r, per_device_result in zip(op.results, outs):
-                env[r] = per_device_result
+        for r, per_device_result in zip(op.results, outs):
+            env[r] = per_device_result
+
+
+def run_shards(spmd, shards: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Run on given per-device inputs (one list of mesh.size arrays per parameter); global results."""
+    prog = spmd.program
+    mesh = prog.mesh
+    env: dict = {p.value: list(s) for p, s in zip(prog.params, shards)}
+    with np.errstate(all="ignore"):
+        _run_ops(prog.ops, env, mesh)
     results = []
     for r, s, g in zip(prog.results, spmd.out_shardings, spmd.global_program.results):
         results.append(assemble(env[r.value], g.value.type.shape, env[r.value][0].dtype, s, mesh))

@@ -161,6 +161,16 @@ class For(Node):
 
 
 @dataclass
+class Loop(Node):
+    """`loop var in range(...) { body }`: compiled once, `var` an i32[] value."""
+
+    var: str
+    range_args: list[Node]
+    body: list[Node]
+    var_span: Span = field(repr=False, compare=False, default=None)
+
+
+@dataclass
 class FuncDef(Node):
     name: str
     params: list[Param]

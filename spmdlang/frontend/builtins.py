@@ -17,7 +17,7 @@ from ..ir.core import Value
 from ..ir.types import TensorType
 from ..ops.contract import conv_attrs, conv_output_size, parse_einsum
 from . import ast as A
-from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
+from .values import Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
 
 _REQUIRED = object()
 
@@ -192,6 +192,23 @@ def _shard(ctx, span, args):
     x = tensor(ctx, args, "x")
     sharding = ctx.sharding_of(args["spec"], x.type, allow_open=True)
     return ctx.b.emit("shard", x, span=span, sharding=sharding)
+
+
+# ---------------------------------------------------------------------------------- differentiation
+
+
+def _lowered_by_grad(ctx, span, args):  # pragma: no cover - Lowerer.expr_Call lowers them (frontend/grad.py)
+    raise AssertionError("grad and value_and_grad are lowered by frontend.grad.lower_grad")
+
+
+builtin("grad", "f:any", "args:tensors*", doc="gradients of a scalar function (frontend/grad.py)")(_lowered_by_grad)
+builtin("value_and_grad", "f:any", "args:tensors*",
+        doc="value and gradients of a scalar function (frontend/grad.py)")(_lowered_by_grad)
+
+
+@builtin("stop_gradient", "x:tensor", doc="x, with no gradient flowing back through it")
+def _stop_gradient(ctx, span, args):
+    return ctx.b.emit("stop_gradient", tensor(ctx, args, "x"), span=span)
 
 
 # ---------------------------------------------------------------------------------- elementwise
@@ -631,7 +648,8 @@ def _roll(ctx, span, args):
     shifts = shift if isinstance(shift, list) else [shift]
     axes = axis if isinstance(axis, list) else [axis]
     if len(shifts) != len(axes) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shifts + axes):
-        raise SpmdError("roll: shift and axis must be integers (or lists of equal length)", span)
+        note = "".join(loop_index_note(v) for v in shifts + axes)
+        raise SpmdError(f"roll: shift and axis must be integers (or lists of equal length){note}", span)
     out = x
     for s, a in zip(shifts, axes):
         a = norm_axis(a, x.type.rank, args.span("axis"))

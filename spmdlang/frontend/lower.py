@@ -13,13 +13,13 @@ from typing import Any
 from ..errors import OverrideError, Source, Span, SpmdError
 from ..ir import types as T
 from ..ir.builder import Builder
-from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.core import Op, Param, Program, Region, Result, Value, make_loop, map_values
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.types import TensorType
 from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from . import ast as A
 from .builtins import BUILTINS, call_builtin, dynamic_window
-from .values import Dtype, StaticType, describe, did_you_mean, float_for, scalar_value
+from .values import LOOP_INDICES, Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
 from .values import static_int as _check_static_int
 
 # Unrolling and inlining happen at compile time; past these limits (spmdlang.limits) a program is a
@@ -43,6 +43,7 @@ class Lowerer:
         self.called: set[str] = set()  # functions reached by inlining
         self.unrolled = 0  # loop iterations unrolled so far, against MAX_UNROLLED
         self.entry_named: set[Value] = set()  # values named by an assignment in the entry function
+        self.grad_calls: list = []  # ir.core.GradCall of each grad/value_and_grad, for the xla oracle
 
     # ------------------------------------------------------------------ module level
 
@@ -131,13 +132,13 @@ class Lowerer:
         called = self.called
         for name, f in self.funcs.items():
             if name != entry and name not in called:
-                saved = (self.b, self.names)
-                self.b, self.names = Builder(), {}
+                saved = (self.b, self.names, self.grad_calls)
+                self.b, self.names, self.grad_calls = Builder(), {}, []
                 try:
                     params = [Value(self.type_of(p.type)) for p in f.params]
                     self.call_function(f, params, f.span)
                 finally:
-                    self.b, self.names = saved
+                    self.b, self.names, self.grad_calls = saved
 
     def _lower_entry(self, f: A.FuncDef) -> Program:
         self._check_params(f)
@@ -163,18 +164,16 @@ class Lowerer:
         params = [Param(rename.get(p.value, p.value), p.name, p.sharding, p.span) for p in params]
         results = [Result(rename.get(r.value, r.value), r.sharding, r.span) for r in results]
         names = tuple((n, rename.get(v, v), s) for n, (v, s) in named.items())
-        return Program(f.name, self.mesh, tuple(params), tuple(ops), tuple(results), names, self.source)
+        grads = tuple(g.remapped(rename) for g in self.grad_calls)
+        return Program(f.name, self.mesh, tuple(params), tuple(ops), tuple(results), names, self.source,
+                       grads=grads)
 
     def _finalize_names(self) -> tuple[list[Op], dict[Value, Value]]:
         """Give values the source names they were assigned to, in one pass over the ops."""
         rename: dict[Value, Value] = {v: v.renamed(n) for v, n in self.names.items() if v.name != n}
         if not rename:
             return list(self.b.ops), {}
-        ops = []
-        for op in self.b.ops:
-            ops.append(op.replace(operands=tuple(rename.get(v, v) for v in op.operands),
-                                  results=tuple(rename.get(v, v) for v in op.results)))
-        return ops, rename
+        return map_values(self.b.ops, lambda v: rename.get(v, v)), rename
 
     # ------------------------------------------------------------------ functions
 
@@ -262,6 +261,8 @@ class Lowerer:
                 ret = self.for_loop(s, env, named)
                 if ret is not None:
                     raise SpmdError("return inside a for loop is not supported", ret[0].span)
+            elif isinstance(s, A.Loop):
+                self.loop(s, env, named)
             else:  # pragma: no cover - the grammar admits nothing else
                 raise SpmdError("unsupported statement", s.span)
         return None
@@ -348,12 +349,69 @@ class Lowerer:
     def _spec_text(self, spec: A.SpecExpr) -> str:
         return "{" + ", ".join("?" if e.axes is None else axes_text(e.axes) for e in spec.entries) + "}"
 
+    def loop(self, s: A.Loop, env, named):
+        """`loop` compiles its body once into a LOOP op. Names bound before the loop and assigned
+        in the body are carried (same type on every iteration); the body's other names are local
+        to it; the outer values it reads become explicit captures."""
+        args = [_check_static_int(self.static(a, env), a.span, "range() argument") for a in s.range_args]
+        if len(args) > 2:
+            raise SpmdError("a loop's range() takes 1 or 2 arguments: range(stop) or range(start, stop)",
+                            s.range_args[2].span)
+        start, stop = (0, args[0]) if len(args) == 1 else args
+        assigned = _assigned(s.body)
+        carried = []
+        for name in assigned:
+            if name == s.var or name not in env:
+                continue
+            v = env[name]
+            if not isinstance(v, Value):
+                if not isinstance(v, (int, float, bool)):
+                    raise SpmdError(f"'{name}' is {describe(v)}; a loop carries only tensors and numbers",
+                                    assigned[name][0])
+                v = env[name] = self.materialize(v, s.span)
+                self.names.setdefault(v, name)
+            carried.append(name)
+        outer_b = self.b
+        self.b = Builder()
+        index = Value(TensorType("i32", ()), s.var)
+        LOOP_INDICES.add(index)
+        params = [Value(env[n].type, n) for n in carried]
+        body_env = dict(env)
+        body_env[s.var] = index
+        body_env.update(zip(carried, params))
+        ret = self.statements(s.body, body_env, {} if named is not None else None)
+        if ret is not None:
+            raise SpmdError("return inside a loop is not supported", ret[0].span)
+        nexts = []
+        for name, p in zip(carried, params):
+            v = body_env[name]
+            where = assigned[name][-1]
+            if not isinstance(v, Value):
+                if not isinstance(v, (int, float, bool)) or p.type.rank:
+                    raise SpmdError(f"'{name}' is carried through the loop as {p.type}, but the body "
+                                    f"assigns it {describe(v)}", where)
+                v = self.materialize(v, where, dtype=p.type.dtype)
+            if v.type != p.type:
+                raise SpmdError(f"'{name}' is carried through the loop as {p.type}, but the body assigns it "
+                                f"{v.type}; a carried value keeps its type on every iteration", where)
+            nexts.append(v)
+        body_ops, self.b = self.b.ops, outer_b
+        captures = _free_values(body_ops, [index, *params], nexts)
+        cap_params = {v: Value(v.type, v.name) for v in captures}
+        body_ops = [op.replace(operands=tuple(cap_params.get(v, v) for v in op.operands)) for op in body_ops]
+        nexts = [cap_params.get(v, v) for v in nexts]
+        body = Region((index, *params, *cap_params.values()), tuple(body_ops), tuple(nexts))
+        results = [Value(p.type) for p in params]
+        self.b.ops.append(make_loop(start, stop, [env[n] for n in carried], captures, body, results, s.span))
+        for name, r in zip(carried, results):
+            self.assign(name, r, env, named, assigned[name][-1])
+
     # ------------------------------------------------------------------ expressions
 
     def static(self, node, env):
         v = self.expr(node, env)
         if isinstance(v, Value):
-            raise SpmdError(f"expected a static value, got a tensor {v.type}", node.span)
+            raise SpmdError(f"expected a static value, got a tensor {v.type}{loop_index_note(v)}", node.span)
         return v
 
     def expr(self, node, env):
@@ -430,6 +488,10 @@ class Lowerer:
             args = self._bind_user_args(f, node, env)
             outs = self.call_function(f, args, node.span)
             return outs[0] if len(outs) == 1 and not f.parenthesised else tuple(outs)
+        if node.func in ("grad", "value_and_grad"):
+            from .grad import lower_grad
+
+            return lower_grad(self, node, env, with_value=node.func == "value_and_grad")
         if node.func in BUILTINS:
             return call_builtin(self, BUILTINS[node.func], node, env)
         if T.is_dtype(node.func):
@@ -664,6 +726,36 @@ class Lowerer:
         a, la = operand(a, ba, "mk")
         b, lb = operand(b, bb, "kn")
         return self.b.emit("einsum", a, b, span=node.span, spec=f"{la},{lb}->{letters}mn")
+
+
+def _assigned(stmts) -> dict[str, list[Span]]:
+    """The names a block assigns (in nested blocks too), each with the spans that assign it."""
+    out: dict[str, list[Span]] = {}
+    for s in stmts:
+        if isinstance(s, A.Assign):
+            out.setdefault(s.target, []).append(s.span)
+        elif isinstance(s, A.MultiAssign):
+            for name, sp in zip(s.targets, s.target_spans):
+                out.setdefault(name, []).append(sp)
+        elif isinstance(s, (A.For, A.Loop)):
+            for name, spans in _assigned(s.body).items():
+                out.setdefault(name, []).extend(spans)
+    return out
+
+
+def _free_values(ops, params, results) -> list[Value]:
+    """The values `ops` (and `results`) use that neither they nor `params` define, in first-use order."""
+    defined = set(params)
+    free: dict[Value, None] = {}
+    for op in ops:
+        for v in op.operands:
+            if v not in defined:
+                free.setdefault(v)
+        defined.update(op.results)
+    for v in results:
+        if v not in defined:
+            free.setdefault(v)
+    return list(free)
 
 
 def _fold(kind, a, b, span):

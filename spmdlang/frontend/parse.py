@@ -17,7 +17,7 @@ from ..errors import Source, Span, SpmdError
 from ..limits import MAX_NESTING, MAX_SOURCE_BYTES, format_bytes
 from . import ast as A
 
-_KEYWORDS = {"mesh", "devices", "const", "func", "return", "for", "in", "range", "true", "false"}
+_KEYWORDS = {"mesh", "devices", "const", "func", "return", "for", "loop", "in", "range", "true", "false"}
 
 # terminal name -> words for "expected ..." messages
 _TERMINALS = {
@@ -267,6 +267,10 @@ class _ToAst(Transformer_NonRecursive):
     def for_stmt(self, meta, children):
         var, *args, body = children
         return A.For(self.sp(meta), str(var), args, body)
+
+    def loop_stmt(self, meta, children):
+        var, *args, body = children
+        return A.Loop(self.sp(meta), str(var), args, body, _tok_span(self.source, var))
 
     # ---- expressions
     def compare(self, meta, children):

@@ -6,6 +6,7 @@ bool, str, list, spec, `StaticType`, `Dtype`); these helpers describe, check and
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,20 @@ def did_you_mean(name: str, options) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+# the index values of `loop` statements being lowered: a static use of one gets its own message
+LOOP_INDICES: weakref.WeakSet = weakref.WeakSet()
+
+
+def loop_index_note(value) -> str:
+    if isinstance(value, Value) and value in LOOP_INDICES:
+        return (f"; '{value.name}' is the index of a `loop`, an i32[] value known only at run time "
+                "(use `for` to unroll with a static integer)")
+    return ""
+
+
 def static_int(value, span, what="value") -> int:
+    if isinstance(value, Value) and value in LOOP_INDICES:
+        raise SpmdError(f"{what} must be a static integer{loop_index_note(value)}", span)
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpmdError(f"{what} must be a static integer, got {describe(value)}", span)
     return value
@@ -75,7 +89,7 @@ def float_for(dtype: str) -> str:
 
 def describe(value) -> str:
     if isinstance(value, Value):
-        return f"a tensor {value.type}"
+        return f"a tensor {value.type}{loop_index_note(value)}"
     if isinstance(value, bool):
         return "a bool"
     if isinstance(value, int):

@@ -11,6 +11,7 @@ from .core import Op, Value, freeze
 class Builder:
     def __init__(self):
         self.ops: list[Op] = []
+        self.backward = False  # set while differentiating: new ops are marked as backward ops
 
     def emit_op(self, kind: str, operands, attrs=None, span: Span | None = None, names=None,
                 blame=None) -> tuple[Value, ...]:
@@ -27,7 +28,7 @@ class Builder:
             check_type(t, span)
         names = names or [None] * len(types)
         results = tuple(Value(t, n) for t, n in zip(types, names))
-        self.ops.append(Op(kind, tuple(operands), results, attrs, span))
+        self.ops.append(Op(kind, tuple(operands), results, attrs, span, self.backward))
         return results
 
     def emit(self, kind: str, *operands: Value, span: Span | None = None, name: str | None = None,

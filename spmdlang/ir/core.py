@@ -39,14 +39,35 @@ def freeze(attrs: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 @dataclass(frozen=True, eq=False)
+class Region:
+    """A nested block of ops (a loop body): its own parameters, ops and results. It sees only its
+    parameters and its own values (what it needs from outside comes in as explicit operands of its
+    op), so every pass can treat it as a small program of its own."""
+
+    params: tuple[Value, ...]
+    ops: tuple[Op, ...]
+    results: tuple[Value, ...]
+
+    def replace(self, **kw) -> Region:
+        fields = dict(params=self.params, ops=self.ops, results=self.results)
+        fields.update(kw)
+        return Region(**fields)
+
+
+LOOP = "loop"  # the one op with a region (see `Loop`); every other kind is an op-table entry
+
+
+@dataclass(frozen=True, eq=False)
 class Op:
-    """One primitive application; `kind` names an entry of the op table."""
+    """One primitive application; `kind` names an entry of the op table, or is LOOP."""
 
     kind: str
     operands: tuple[Value, ...]
     results: tuple[Value, ...]
     attrs: Mapping[str, Any] = field(default_factory=lambda: freeze(None))
     span: Span | None = None
+    backward: bool = False  # made by differentiation (ir.autodiff); `span` is the forward op's
+    regions: tuple[Region, ...] = ()
 
     @property
     def result(self) -> Value:
@@ -55,9 +76,114 @@ class Op:
 
     def replace(self, **kw) -> Op:
         fields = dict(kind=self.kind, operands=self.operands, results=self.results,
-                      attrs=self.attrs, span=self.span)
+                      attrs=self.attrs, span=self.span, regions=self.regions, backward=self.backward)
         fields.update(kw)
         return Op(**fields)
+
+
+class Loop:
+    """A view of a LOOP op: `for index in range(start, stop)`, the body run once per index.
+
+    operands  the initial carries, then the captures (loop-invariant values the body reads)
+    results   the carries after the last iteration (the initial ones if the range is empty)
+    body      params (index: i32[], carries..., captures...), ops, results (the next carries,
+              typed as the carries: carried types are loop-invariant)
+    """
+
+    def __init__(self, op: Op):
+        assert op.kind == LOOP, op.kind
+        self.op = op
+        self.body: Region = op.regions[0]
+        self.n = len(op.results)
+
+    @property
+    def start(self) -> int:
+        return self.op.attrs["start"]
+
+    @property
+    def stop(self) -> int:
+        return self.op.attrs["stop"]
+
+    @property
+    def trips(self) -> int:
+        return max(0, self.stop - self.start)
+
+    @property
+    def inits(self) -> tuple[Value, ...]:
+        return self.op.operands[: self.n]
+
+    @property
+    def captures(self) -> tuple[Value, ...]:
+        return self.op.operands[self.n:]
+
+    @property
+    def index(self) -> Value:
+        return self.body.params[0]
+
+    @property
+    def carries(self) -> tuple[Value, ...]:
+        return self.body.params[1: 1 + self.n]
+
+    @property
+    def capture_params(self) -> tuple[Value, ...]:
+        return self.body.params[1 + self.n:]
+
+
+def make_loop(start: int, stop: int, inits, captures, body: Region, results, span=None) -> Op:
+    return Op(LOOP, tuple(inits) + tuple(captures), tuple(results), freeze({"start": start, "stop": stop}),
+              span, regions=(body,))
+
+
+def walk(ops):
+    """Every op, nested ones included (an op, then its regions' ops), with the product of the
+    trip counts of the loops around it: yields (op, trips)."""
+    stack = [(iter(ops), 1)]
+    while stack:
+        it, trips = stack[-1]
+        op = next(it, None)
+        if op is None:
+            stack.pop()
+            continue
+        yield op, trips
+        if op.regions:
+            inner = trips * Loop(op).trips if op.kind == LOOP else trips
+            for r in reversed(op.regions):
+                stack.append((iter(r.ops), inner))
+
+
+def all_ops(ops):
+    """Every op, nested ones included (an op first, then its regions' ops)."""
+    for op, _ in walk(ops):
+        yield op
+
+
+def has_regions(ops) -> bool:
+    return any(op.regions for op in ops)
+
+
+def region_values(ops):
+    """Every value defined by `ops`: each op's results, then its regions' params and values."""
+    for op in all_ops(ops):
+        yield from op.results
+        for r in op.regions:
+            yield from r.params
+
+
+def map_values(ops, f):
+    """`ops` with every operand, result, region param and region result v replaced by f(v)
+    (recursively); ops that do not change are kept."""
+    out = []
+    for op in ops:
+        regions = tuple(r.replace(params=tuple(f(v) for v in r.params), ops=tuple(map_values(r.ops, f)),
+                                  results=tuple(f(v) for v in r.results)) for r in op.regions)
+        new = op.replace(operands=tuple(f(v) for v in op.operands), results=tuple(f(v) for v in op.results),
+                         regions=regions)
+        same = (all(a is b for a, b in zip(new.operands, op.operands))
+                and all(a is b for a, b in zip(new.results, op.results))
+                and all(a.params == b.params and a.results == b.results
+                        and all(x is y for x, y in zip(a.ops, b.ops)) for a, b in zip(regions, op.regions)))
+        out.append(op if same else new)
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +206,27 @@ class Result:
 
 
 @dataclass(frozen=True, eq=False)
+class GradCall:
+    """One grad/value_and_grad call, kept for the xla oracle (which differentiates with jax's own
+    autodiff instead of running our backward ops): `forward` is the inlined function as ops of its
+    own, on `params` (one fresh value per argument), computing the scalar `output`; `args` are the
+    program's values passed in, `argnums` the differentiated positions and `grads` the program's
+    values of our gradients, one per argnum. Only `args` and `grads` are values of the program."""
+
+    params: tuple[Value, ...]
+    forward: tuple[Op, ...]
+    output: Value
+    args: tuple[Value, ...]
+    argnums: tuple[int, ...]
+    grads: tuple[Value, ...]
+    span: Span | None = None
+
+    def remapped(self, m: Mapping[Value, Value]) -> GradCall:
+        return GradCall(self.params, self.forward, self.output, tuple(m.get(v, v) for v in self.args),
+                        self.argnums, tuple(m.get(v, v) for v in self.grads), self.span)
+
+
+@dataclass(frozen=True, eq=False)
 class Program:
     """The entry function after inlining, with its mesh.
 
@@ -94,26 +241,27 @@ class Program:
     names: tuple[tuple[str, Value, Span | None], ...] = ()
     source: Source | None = None
     local: bool = False  # True for the per-partition program
+    grads: tuple[GradCall, ...] = ()  # the grad calls (global programs), for the xla oracle
 
     def replace(self, **kw) -> Program:
         fields = {k: getattr(self, k) for k in
-                  ("name", "mesh", "params", "ops", "results", "names", "source", "local")}
+                  ("name", "mesh", "params", "ops", "results", "names", "source", "local", "grads")}
         fields.update(kw)
         return Program(**fields)
 
     def values(self):
-        """Every value, parameters first then op results in order."""
+        """Every value, parameters first then op results in order (a loop's results, then its
+        body's parameters and values)."""
         for p in self.params:
             yield p.value
-        for op in self.ops:
-            yield from op.results
+        yield from region_values(self.ops)
 
     def producers(self) -> dict[Value, Op]:
-        return {r: op for op in self.ops for r in op.results}
+        return {r: op for op in all_ops(self.ops) for r in op.results}
 
     def users(self) -> dict[Value, list[Op]]:
         out: dict[Value, list[Op]] = {v: [] for v in self.values()}
-        for op in self.ops:
+        for op in all_ops(self.ops):
             for v in op.operands:
                 out[v].append(op)
         return out

@@ -77,17 +77,30 @@ def print_program(prog: Program, shardings: dict[Value, Sharding] | None = None,
     kind = "local" if prog.local else "global"
     lines = [f"# {kind} program, mesh {prog.mesh}"]
     lines.append(f"func @{prog.name}({', '.join(params)}) -> ({', '.join(results)}) {{")
-    for op in prog.ops:
+    _print_ops(prog.ops, lines, "  ", name, shard, notes)
+    lines.append("  return " + ", ".join(f"%{name(r.value)}" for r in prog.results))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _print_ops(ops, lines, indent, name, shard, notes) -> None:
+    for op in ops:
         lhs = ", ".join(f"%{name(r)}" for r in op.results)
         rhs = f"{op.kind}({', '.join('%' + name(v) for v in op.operands)}){format_attrs(op.attrs)}"
         types = ", ".join(f"{r.type}{shard(r)}" for r in op.results)
         comment = []
         if op.span is not None:
             comment.append(f"line {op.span.line}")
+        if op.backward:
+            comment.append("backward")
         if notes and op in notes:
             comment.append(notes[op])
         tail = f"  # {'; '.join(comment)}" if comment else ""
-        lines.append(f"  {lhs} = {rhs} : {types}{tail}")
-    lines.append("  return " + ", ".join(f"%{name(r.value)}" for r in prog.results))
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+        lines.append(f"{indent}{lhs} = {rhs} : {types}{tail}")
+        for region in op.regions:
+            # a loop body: (index, carries..., captures...) -> the next carries
+            params = ", ".join(f"%{name(v)}: {v.type}{shard(v)}" for v in region.params)
+            lines.append(f"{indent}  body({params}) {{")
+            _print_ops(region.ops, lines, indent + "    ", name, shard, notes)
+            lines.append(f"{indent}    yield " + ", ".join(f"%{name(v)}" for v in region.results))
+            lines.append(f"{indent}  }}")

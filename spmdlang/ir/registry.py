@@ -29,6 +29,10 @@ An `OpDef` holds
             it is given (global or local); None: one per result element
   constraint  a sharding constraint (shard()): its `sharding` attr fixes its result's layout
   example   (operand types as text, attrs): one instance, for `spmdlang ops` and the tests
+  vjp       global ops: the reverse-mode derivative rule (ir.autodiff): (differentiator, op, result
+            cotangent(s)) -> one cotangent per operand (None: zero), built from ops of this table;
+            or `Grad.none` (integer-valued or piecewise constant: no gradient flows back), or
+            `Grad.unsupported` (grad through it is a located error); None: not declared yet
 
 `register` rejects an entry that is not whole (see `_validate`).
 """
@@ -89,6 +93,11 @@ class ReduceKind(Named):
     prod = "prod"
 
 
+class Grad(Named):
+    none = "none"  # integer-valued or piecewise constant: no gradient flows back through it
+    unsupported = "unsupported"  # differentiable, but no rule yet: grad through it is an error
+
+
 class OpTableError(ValueError):
     """An op-table entry that is not whole: a bug in spmdlang.ops, raised at import."""
 
@@ -116,6 +125,7 @@ class OpDef:
     simulate: Callable | None = None
     flops: Callable | None = None
     constraint: bool = False
+    vjp: Callable | Grad | None = None
     example: tuple[tuple[str, ...], dict] | None = field(default=None, compare=False)
 
     @property
@@ -203,6 +213,13 @@ def _member(enum, value: str, name: str, key: str):
     except ValueError:
         raise OpTableError(f"op {name!r}: {key} {value!r} is not one of "
                            f"{', '.join(m.value for m in enum)}") from None
+
+
+def set_vjp(name: str, vjp) -> None:
+    """Declare the derivative of an entry registered earlier (entries registered in a loop)."""
+    import dataclasses
+
+    OPS[name] = dataclasses.replace(OPS[name], vjp=vjp)
 
 
 def get(name: str) -> OpDef:

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from .core import Op, Program
+from .core import LOOP, Loop, Op, Program, Region, Value, make_loop
 
 
 def _full_except(op: Op, axis: int) -> bool:
@@ -37,20 +37,43 @@ def _rotation(op: Op, producers) -> Op | None:
 
 
 def _key(op: Op):
-    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(op.attrs.items())))
+    # backward ops never stand in for forward ones (nor the other way): the xla oracle replaces
+    # the backward ops of a grad call by jax's autodiff
+    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(op.attrs.items())), op.backward)
 
 
-def cse(prog: Program, keep=frozenset()) -> tuple[Program, dict]:
-    """Replace an op by an earlier identical one (same kind, operands and attrs; every op is pure).
-    Returns the program and a map from each dropped or rewritten op/value to what replaces it."""
+def with_regions(op: Op, fn) -> Op:
+    """op with each region r replaced by fn(r) (op itself when nothing changes)."""
+    if not op.regions:
+        return op
+    regions = tuple(fn(r) for r in op.regions)
+    if all(a is b for a, b in zip(regions, op.regions)):
+        return op
+    return op.replace(regions=regions)
+
+
+def _cse_region(region: Region, keep, repl: dict) -> Region:
+    ops = _cse_ops(region.ops, keep, repl)
+    results = tuple(repl.get(v, v) for v in region.results)
+    if len(ops) == len(region.ops) and all(a is b for a, b in zip(ops, region.ops)) and results == region.results:
+        return region
+    return region.replace(ops=tuple(ops), results=results)
+
+
+def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
     seen: dict = {}
-    repl: dict = {}
     ops = []
-    for op in prog.ops:
+    for op in ops_in:
         if repl and any(v in repl for v in op.operands):
             new = op.replace(operands=tuple(repl.get(v, v) for v in op.operands))
             repl[op] = new
             op = new
+        if op.regions:  # a loop: its body is deduplicated on its own, the loop never merged
+            new = with_regions(op, lambda r: _cse_region(r, keep, repl))
+            if new is not op:
+                repl[op] = new
+            ops.append(new)
+            continue
         try:
             key = _key(op)
             hash(key)
@@ -64,24 +87,41 @@ def cse(prog: Program, keep=frozenset()) -> tuple[Program, dict]:
             continue
         seen[key] = op
         ops.append(op)
+    return ops
+
+
+def cse(prog: Program, keep=frozenset()) -> tuple[Program, dict]:
+    """Replace an op by an earlier identical one (same kind, operands and attrs; every op is pure).
+    Returns the program and a map from each dropped or rewritten op/value to what replaces it."""
+    repl: dict = {}
+    ops = _cse_ops(prog.ops, keep, repl)
     if not repl:
         return prog, {}
     params = prog.params
     results = tuple(r.__class__(repl.get(r.value, r.value), r.sharding, r.span) for r in prog.results)
     names = tuple((n, repl.get(v, v), s) for n, v, s in prog.names)
-    return prog.replace(ops=tuple(ops), params=params, results=results, names=names), repl
+    grads = tuple(g.remapped(repl) for g in prog.grads)
+    return prog.replace(ops=tuple(ops), params=params, results=results, names=names, grads=grads), repl
 
 
 def live_ops(ops, roots) -> list[Op]:
-    """The ops some root value depends on, in order (every op is pure: the rest is dead code)."""
+    """The ops some root value depends on, in order (every op is pure: the rest is dead code).
+    A loop body keeps what its next carries depend on."""
     live = set(roots)
     kept = []
     for op in reversed(ops):
         if any(r in live for r in op.results):
-            kept.append(op)
+            kept.append(with_regions(op, _live_region))
             live.update(op.operands)
     kept.reverse()
     return kept
+
+
+def _live_region(region: Region) -> Region:
+    ops = live_ops(region.ops, region.results)
+    if len(ops) == len(region.ops) and all(a is b for a, b in zip(ops, region.ops)):
+        return region
+    return region.replace(ops=tuple(ops))
 
 
 def dead_code(prog: Program, keep=()) -> Program:
@@ -89,11 +129,70 @@ def dead_code(prog: Program, keep=()) -> Program:
     return prog.replace(ops=tuple(live_ops(prog.ops, {r.value for r in prog.results} | set(keep))))
 
 
+def _rotations(ops_in) -> list[Op]:
+    producers = {r: op for op in ops_in for r in op.results}
+    return [_rotation(op, producers) or with_regions(op, _region_rotations) for op in ops_in]
+
+
+def _region_rotations(region: Region) -> Region:
+    ops = _rotations(region.ops)
+    return region if all(a is b for a, b in zip(ops, region.ops)) else region.replace(ops=tuple(ops))
+
+
+def hoist_invariants(ops_in) -> list[Op]:
+    """Loop-invariant code motion: a body op whose operands are all loop-invariant (captures, or
+    results of such ops) runs once, before the loop, and its result comes in as a capture, so
+    whatever communication it needs happens once too. Constants move only along with an op that
+    uses them (a copy stays in the body if the body uses them as well); nested loops first."""
+    out: list[Op] = []
+    for op in ops_in:
+        if op.kind != LOOP:
+            out.append(op)
+            continue
+        loop = Loop(op)
+        body_ops = hoist_invariants(loop.body.ops)
+        invariant: set[Value] = set(loop.capture_params)
+        inv_ops = []
+        for bop in body_ops:
+            if not bop.regions and all(v in invariant for v in bop.operands):
+                inv_ops.append(bop)
+                invariant.update(bop.results)
+        users: dict[Value, list[Op]] = {}
+        for bop in body_ops:
+            for v in bop.operands:
+                users.setdefault(v, []).append(bop)
+        moved = {bop for bop in inv_ops if bop.operands}
+        moved |= {bop for bop in inv_ops if not bop.operands
+                  and any(u in moved for r in bop.results for u in users.get(r, ()))}
+        if not any(bop.operands for bop in moved):
+            out.append(op.replace(regions=(loop.body.replace(ops=tuple(body_ops)),)))
+            continue
+        outer = dict(zip(loop.capture_params, loop.captures))  # body value -> its value outside
+        for bop in body_ops:
+            if bop in moved:
+                clone = bop.replace(operands=tuple(outer[v] for v in bop.operands),
+                                    results=tuple(Value(r.type, r.name) for r in bop.results))
+                out.append(clone)
+                outer.update(zip(bop.results, clone.results))
+        kept = [bop for bop in body_ops if bop not in moved or (not bop.operands and any(
+            u not in moved for r in bop.results for u in users.get(r, ())))]
+        kept_results = {r for bop in kept for r in bop.results}
+        needed = {v for bop in kept for v in bop.operands} | set(loop.body.results)
+        new_params = {r: Value(r.type, r.name) for bop in body_ops if bop in moved and bop not in kept
+                      for r in bop.results if r in needed and r not in kept_results}
+        kept = [bop.replace(operands=tuple(new_params.get(v, v) for v in bop.operands)) for bop in kept]
+        results = tuple(new_params.get(v, v) for v in loop.body.results)
+        used = {v for bop in kept for v in bop.operands} | set(results)
+        # captures the body still reads: the old ones it did not hand over, then the hoisted values
+        caps = [(p, c) for p, c in zip(loop.capture_params, loop.captures) if p in used]
+        caps += [(p, outer[r]) for r, p in new_params.items()]
+        body = Region((loop.index, *loop.carries, *(p for p, _ in caps)), tuple(kept), results)
+        out.append(make_loop(loop.start, loop.stop, loop.inits, [c for _, c in caps], body, op.results, op.span))
+    return out
+
+
 def simplify(prog: Program) -> Program:
-    producers = {r: op for op in prog.ops for r in op.results}
-    ops = []
-    for op in prog.ops:
-        ops.append(_rotation(op, producers) or op)
+    ops = _rotations(hoist_invariants(prog.ops))
     kept = live_ops(ops, {r.value for r in prog.results} | {v for _, v, _ in prog.names})
     if len(kept) == len(prog.ops) and all(a is b for a, b in zip(kept, prog.ops)):
         return prog

@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 
 from . import registry
-from .core import Op, Program
+from .core import LOOP, Loop, Op, Program, all_ops
 from .mesh import Mesh, Sharding
+from .types import TensorType
 
 
 class VerifyError(AssertionError):
@@ -34,8 +35,56 @@ def enabled(flag: bool | None = None) -> bool:
 
 def verify(prog: Program) -> None:
     defined = {p.value for p in prog.params}
-    for i, op in enumerate(prog.ops):
-        where = f"op #{i} ({op.kind})"
+    _verify_ops(prog, prog.ops, defined, "")
+    for r in prog.results:
+        if r.value not in defined:
+            raise VerifyError(f"result {r.value!r} is not defined")
+
+
+def _verify_loop(prog: Program, op: Op, where: str, seen: set) -> None:
+    """A loop: an i32[] index, carried types loop-invariant (init, body param, body result and
+    loop result alike), captures typed as their operands; the body sees only its own values."""
+    if len(op.regions) != 1 or not {"start", "stop"} <= set(op.attrs):
+        raise VerifyError(f"{where}: a loop needs one body region and start/stop attributes")
+    loop = Loop(op)
+    body = loop.body
+    if len(body.params) != 1 + len(op.operands):
+        raise VerifyError(f"{where}: body has {len(body.params)} params for 1 index and {len(op.operands)} operands")
+    if loop.index.type != TensorType("i32", ()):
+        raise VerifyError(f"{where}: loop index typed {loop.index.type}, not i32[]")
+    if len(body.results) != loop.n:
+        raise VerifyError(f"{where}: body yields {len(body.results)} values for {loop.n} carries")
+    for k, (init, p, nxt, r) in enumerate(zip(loop.inits, loop.carries, body.results, op.results)):
+        if not init.type == p.type == nxt.type == r.type:
+            raise VerifyError(f"{where}: carry {k} is not loop-invariant: {init.type} in, {p.type} in the body, "
+                              f"{nxt.type} yielded, {r.type} out")
+    for c, p in zip(loop.captures, loop.capture_params):
+        if c.type != p.type:
+            raise VerifyError(f"{where}: capture {c!r} typed {c.type}, its body param {p.type}")
+    inner = set(body.params)
+    if inner & seen:
+        raise VerifyError(f"{where}: a body param is also defined outside the body")
+    _verify_ops(prog, body.ops, inner, f"{where} body: ")
+    for v in body.results:
+        if v not in inner:
+            raise VerifyError(f"{where}: body yields {v!r}, which the body does not define")
+
+
+def _verify_ops(prog: Program, ops, defined: set, prefix: str) -> None:
+    for i, op in enumerate(ops):
+        where = f"{prefix}op #{i} ({op.kind})"
+        if op.kind == LOOP:
+            for v in op.operands:
+                if v not in defined:
+                    raise VerifyError(f"{where}: operand {v!r} used before definition")
+            _verify_loop(prog, op, where, defined)
+            for r in op.results:
+                if r in defined:
+                    raise VerifyError(f"{where}: {r!r} defined twice")
+                defined.add(r)
+            continue
+        if op.regions:
+            raise VerifyError(f"{where}: only a loop has regions")
         if op.kind not in registry.OPS:
             raise VerifyError(f"{where}: unknown op")
         opdef = registry.OPS[op.kind]
@@ -59,9 +108,6 @@ def verify(prog: Program) -> None:
             if r in defined:
                 raise VerifyError(f"{where}: {r!r} defined twice")
             defined.add(r)
-    for r in prog.results:
-        if r.value not in defined:
-            raise VerifyError(f"result {r.value!r} is not defined")
 
 
 def _check_group(op: Op, mesh: Mesh, where: str) -> None:
@@ -121,7 +167,7 @@ def verify_spmd(spmd) -> None:
             want = s.local_shape(gv.value.type.shape, mesh)
             if lv.value.type.shape != want or lv.value.type.dtype != gv.value.type.dtype:
                 raise VerifyError(f"{name}: local {lv.value.type}, but {gv.value.type} {s} is {list(want)} per device")
-    ops = set(prog.ops)
+    ops = set(all_ops(prog.ops))
     for c in spmd.ledger:
         if c.local_op is not None and c.local_op not in ops:
             raise VerifyError(f"ledger entry {c.kind} (line {c.line}) points at an op not in the program")

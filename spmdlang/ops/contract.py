@@ -6,6 +6,7 @@ from math import prod
 
 import numpy as np
 
+from ..errors import SpmdError
 from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
@@ -13,7 +14,7 @@ from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBui
 from ..partition.halo import Window
 from ..partition.reshard import chunk
 from .moving import _worth_it
-from .registry import Family, PartialMode, ReduceKind, check, register
+from .registry import Family, PartialMode, ReduceKind, check, register, set_vjp
 
 # ---------------------------------------------------------------------------------- einsum
 
@@ -517,3 +518,87 @@ register("conv", doc="lax.conv_general_dilated: [N, spatial..., C] x [window...,
          flops=_conv_flops, localize=_conv_localize,
          partial=PartialMode.multilinear, reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
          family=Family.contract)
+
+
+
+# ---------------------------------------------------------------------------------- derivatives
+
+
+def _einsum_vjp(d, op, ct):
+    """Operand i's cotangent is an einsum of the result cotangent with the other operands, onto
+    operand i's indices; indices that only operand i has (summed away alone) are broadcast back."""
+    ins, out = parse_einsum(op.attrs["spec"], [v.type.rank for v in op.operands])
+    if not T.is_float(op.result.type.dtype):
+        return (None,) * len(op.operands)
+    cts = []
+    for i, v in enumerate(op.operands):
+        others = [(ins[j], op.operands[j]) for j in range(len(ins)) if j != i]
+        seen = set(out) | {c for letters, _ in others for c in letters}
+        mine = "".join(c for c in ins[i] if c in seen)
+        spec = ",".join([out] + [letters for letters, _ in others]) + "->" + mine
+        g = d.emit("einsum", ct, *[w for _, w in others], spec=spec)
+        if mine != ins[i]:
+            g = d.emit("broadcast_in_dim", g, shape=v.type.shape, dims=tuple(ins[i].index(c) for c in mine))
+        cts.append(g)
+    return tuple(cts)
+
+
+set_vjp("einsum", _einsum_vjp)
+
+
+def _flip(d, w, dim: int):
+    """w reversed along `dim` (a take at n-1, n-2, ..., 0)."""
+    n = w.type.shape[dim]
+    ids = d.emit("sub", d.const(n - 1, "i32"), d.emit("iota", dtype="i32", shape=(n,), axis=0))
+    return d.emit("take", w, ids, axis=dim)
+
+
+def _conv_vjp(d, op, ct):
+    """jax's conv transposes, with stride-1 convs only: the cotangent dilated by the strides (zeros
+    interleaved), then for x a full correlation with the flipped kernel (in and out channels
+    swapped), for w a correlation of the padded input with the cotangent over the batch (batch and
+    channels swapped)."""
+    from .layout import embed
+
+    x, w = op.operands
+    strides, padding, lhs, rhs, groups, batch_groups = conv_params(op.attrs)
+    nsp = len(strides)
+    if lhs != (1,) * nsp or rhs != (1,) * nsp or groups != 1 or batch_groups != 1:
+        # jax's transposes of these need the general conv in the backward pass: not written yet
+        raise SpmdError("grad: differentiating a conv with lhs_dilation, rhs_dilation or groups is not "
+                        "supported yet", op.span)
+    sp = range(1, nsp + 1)
+    win = w.type.shape[:nsp]
+    ctd = ct
+    for i, s in enumerate(strides):
+        m = ct.type.shape[1 + i]
+        if s > 1:
+            ctd = embed(d, ctd, (m - 1) * s + 1, 1 + i, 0, s)
+    dil = ctd.type.shape[1:1 + nsp]
+    ones = (1,) * nsp
+    # d x: correlate the dilated cotangent, padded by window - 1 (and whatever the forward's
+    # padded input had beyond the last window), with the flipped, channel-swapped kernel
+    wf = w
+    for i in range(nsp):
+        if win[i] > 1:
+            wf = _flip(d, wf, i)
+    wf = d.emit("transpose", wf, perm=tuple(range(nsp)) + (nsp + 1, nsp))
+    full = [x.type.shape[1 + i] + padding[i][0] + padding[i][1] for i in range(nsp)]
+    pads = tuple((win[i] - 1, win[i] - 1 + full[i] - (dil[i] + win[i] - 1)) for i in range(nsp))
+    dxp = d.emit("conv", ctd, wf, strides=ones, padding=pads)
+    cx = d.emit("slice", dxp, starts=(0,) + tuple(p[0] for p in padding) + (0,),
+                stops=(x.type.shape[0],) + tuple(p[0] + x.type.shape[1 + i] for i, p in enumerate(padding))
+                + (x.type.shape[-1],), steps=(1,) * (nsp + 2))
+    # d w: batch and channels swapped, the dilated cotangent as the kernel
+    rank = nsp + 2
+    xt = d.emit("transpose", x, perm=(rank - 1,) + tuple(sp) + (0,))
+    ctt = d.emit("transpose", ctd, perm=tuple(sp) + (0, rank - 1))
+    dw = d.emit("conv", xt, ctt, strides=ones, padding=tuple(tuple(p) for p in padding))
+    if dw.type.shape[1:1 + nsp] != tuple(win):
+        dw = d.emit("slice", dw, starts=(0,) * rank, stops=(dw.type.shape[0],) + tuple(win) + (dw.type.shape[-1],),
+                    steps=(1,) * rank)
+    cw = d.emit("transpose", dw, perm=tuple(sp) + (0, rank - 1))
+    return cx, cw
+
+
+set_vjp("conv", _conv_vjp)

@@ -8,7 +8,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder, elementwise_rule
-from .registry import Family, PartialMode, Stage, check, no_flops, py_literal, register
+from .registry import Family, Grad, PartialMode, Stage, check, no_flops, py_literal, register, set_vjp
 
 
 def _fresh_rule(operands, results, attrs):
@@ -143,3 +143,31 @@ register("shard", doc="sharding constraint: x laid out as `sharding` (GSPMD's me
          flops=no_flops, constraint=True, infer=_shard_infer, numpy=lambda x, *, sharding: x,
          rule=lambda ops, res, attrs: elementwise_rule([ops[0].shape], res[0].shape),
          partial=PartialMode.additive, family=Family.constraint, jax=lambda a, attrs, out: a[0])
+
+
+# ---------------------------------------------------------------------------------- derivatives
+
+
+def clamped_ids(d, ids, n: int):
+    """ids clamped into [0, n - 1], as take and take_along_axis clamp them."""
+    dt = ids.type.dtype
+    return d.emit("minimum", d.emit("maximum", ids, d.const(0, dt)), d.const(n - 1, dt))
+
+
+def _take_vjp(d, op, ct):
+    """jax's: the cotangent rows scatter-added at the (clamped) ids."""
+    table, ids = op.operands
+    axis = op.attrs["axis"]
+    safe = clamped_ids(d, ids, table.type.shape[axis])
+    return d.emit("scatter_add", d.zeros(table.type), safe, ct, axis=axis), None
+
+
+def _shard_vjp(d, op, ct):
+    """A constraint on a forward value constrains its cotangent alike (GSPMD's annotations do)."""
+    return (d.emit("shard", ct, sharding=op.attrs["sharding"]),)
+
+
+set_vjp("full", Grad.none)
+set_vjp("iota", Grad.none)
+set_vjp("take", _take_vjp)
+set_vjp("shard", _shard_vjp)

@@ -28,7 +28,7 @@ from ..ir.types import TensorType
 from ..partition.cost import comm_cost, replicated_cost
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
 from ..partition.reshard import plan_reshard
-from .registry import Family, PartialMode, check, no_flops, register
+from .registry import Family, PartialMode, check, no_flops, register, set_vjp
 
 
 def _check_starts(name: str, x: TensorType, starts, first: int) -> None:
@@ -236,3 +236,23 @@ def _dus_partition(ctx):
 register("dynamic_update_slice", doc="x with `update` written at run-time `starts` (one i32 scalar per dim, clamped)",
          example=(("f32[8, 16]", "f32[2, 16]", "i32[]", "i32[]"), {}), infer=_dus_infer, numpy=_dus_numpy,
          rule=_dus_rule, partition=_dus_partition, flops=no_flops, family=Family.layout, jax=_dus_jax)
+
+
+# ---------------------------------------------------------------------------------- derivatives
+# The window clamps alike in both ops, so each one's transpose is the other at the same starts.
+
+
+def _ds_vjp(d, op, ct):
+    x, *starts = op.operands
+    return (d.emit("dynamic_update_slice", d.zeros(x.type), ct, *starts),) + (None,) * len(starts)
+
+
+def _dus_vjp(d, op, ct):
+    x, upd, *starts = op.operands
+    cx = d.emit("dynamic_update_slice", ct, d.zeros(upd.type), *starts)
+    cu = d.emit("dynamic_slice", ct, *starts, sizes=tuple(upd.type.shape))
+    return (cx, cu) + (None,) * len(starts)
+
+
+set_vjp("dynamic_slice", _ds_vjp)
+set_vjp("dynamic_update_slice", _dus_vjp)

@@ -14,7 +14,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import elementwise_rule
-from .registry import Family, PartialMode, check, no_flops, register
+from .registry import Family, Grad, PartialMode, check, no_flops, register, set_vjp
 
 
 def _same_shape(types) -> tuple[int, ...]:
@@ -227,3 +227,136 @@ register("select", doc="where(cond, a, b): a where cond holds, else b",
          infer=_select_infer, numpy=lambda c, a, b: np.where(c, a, b).astype(a.dtype),
          rule=_elementwise_rule, jax=_template("jnp.where({0}, {1}, {2})"), family=Family.elementwise,
          example=(("bool[4, 8]", "f32[4, 8]", "f32[4, 8]"), {}))
+
+
+# ---------------------------------------------------------------------------------- derivatives
+# Each rule gets (d: ir.autodiff.Differentiator, op, ct) and returns one cotangent per operand, as
+# jax's own rules (jax/_src/lax/lax.py) define them; rank-0 operands that broadcast get summed.
+
+
+def _unary_vjp(local):
+    """A unary derivative from ct, the operand x and the result y: (d, ct, x, y) -> ct_x."""
+    def vjp(d, op, ct):
+        return (local(d, ct, op.operands[0], op.result),)
+
+    return vjp
+
+
+def _sqrt2pi_exp(d, x):
+    """exp(-x^2 / 2) / sqrt(2 pi), the standard normal density."""
+    e = d.emit("exp", d.mul(d.mul(x, x), d.like(-0.5, x)))
+    return d.mul(e, d.like(1.0 / math.sqrt(2.0 * math.pi), x))
+
+
+def _gelu_tanh(d, ct, x, y):
+    c, k = math.sqrt(2.0 / math.pi), 0.044715
+    x2 = d.mul(x, x)
+    u = d.mul(d.like(c, x), d.emit("add", x, d.mul(d.like(k, x), d.mul(x2, x))))
+    t = d.emit("tanh", u)
+    du = d.mul(d.like(c, x), d.emit("add", d.like(1.0, x), d.mul(d.like(3 * k, x), x2)))
+    dt = d.emit("sub", d.like(1.0, x), d.mul(t, t))
+    grad = d.emit("add", d.mul(d.like(0.5, x), d.emit("add", d.like(1.0, x), t)),
+                  d.mul(d.mul(d.like(0.5, x), x), d.mul(dt, du)))
+    return d.mul(ct, grad)
+
+
+def _gelu_erf(d, ct, x, y):
+    cdf = d.mul(d.like(0.5, x), d.emit("add", d.like(1.0, x),
+                                       d.emit("erf", d.mul(x, d.like(1.0 / math.sqrt(2.0), x)))))
+    return d.mul(ct, d.emit("add", cdf, d.mul(x, _sqrt2pi_exp(d, x))))
+
+
+_UNARY_VJP = {
+    "exp": lambda d, ct, x, y: d.mul(ct, y),
+    "log": lambda d, ct, x, y: d.emit("div", ct, x),
+    "sqrt": lambda d, ct, x, y: d.mul(ct, d.emit("div", d.like(0.5, x), y)),
+    "rsqrt": lambda d, ct, x, y: d.mul(ct, d.mul(d.like(-0.5, x), d.emit("div", y, x))),
+    "tanh": lambda d, ct, x, y: d.mul(ct, d.emit("sub", d.like(1.0, y), d.mul(y, y))),
+    "sigmoid": lambda d, ct, x, y: d.mul(ct, d.mul(y, d.emit("sub", d.like(1.0, y), y))),
+    "gelu": _gelu_tanh,
+    "gelu_erf": _gelu_erf,
+    "erf": lambda d, ct, x, y: d.mul(ct, d.mul(d.like(2.0 / math.sqrt(math.pi), x),
+                                               d.emit("exp", d.neg(d.mul(x, x))))),
+    "log1p": lambda d, ct, x, y: d.emit("div", ct, d.emit("add", x, d.like(1.0, x))),
+    "expm1": lambda d, ct, x, y: d.mul(ct, d.emit("add", y, d.like(1.0, y))),
+    "sin": lambda d, ct, x, y: d.mul(ct, d.emit("cos", x)),
+    "cos": lambda d, ct, x, y: d.neg(d.mul(ct, d.emit("sin", x))),
+    "neg": lambda d, ct, x, y: d.neg(ct),
+    # jax: select(x >= 0, g, -g); relu (a custom_jvp): select(x > 0, g, 0)
+    "abs": lambda d, ct, x, y: d.select(d.emit("ge", x, d.like(0.0, x)), ct, d.neg(ct)),
+    "relu": lambda d, ct, x, y: d.select(d.emit("gt", x, d.like(0.0, x)), ct, d.zeros(ct.type)),
+    "square": lambda d, ct, x, y: d.mul(ct, d.mul(d.like(2.0, x), x)),
+}
+for _name in ("floor", "ceil", "sign", "logical_not"):
+    set_vjp(_name, Grad.none)
+for _name, _rule in _UNARY_VJP.items():
+    set_vjp(_name, _unary_vjp(_rule))
+
+
+def _cast_vjp(d, op, ct):
+    (x,) = op.operands
+    return (d.emit("cast", ct, dtype=x.type.dtype) if T.is_float(x.type.dtype) else None,)
+
+
+def _balanced(d, x, ans, y):
+    """jax's tie rule for max/min: 1 where x attains the result alone, 1/2 where both do, else 0."""
+    one, half, zero = d.like(1.0, x), d.like(0.5, x), d.like(0.0, x)
+    both = d.select(d.emit("eq", y, ans), d.broadcast(half, ans.type.shape), d.broadcast(one, ans.type.shape))
+    return d.select(d.emit("eq", x, ans), both, d.broadcast(zero, ans.type.shape))
+
+
+def _full_shape(d, v, shape):
+    return d.broadcast(v, shape) if v.type.shape != tuple(shape) else v
+
+
+def _binary_vjp(name):
+    def vjp(d, op, ct):
+        a, b = op.operands
+        y = op.result
+        shape = y.type.shape
+        if name == "add":
+            ca, cb = ct, ct
+        elif name == "sub":
+            ca, cb = ct, d.neg(ct)
+        elif name == "mul":
+            ca, cb = d.mul(ct, b), d.mul(ct, a)
+        elif name == "div":
+            ca = d.emit("div", ct, b)
+            cb = d.mul(d.mul(d.neg(ct), a), d.emit("div", d.like(1.0, b), d.mul(b, b)))
+        elif name in ("maximum", "minimum"):
+            fa, fb = _full_shape(d, a, shape), _full_shape(d, b, shape)
+            ca, cb = d.mul(ct, _balanced(d, fa, y, fb)), d.mul(ct, _balanced(d, fb, y, fa))
+        elif name == "pow":
+            ca = d.mul(ct, d.mul(b, d.emit("pow", a, d.emit("sub", b, d.like(1.0, b)))))
+            safe = d.select(d.emit("eq", a, d.like(0.0, a)), _full_shape(d, d.like(1.0, a), a.type.shape), a)
+            cb = d.mul(ct, d.mul(d.emit("log", safe), y))
+        elif name == "mod":  # jnp.remainder(a, b) = a - floor(a / b) * b
+            ca = ct
+            cb = d.neg(d.mul(ct, d.emit("floor", d.emit("div", a, b))))
+        else:
+            raise AssertionError(name)
+        return d.unbroadcast(ca, a), d.unbroadcast(cb, b)
+
+    return vjp
+
+
+for _name in _ARITH:
+    set_vjp(_name, Grad.none if _name == "floordiv" else _binary_vjp(_name))
+for _name in (*_COMPARE, *_LOGICAL):
+    set_vjp(_name, Grad.none)
+set_vjp("cast", _cast_vjp)
+
+
+def _select_vjp(d, op, ct):
+    c, a, b = op.operands
+    z = d.zeros(ct.type)
+    cc = c if c.type.shape == ct.type.shape else d.broadcast(c, ct.type.shape)
+    return None, d.unbroadcast(d.select(cc, ct, z), a), d.unbroadcast(d.select(cc, z, ct), b)
+
+
+set_vjp("select", _select_vjp)
+
+register("stop_gradient", doc="x, with no gradient flowing back through it", infer=lambda ops, attrs: ops[0],
+         numpy=lambda x: x.copy(), rule=_elementwise_rule, jax=_template("jax.lax.stop_gradient({0})"),
+         family=Family.elementwise, partial=PartialMode.additive, flops=no_flops, vjp=Grad.none,
+         example=_UNARY_EXAMPLE)

@@ -12,7 +12,7 @@ import numpy as np
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder, reshape_rule
 from .moving import partition_concat, partition_pad, partition_reshape, partition_roll, partition_slice
-from .registry import Family, PartialMode, check, no_flops, py_literal, register
+from .registry import Family, PartialMode, check, no_flops, py_literal, register, set_vjp
 
 # ---------------------------------------------------------------------------------- transpose
 
@@ -230,3 +230,81 @@ register("roll", doc="rotate by `shift` along `axis`: element i moves to (i + sh
          rule=_roll_rule, partial=PartialMode.additive, family=Family.layout,
          jax=lambda a, attrs, out: f"jnp.roll({a[0]}, {attrs['shift']}, axis={attrs['axis']})")
 
+
+
+# ---------------------------------------------------------------------------------- derivatives
+# (d: ir.autodiff.Differentiator, op, ct) -> one cotangent per operand; each is the transpose of a
+# linear op, built from the ops above.
+
+
+def _transpose_vjp(d, op, ct):
+    perm = op.attrs["perm"]
+    inv = tuple(sorted(range(len(perm)), key=lambda i: perm[i]))
+    return (d.emit("transpose", ct, perm=inv),)
+
+
+def _reshape_vjp(d, op, ct):
+    return (d.emit("reshape", ct, shape=tuple(op.operands[0].type.shape)),)
+
+
+def _broadcast_vjp(d, op, ct):
+    return (d.sum_to(ct, op.operands[0].type, op.attrs["dims"]),)
+
+
+def embed(d, ct, n: int, dim: int, start: int, step: int):
+    """The transpose of a slice along one dim: ct's m elements at start, start + step, ... of n,
+    zeros elsewhere (an interleave of zeros by reshape and pad, then a pad)."""
+    shape = ct.type.shape
+    m = shape[dim]
+    rank = len(shape)
+    if step > 1 and m > 0:
+        wide = d.emit("reshape", ct, shape=shape[:dim + 1] + (1,) + shape[dim + 1:])
+        wide = d.emit("pad", wide, lo=(0,) * (rank + 1), hi=tuple(step - 1 if i == dim + 1 else 0
+                                                                   for i in range(rank + 1)), value=0.0)
+        wide = d.emit("reshape", wide, shape=shape[:dim] + (m * step,) + shape[dim + 1:])
+        length = (m - 1) * step + 1
+        ct = d.emit("slice", wide, starts=(0,) * rank, stops=tuple(length if i == dim else s
+                                                                    for i, s in enumerate(wide.type.shape)),
+                    steps=(1,) * rank)
+    length = ct.type.shape[dim]
+    hi = n - start - length
+    if start == 0 and hi == 0:
+        return ct
+    return d.emit("pad", ct, lo=tuple(start if i == dim else 0 for i in range(rank)),
+                  hi=tuple(hi if i == dim else 0 for i in range(rank)), value=0.0)
+
+
+def _slice_vjp(d, op, ct):
+    x = op.operands[0]
+    for dim, (n, a, s) in enumerate(zip(x.type.shape, op.attrs["starts"], op.attrs["steps"])):
+        if ct.type.shape[dim] != n or a != 0 or s != 1:
+            ct = embed(d, ct, n, dim, a, s)
+    return (ct,)
+
+
+def _pad_vjp(d, op, ct):
+    x = op.operands[0]
+    lo = op.attrs["lo"]
+    return (d.emit("slice", ct, starts=tuple(lo), stops=tuple(a + n for a, n in zip(lo, x.type.shape)),
+                   steps=(1,) * x.type.rank),)
+
+
+def _concat_vjp(d, op, ct):
+    axis = op.attrs["axis"]
+    out, off = [], 0
+    for v in op.operands:
+        n = v.type.shape[axis]
+        out.append(d.emit("slice", ct, starts=tuple(off if i == axis else 0 for i in range(v.type.rank)),
+                          stops=tuple(off + n if i == axis else s for i, s in enumerate(ct.type.shape)),
+                          steps=(1,) * v.type.rank))
+        off += n
+    return tuple(out)
+
+
+def _roll_vjp(d, op, ct):
+    return (d.emit("roll", ct, shift=-op.attrs["shift"], axis=op.attrs["axis"]),)
+
+
+for _name, _rule in (("transpose", _transpose_vjp), ("reshape", _reshape_vjp), ("broadcast_in_dim", _broadcast_vjp),
+                     ("slice", _slice_vjp), ("pad", _pad_vjp), ("concat", _concat_vjp), ("roll", _roll_vjp)):
+    set_vjp(_name, _rule)

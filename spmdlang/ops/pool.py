@@ -18,7 +18,7 @@ from ..partition.halo import Window
 from ..partition.reshard import chunk
 from .contract import conv_output_size
 from .moving import _worth_it
-from .registry import Family, check, register
+from .registry import Family, check, register, set_vjp
 
 
 def _identity(kind: str, dtype: str):
@@ -135,3 +135,30 @@ register("pool", doc="max or sum of each window over the spatial dims of [N, spa
                                          "padding": ((0, 0), (0, 0))}),
          infer=_infer, numpy=_numpy, rule=_rule, jax=_jax, partition=_partition, family=Family.layout,
          flops=lambda ops, res, attrs: res[0].size * prod(attrs["window"]))
+
+
+def _pool_vjp(d, op, ct):
+    """The pool as jax computes it (a chain of max / add over strided slices of the padded input,
+    see `_jax`), differentiated op by op: max ties as jax's maximum splits them."""
+    kind, window, strides, padding = (op.attrs[k] for k in ("reduce", "window", "strides", "padding"))
+    out_shape = op.result.type.shape
+
+    def build(x):
+        rank = x.type.rank
+        fill = _identity(kind, x.type.dtype)
+        xp = d.emit("pad", x, lo=(0,) + tuple(p[0] for p in padding) + (0,),
+                    hi=(0,) + tuple(p[1] for p in padding) + (0,), value=fill)
+        acc = None
+        for offs in np.ndindex(*window):
+            starts = (0,) + tuple(offs) + (0,)
+            stops = ((xp.type.shape[0],) + tuple(o + (m - 1) * s + 1 for o, m, s in zip(offs, out_shape[1:-1], strides))
+                     + (xp.type.shape[-1],))
+            part = d.emit("slice", xp, starts=starts, stops=stops, steps=(1,) + tuple(strides) + (1,))
+            acc = part if acc is None else d.emit("maximum" if kind == "max" else "add", acc, part)
+        assert acc.type.shape == out_shape and rank == len(out_shape)
+        return acc
+
+    return tuple(d.vjp_of(build, list(op.operands), ct))
+
+
+set_vjp("pool", _pool_vjp)

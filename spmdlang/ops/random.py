@@ -14,7 +14,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import elementwise_rule
-from .registry import Family, check, register
+from .registry import Family, Grad, check, register, set_vjp
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -87,3 +87,4 @@ register("random", doc="Threefry-2x32 draws (uniform in [0, 1) or standard norma
          example=(("i32[]", "i32[4, 8]"), {"dist": "uniform", "dtype": "f32"}),
          infer=_infer, numpy=_numpy, rule=_rule, jax=_jax, family=Family.elementwise,
          flops=lambda ops, res, attrs: 60 * res[0].size)
+set_vjp("random", Grad.none)  # integer operands: nothing to differentiate

@@ -12,7 +12,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder
-from .registry import Family, PartialMode, ReduceKind, check, operand_flops, register
+from .registry import Family, Grad, PartialMode, ReduceKind, check, operand_flops, register, set_vjp
 
 
 def _reduce_infer(name):
@@ -144,3 +144,71 @@ register("argmin", doc="index of the first smallest element along `axis` (i32)",
          numpy=lambda x, *, axis: np.argmin(x, axis=axis).astype(np.int32), rule=_arg_rule,
          jax=lambda a, attrs, out: f"jnp.argmin({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
          family=Family.reduce)
+
+
+# ---------------------------------------------------------------------------------- derivatives
+
+
+def _kept(x, axes):
+    return tuple(i for i in range(x.type.rank) if i not in axes)
+
+
+def _reduce_sum_vjp(d, op, ct):
+    (x,) = op.operands
+    return (d.emit("broadcast_in_dim", ct, shape=x.type.shape, dims=_kept(x, op.attrs["axes"])),)
+
+
+def _chooser_vjp(d, op, ct):
+    """jax's: the cotangent is shared equally by every element attaining the max (min)."""
+    (x,) = op.operands
+    dims = _kept(x, op.attrs["axes"])
+    y = d.emit("broadcast_in_dim", op.result, shape=x.type.shape, dims=dims)
+    hit = d.emit("cast", d.emit("eq", x, y), dtype=x.type.dtype)
+    count = d.emit("reduce_sum", hit, axes=tuple(op.attrs["axes"]))
+    share = d.emit("div", ct, count)
+    return (d.mul(hit, d.emit("broadcast_in_dim", share, shape=x.type.shape, dims=dims)),)
+
+
+def _exclusive(d, x, axis: int, reverse: bool):
+    """The product of the elements before (after, with `reverse`) each one along `axis`."""
+    n = x.type.shape[axis]
+    rank = x.type.rank
+    inc = d.emit("cumprod", x, axis=axis, reverse=reverse)
+    lo = tuple(1 if i == axis and not reverse else 0 for i in range(rank))
+    hi = tuple(1 if i == axis and reverse else 0 for i in range(rank))
+    padded = d.emit("pad", inc, lo=lo, hi=hi, value=1.0)
+    start = 1 if reverse else 0
+    return d.emit("slice", padded, starts=tuple(start if i == axis else 0 for i in range(rank)),
+                  stops=tuple(start + n if i == axis else s for i, s in enumerate(padded.type.shape)),
+                  steps=(1,) * rank)
+
+
+def _reduce_prod_vjp(d, op, ct):
+    """d prod / d x_i is the product of the others: the exclusive products from both sides along the
+    reduced elements laid out as one axis (exact with zeros, as jax's rule)."""
+    (x,) = op.operands
+    axes = tuple(op.attrs["axes"])
+    keep = _kept(x, axes)
+    perm = keep + axes
+    t = d.emit("transpose", x, perm=perm) if perm != tuple(range(x.type.rank)) else x
+    rest = tuple(x.type.shape[i] for i in keep)
+    k = 1
+    for a in axes:
+        k *= x.type.shape[a]
+    flat = d.emit("reshape", t, shape=rest + (k,))
+    last = len(rest)
+    others = d.mul(_exclusive(d, flat, last, False), _exclusive(d, flat, last, True))
+    g = d.mul(others, d.emit("broadcast_in_dim", ct, shape=flat.type.shape, dims=tuple(range(last))))
+    g = d.emit("reshape", g, shape=t.type.shape)
+    if t is not x:
+        inv = tuple(sorted(range(len(perm)), key=lambda i: perm[i]))
+        g = d.emit("transpose", g, perm=inv)
+    return (g,)
+
+
+set_vjp("reduce_sum", _reduce_sum_vjp)
+set_vjp("reduce_max", _chooser_vjp)
+set_vjp("reduce_min", _chooser_vjp)
+set_vjp("reduce_prod", _reduce_prod_vjp)
+set_vjp("argmax", Grad.none)
+set_vjp("argmin", Grad.none)

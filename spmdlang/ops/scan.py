@@ -14,7 +14,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder
 from .reduce import _fill
-from .registry import Family, check, operand_flops, register
+from .registry import Family, check, operand_flops, register, set_vjp
 
 # op -> (numpy ufunc, jax combine function, reduction primitive, reduce kind). jax emits an
 # associative_scan: jax.lax.cumsum/cummax lower to reduce_window on CPU, and XLA's SPMD partitioner
@@ -108,3 +108,81 @@ for _name, (_ufunc, _lax, _, _kind) in _SCANS.items():
              example=(("f32[8, 16]",), {"axis": 1, "reverse": False}),
              infer=_infer(_name), numpy=_numpy(_ufunc), rule=_rule, jax=_jax(_lax), partition=_partition(_name),
              flops=operand_flops, family=Family.reduce)
+
+
+# ---------------------------------------------------------------------------------- derivatives
+
+
+def _cumsum_vjp(d, op, ct):
+    return (d.emit("cumsum", ct, axis=op.attrs["axis"], reverse=not op.attrs["reverse"]),)
+
+
+def _pairs(d, x, axis: int, reverse: bool):
+    """x with its scan axis moved last and a new axis i before it: (xt [R..., n], inc [R..., n, n]
+    where inc[..., i, j] says that element j is in the scan up to i, i.e. j <= i, or j >= i with
+    `reverse`), and the permutation used."""
+    rank = x.type.rank
+    perm = tuple(i for i in range(rank) if i != axis) + (axis,)
+    xt = d.emit("transpose", x, perm=perm) if perm != tuple(range(rank)) else x
+    n = x.type.shape[axis]
+    shape = xt.type.shape[:-1] + (n, n)
+    i = d.emit("iota", dtype="i32", shape=shape, axis=rank - 1)
+    j = d.emit("iota", dtype="i32", shape=shape, axis=rank)
+    inc = d.emit("ge" if reverse else "le", j, i)
+    return xt, inc, perm, i, j
+
+
+def _back(d, g, perm):
+    if perm == tuple(range(len(perm))):
+        return g
+    inv = tuple(sorted(range(len(perm)), key=lambda k: perm[k]))
+    return d.emit("transpose", g, perm=inv)
+
+
+def _cumprod_vjp(d, op, ct):
+    """d y_j / d x_i is the product of x_k over the scan up to j with k != i (exact with zeros):
+    for each i, a cumprod of x with element i replaced by 1; O(n^2) along the scan axis."""
+    (x,) = op.operands
+    axis, reverse = op.attrs["axis"], op.attrs["reverse"]
+    xt, inc, perm, i, j = _pairs(d, x, axis, reverse)
+    rank = x.type.rank
+    shape = inc.type.shape
+    xs = d.emit("broadcast_in_dim", xt, shape=shape, dims=tuple(range(rank - 1)) + (rank,))
+    ones = d.emit("full", dtype=x.type.dtype, shape=shape, value=1.0)
+    m = d.select(d.emit("eq", i, j), ones, xs)  # m[..., i, j]: x_j, or 1 at j = i
+    p = d.emit("cumprod", m, axis=rank, reverse=reverse)  # p[..., i, j]: prod over the scan to j, k != i
+    ctt = d.emit("transpose", ct, perm=perm) if xt is not x else ct
+    cts = d.emit("broadcast_in_dim", ctt, shape=shape, dims=tuple(range(rank - 1)) + (rank,))
+    # element i contributes to y_j when i is in the scan up to j: j >= i (j <= i with reverse)
+    reach = d.emit("ge" if not reverse else "le", j, i)
+    terms = d.select(reach, d.mul(cts, p), d.zeros(p.type))
+    g = d.emit("reduce_sum", terms, axes=(rank,))
+    return (_back(d, g, perm),)
+
+
+def _cummax_vjp(d, op, ct):
+    """Each y_j's cotangent goes to the elements of its scan that attain it, shared equally on
+    ties (as reduce_max's rule)."""
+    (x,) = op.operands
+    axis, reverse = op.attrs["axis"], op.attrs["reverse"]
+    xt, inc, perm, i, j = _pairs(d, x, axis, reverse)
+    rank = x.type.rank
+    shape = inc.type.shape
+    yt = d.emit("transpose", op.result, perm=perm) if xt is not x else op.result
+    ctt = d.emit("transpose", ct, perm=perm) if xt is not x else ct
+    lead = tuple(range(rank - 1))
+    # hit[..., j, i]: element i is in the scan up to j and attains y_j
+    xs = d.emit("broadcast_in_dim", xt, shape=shape, dims=lead + (rank,))
+    ys = d.emit("broadcast_in_dim", yt, shape=shape, dims=lead + (rank - 1,))
+    member = d.emit("ge" if reverse else "le", j, i)
+    hit = d.emit("cast", d.emit("logical_and", member, d.emit("eq", xs, ys)), dtype=x.type.dtype)
+    count = d.emit("reduce_sum", hit, axes=(rank,))
+    share = d.emit("div", ctt, count)
+    g = d.emit("reduce_sum", d.mul(hit, d.emit("broadcast_in_dim", share, shape=shape, dims=lead + (rank - 1,))),
+               axes=(rank - 1,))
+    return (_back(d, g, perm),)
+
+
+set_vjp("cumsum", _cumsum_vjp)
+set_vjp("cumprod", _cumprod_vjp)
+set_vjp("cummax", _cummax_vjp)

@@ -16,7 +16,7 @@ from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
 from .create import shard_ids
 from .reduce import _fill
-from .registry import Family, check, no_flops, operand_flops, register
+from .registry import Family, Grad, check, no_flops, operand_flops, register, set_vjp
 
 
 def _sort_key(x: np.ndarray) -> np.ndarray:
@@ -322,3 +322,76 @@ register("scatter_add", doc="x with `updates` added at `ids` along `axis` (ids o
          example=(("f32[10, 4]", "i32[3, 2]", "f32[3, 2, 4]"), {"axis": 0}), infer=_scatter_infer,
          numpy=_scatter_numpy, rule=_scatter_rule, partition=_scatter_partition, family=Family.gather,
          flops=lambda ops, res, attrs: ops[2].size, jax=_scatter_jax)
+
+
+# ---------------------------------------------------------------------------------- derivatives
+
+
+def scatter_along_axis(d, ct, ids, x_type, axis: int):
+    """The transpose of take_along_axis(x, ids, axis): ct added into zeros of x's type at the
+    (clamped) ids, as one scatter_add into x flattened (each element's flat index from iotas)."""
+    from .create import clamped_ids
+
+    shape = x_type.shape
+    safe = clamped_ids(d, ids, shape[axis])
+    if safe.type.dtype != "i32":
+        safe = d.emit("cast", safe, dtype="i32")
+    strides, s = [], 1
+    for n in reversed(shape):
+        strides.append(s)
+        s *= n
+    strides.reverse()
+    flat = d.mul(safe, d.const(strides[axis], "i32")) if strides[axis] != 1 else safe
+    for dim, stride in enumerate(strides):
+        if dim == axis or ids.type.shape[dim] == 1 and shape[dim] == 1:
+            continue
+        pos = d.emit("iota", dtype="i32", shape=tuple(ids.type.shape), axis=dim)
+        flat = d.emit("add", flat, d.mul(pos, d.const(stride, "i32")) if stride != 1 else pos)
+    size = ids.type.size
+    table = d.emit("full", dtype=x_type.dtype, shape=(x_type.size,), value=0.0)
+    out = d.emit("scatter_add", table, d.emit("reshape", flat, shape=(size,)), d.emit("reshape", ct, shape=(size,)),
+                 axis=0)
+    return d.emit("reshape", out, shape=tuple(shape))
+
+
+def _taa_vjp(d, op, ct):
+    x, ids = op.operands
+    return scatter_along_axis(d, ct, ids, x.type, op.attrs["axis"]), None
+
+
+def _sort_vjp(d, op, ct):
+    """jax's: the cotangent goes back through the sorting permutation (stable, as argsort)."""
+    (x,) = op.operands
+    axis = op.attrs["axis"]
+    order = d.emit("argsort", x, axis=axis)
+    return (scatter_along_axis(d, ct, order, x.type, axis),)
+
+
+def _top_k_vjp(d, op, cts):
+    (x,) = op.operands
+    ct, _ = cts
+    if ct is None:
+        return (None,)
+    return (scatter_along_axis(d, ct, op.results[1], x.type, x.type.rank - 1),)
+
+
+def _scatter_vjp(d, op, ct):
+    """x's cotangent passes; each update gets the cotangent at its id (none for dropped ids)."""
+    from .create import clamped_ids
+
+    x, ids, upd = op.operands
+    axis = op.attrs["axis"]
+    n = x.type.shape[axis]
+    dt = ids.type.dtype
+    got = d.emit("take", ct, clamped_ids(d, ids, n), axis=axis)
+    valid = d.emit("logical_and", d.emit("ge", ids, d.const(0, dt)), d.emit("lt", ids, d.const(n, dt)))
+    valid = d.emit("broadcast_in_dim", valid, shape=got.type.shape,
+                   dims=tuple(range(axis, axis + ids.type.rank)))
+    return ct, None, d.select(valid, got, d.zeros(got.type))
+
+
+set_vjp("take_along_axis", _taa_vjp)
+set_vjp("sort", _sort_vjp)
+set_vjp("argsort", Grad.none)
+set_vjp("top_k", _top_k_vjp)
+set_vjp("scatter_add", _scatter_vjp)

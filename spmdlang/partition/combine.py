@@ -14,10 +14,11 @@ ever emitted, so the order stays valid, and independent all_reduces end up in on
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 from ..ir.builder import Builder
-from ..ir.core import Op, Program, freeze
-from ..ir.simplify import cse, dead_code
+from ..ir.core import Op, Program, all_ops, freeze
+from ..ir.simplify import cse, dead_code, with_regions
 
 
 def _key(op: Op) -> tuple:
@@ -55,8 +56,25 @@ def _fused_reduce_scatter(group: list[Op]) -> tuple[list[Op], Op]:
 
 
 def _combine(prog: Program, ledger):
+    """Combine in the program and, each on its own, in every loop body (an all_reduce never
+    leaves or enters a loop here); the ledger follows, in program order."""
+    new_ledger = list(ledger)
+
+    def region(r):
+        nonlocal new_ledger
+        ops, new_ledger = _combine_ops(tuple(r.ops), new_ledger)
+        return r.replace(ops=tuple(ops))
+
+    ops, new_ledger = _combine_ops(tuple(with_regions(op, region) for op in prog.ops), new_ledger)
+    order = {op: i for i, op in enumerate(all_ops(ops))}
+    new_ledger.sort(key=lambda c: order.get(c.local_op, -1))
+    return prog.replace(ops=tuple(ops)), new_ledger
+
+
+def _combine_ops(prog_ops, ledger):
     import heapq
 
+    prog = SimpleNamespace(ops=prog_ops)
     index = {op: i for i, op in enumerate(prog.ops)}
     producer = {r: op for op in prog.ops for r in op.results}
     users: dict[Op, list[Op]] = {op: [] for op in prog.ops}
@@ -150,17 +168,16 @@ def _combine(prog: Program, ledger):
         if entries:
             new_ledger.append(replace(entries[0], bytes_per_device=sum(e.bytes_per_device for e in entries),
                                       reason=" + ".join(e.reason for e in entries), local_op=op,
+                                      backward=_same_pass(entries),
                                       line=min((e.line for e in entries if e.line is not None), default=None)))
-    order = {op: i for i, op in enumerate(ops)}
-    new_ledger.sort(key=lambda c: order.get(c.local_op, -1))
-    return prog.replace(ops=tuple(ops)), new_ledger
+    return ops, new_ledger
 
 
 def finish(spmd):
     """CSE, dead code, then all_reduce combining, on a partition.spmd.SpmdProgram."""
     prog, repl = cse(spmd.program)
     prog = dead_code(prog)
-    live = {op for op in prog.ops}
+    live = set(all_ops(prog.ops))
     ledger = []
     for c in spmd.ledger:
         op = repl.get(c.local_op, c.local_op)
@@ -171,3 +188,9 @@ def finish(spmd):
     prog, ledger = _combine(prog, ledger)
     notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}
     return replace(spmd, program=prog, ledger=ledger, notes=notes)
+
+
+def _same_pass(entries):
+    """The pass a combined collective serves: forward (False), backward (True), or both (None)."""
+    passes = {e.backward for e in entries}
+    return passes.pop() if len(passes) == 1 else None

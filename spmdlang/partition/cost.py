@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import registry
+from ..ir.core import LOOP, walk
 from ..limits import peak_and_culprit
 
 
@@ -134,10 +135,23 @@ def op_flops(op) -> int:
 
 
 def flops(prog) -> int:
-    return sum(op_flops(op) for op in prog.ops)
+    """FLOPs of a program run once: an op in a loop body counts once per iteration."""
+    return sum(op_flops(op) * trips for op, trips in walk(prog.ops) if op.kind != LOOP)
 
 
 def peak_bytes(prog) -> int:
     """Peak bytes live at once in program order: a value lives from its definition to its last use
     (parameters and results for the whole program). One walk, shared with the run-time memory check."""
     return peak_and_culprit(prog)[0]
+
+
+def compute_time_us(flops: float, preset: str = "tpu-v4") -> float:
+    """Modelled time of `flops` of local work at ACHIEVED of the preset's peak."""
+    return flops / (PRESETS[preset].peak_tflops * 1e12 * ACHIEVED) * 1e6
+
+
+def step_time_us(collectives, flops: float, preset: str = "tpu-v4") -> float:
+    """Modelled step time: the collectives [(kind, group size, bytes, axes)] one after another, plus
+    the local work (no overlap of the two is assumed)."""
+    return (sum(collective_time_us(kind, k, nbytes, axes, {}, {}, preset) for kind, k, nbytes, axes in collectives)
+            + compute_time_us(flops, preset))

@@ -25,10 +25,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..ir import registry
-from ..ir.core import Op, Program, Value
+from ..ir.core import LOOP, Loop, Op, Program, Value, walk
 from ..ir.mesh import Mesh, Sharding
 from ..ir.mesh import axes_text as _axes_text
-from .factors import REDUCTION, REPLICATE, FactorRule, project, restrict, unproject_dim
+from .factors import REDUCTION, REPLICATE, FactorRule, elementwise_rule, project, restrict, unproject_dim
 
 PHASES = (0, 1, 2)
 
@@ -59,13 +59,39 @@ class Propagation:
         return describe_origins(self, v, names)
 
 
+TIE = "loop carry"  # a pseudo-op of propagation only: its operand and result share one sharding
+
+
 def op_rule(op: Op) -> FactorRule:
+    if op.kind == TIE:
+        return elementwise_rule([op.operands[0].type.shape], op.results[0].type.shape)
     opdef = registry.get(op.kind)
     return opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
 
 
+def _first(op: Op) -> bool:
+    return op.kind == TIE or registry.get(op.kind).propagates_first
+
+
+def flat_ops(prog: Program) -> list[Op]:
+    """The ops propagation visits: every op, loop bodies included, with each loop replaced by ties
+    (identity pseudo-ops) that give a carry one sharding at entry, in the body, at the back edge
+    and at exit, and a capture its outer sharding in the body."""
+    out = []
+    for op, _ in walk(prog.ops):
+        if op.kind != LOOP:
+            out.append(op)
+            continue
+        loop = Loop(op)
+        pairs = list(zip(loop.inits, loop.carries)) + list(zip(loop.carries, op.results))
+        pairs += list(zip(loop.body.results, loop.carries)) + list(zip(loop.captures, loop.capture_params))
+        out += [Op(TIE, (a,), (b,), {}, op.span) for a, b in pairs if a is not b and a.type == b.type]
+    return out
+
+
 class _State:
-    def __init__(self, prog: Program):
+    def __init__(self, prog: Program, ops: list[Op] | None = None):
+        ops = flat_ops(prog) if ops is None else ops
         self.mesh: Mesh = prog.mesh
         self.dims: dict[Value, list[tuple[str, ...]]] = {}
         self.open: dict[Value, set[int]] = {}
@@ -83,11 +109,12 @@ class _State:
                 self.dims[p.value] = [()] * r
                 self.open[p.value] = set(range(r))
         result_constraints = {r.value for r in prog.results if r.sharding is not None}
-        for op in prog.ops:
-            for v in op.results:
+        for v in prog.values():
+            if v not in self.dims:
                 self.dims[v] = [()] * v.type.rank
                 self.open[v] = set(range(v.type.rank))
-            if registry.get(op.kind).constraint:
+        for op in ops:
+            if op.kind != TIE and registry.get(op.kind).constraint:
                 s: Sharding = op.attrs["sharding"]
                 v = op.result
                 self.dims[v] = list(s.dims)
@@ -102,7 +129,7 @@ def _admitted(op: Op, kind: str, phase: int) -> bool:
     if kind == REPLICATE:
         return False
     if phase == 0:
-        return registry.get(op.kind).propagates_first
+        return _first(op)
     if phase == 1:
         return kind != REDUCTION
     return True
@@ -111,7 +138,7 @@ def _admitted(op: Op, kind: str, phase: int) -> bool:
 def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, forward: bool = False):
     """This op's proposals: [(value, dim, axes, strength, source value)]; only for its results
     when `forward`."""
-    if phase == 0 and not registry.get(op.kind).propagates_first:
+    if phase == 0 and not _first(op):
         return []
     tensors = op.operands + op.results
     mesh = st.mesh
@@ -209,16 +236,17 @@ def _merge(st: _State, v: Value, props, op_of) -> bool:
 
 def propagate(prog: Program) -> Propagation:
     """Give every value of the global program a sharding. Pure: the program is not changed."""
-    st = _State(prog)
-    rules = {op: op_rule(op) for op in prog.ops}
-    index = {op: i for i, op in enumerate(prog.ops)}
+    ops = flat_ops(prog)
+    st = _State(prog, ops)
+    rules = {op: op_rule(op) for op in ops}
+    index = {op: i for i, op in enumerate(ops)}
     adjacent: dict[Value, list[Op]] = defaultdict(list)
-    for op in prog.ops:
+    for op in ops:
         for v in op.operands + op.results:
             adjacent[v].append(op)
     rounds = 0
     for phase, forward in ((p, f) for p in PHASES for f in (True, False)):
-        frontier = set(prog.ops)
+        frontier = set(ops)
         while frontier:
             rounds += 1
             proposals: dict[Value, list] = defaultdict(list)
@@ -228,14 +256,14 @@ def propagate(prog: Program) -> Propagation:
             changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
             frontier = {op for v in changed for op in adjacent[v]}
     shardings = {v: Sharding(tuple(d)) for v, d in st.dims.items()}
-    return Propagation(prog, shardings, dict(st.origins), _conflicts(prog, rules, st, index), rounds)
+    return Propagation(prog, shardings, dict(st.origins), _conflicts(ops, rules, st, index), rounds)
 
 
-def _conflicts(prog: Program, rules, st: _State, index) -> list[tuple[Op, str]]:
+def _conflicts(ops, rules, st: _State, index) -> list[tuple[Op, str]]:
     """Where the final shardings disagree within an op, in program order. Taken from the final
     state, not while iterating, so each note names who finally keeps its split."""
     found: dict = {}
-    for op in prog.ops:
+    for op in ops:
         _propose(op, rules[op], st, PHASES[-1], found)
     notes = []
     for (op, _f), c in sorted(found.items(), key=lambda kv: (index[kv[0][0]], kv[0][1])):

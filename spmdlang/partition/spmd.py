@@ -16,14 +16,15 @@ Nothing here loops over devices: the program is one for all, parameterised by ax
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import Span
 from ..ir import registry
 from ..ir.builder import Builder
-from ..ir.core import Op, Param, Program, Result, Value
+from ..ir.core import LOOP, Loop, Op, Param, Program, Region, Result, Value, all_ops, make_loop
 from ..ir.mesh import Mesh, Sharding
-from ..ir.types import TensorType, itemsize
+from ..ir.types import TensorType, is_float, itemsize
 from .cost import FLOPS_PER_BYTE, comm_cost, step_bytes
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
 from .propagate import Propagation, op_rule
@@ -44,6 +45,8 @@ class Collective:
     reason: str
     local_op: Op | None = None
     reduce: str = "sum"
+    trip_count: int = 1  # runs once per iteration of the loops around it: this many times in all
+    backward: bool | None = False  # needed by the backward pass (differentiation); None: both passes
 
 
 @dataclass
@@ -69,15 +72,20 @@ class Partitioner:
         self.ledger: list[Collective] = []
         self.notes: dict[Op, str] = {}
         self.users: dict[Value, int] = {}
-        for op in prog.ops:
+        for op in all_ops(prog.ops):
             for v in op.operands:
                 self.users[v] = self.users.get(v, 0) + 1
+            for region in op.regions:  # the back edge uses the next carries
+                for v in region.results:
+                    self.users[v] = self.users.get(v, 0) + 1
         for r in prog.results:
             self.users[r.value] = self.users.get(r.value, 0) + 1
         self.span: Span | None = None
         self.current: Op | None = None
         self.produced: dict[Value, Sharding] = {}
-        self.producer: dict[Value, Op] = {r: op for op in prog.ops for r in op.results}
+        self.producer: dict[Value, Op] = {r: op for op in all_ops(prog.ops) for r in op.results}
+        self.trips = 1  # iterations of the loops around the op being partitioned
+        self.frames: list[_Frame] = []  # the loops being partitioned, innermost last
         self.trivial = any(size == 1 for _, size in self.mesh.axes)
         self.user_ops: dict[Value, list[Op]] | None = None
         self.memo: dict = {}
@@ -114,6 +122,8 @@ class Partitioner:
         key = (v, want)
         if key in self.cache:
             return self.cache[key]
+        if self.frames and v in self.frames[-1].outer:
+            return self.hoisted(v, want, why)
         steps = plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, cur, want)
         # reuse the longest prefix of the plan already done for another use of v
         start = 0
@@ -124,6 +134,114 @@ class Partitioner:
         out = self.apply_steps(local, v, steps[start:], why)
         self.cache[key] = out
         return out
+
+    def hoisted(self, v: Value, want: Sharding, why: str) -> Value:
+        """A loop-invariant value (a capture of the loop being partitioned) resharded once before
+        the loop, not on every iteration: the resharded value comes in as one more capture."""
+        frame = self.frames[-1]
+        key = (v, want)
+        if key not in frame.hoisted:
+            with self.outside(frame):
+                hoist = " (loop-invariant: hoisted out of the loop)"
+                local = self.reshard(frame.outer[v], want, why if why.endswith(hoist) else why + hoist)
+            inner = Value(local.type, v.name)
+            frame.extra.append((local, inner))
+            frame.hoisted[key] = inner
+        return frame.hoisted[key]
+
+    @contextmanager
+    def outside(self, frame: _Frame):
+        """Emit into the program around the loop of `frame` (the innermost one) for a while."""
+        inner = (self.b, self.indices, self.memo, self.trips, self.frames.pop())
+        self.b, self.indices, self.memo, self.trips = frame.saved
+        try:
+            yield
+        finally:
+            frame.saved = (self.b, self.indices, self.memo, self.trips)
+            self.b, self.indices, self.memo, self.trips, top = inner
+            self.frames.append(top)
+
+    def partition_loop(self, op: Op) -> None:
+        """The body is partitioned once. Each carry has one layout (its propagated sharding in the
+        body): the initial value is resharded to it on entry, the next value before the back edge
+        (once per iteration). Captures come in as they are laid out outside; a reshard of one is
+        hoisted out of the loop (see `hoisted`).
+
+        An accumulation `acc = acc + t` whose t arrives as a pending sum is not settled on every
+        iteration: the carry itself becomes pending over t's axes and is settled once, where the
+        loop's result is used. Which carries qualify is only known once the body is partitioned
+        (the axes t is pending over), so a first attempt finds them, and the body is partitioned
+        again with those carries pending: twice at most, whatever the trip count."""
+        loop = Loop(op)
+        accums = _accumulations(loop, self.users)
+        snapshot = (len(self.b.ops), len(self.ledger), dict(self.cache), dict(self.indices), dict(self.memo))
+        pending = self._partition_loop(op, loop, accums, {})
+        if pending:
+            n_ops, n_ledger, cache, indices, memo = snapshot
+            del self.b.ops[n_ops:], self.ledger[n_ledger:]
+            self.cache, self.indices, self.memo = cache, indices, memo
+            self._partition_loop(op, loop, {}, pending)
+
+    def _partition_loop(self, op: Op, loop: Loop, accums: dict, pending: dict) -> dict:
+        """One attempt; carries in `pending` (carry index -> axes) are carried as pending sums.
+        Returns the accumulations it found whose added term was pending (carry index -> axes)."""
+        carry_s = [self.target(p).closed().with_partial(()) for p in loop.carries]
+        for k, axes in pending.items():
+            carry_s[k] = Sharding(carry_s[k].dims, axes, frozenset(), "sum")
+        inits = [self.enter_pending(v, s) if s.partial else self.reshard(v, s, "into the loop")
+                 for v, s in zip(loop.inits, carry_s)]
+        caps = [self.state[v] for v in loop.captures]
+        index = Value(loop.index.type, loop.index.name)
+        carry_params = [Value(x.type, p.name) for x, p in zip(inits, loop.carries)]
+        cap_params = [Value(local.type, p.name) for (local, _), p in zip(caps, loop.capture_params)]
+        self.state[loop.index] = (index, Sharding.replicated(0))
+        for p, lp, s in zip(loop.carries, carry_params, carry_s):
+            self.state[p] = (lp, s)
+        for p, lp, (_, s) in zip(loop.capture_params, cap_params, caps):
+            self.state[p] = (lp, s)
+        frame = _Frame(dict(zip(loop.capture_params, loop.captures)),
+                       (self.b, self.indices, self.memo, self.trips))
+        self.frames.append(frame)
+        self.b, self.indices, self.memo, self.trips = Builder(), {}, {}, self.trips * loop.trips
+        found = {}
+        try:
+            for bop in loop.body.ops:
+                self.current, self.span = bop, bop.span
+                if bop in accums:
+                    k, term = accums[bop]
+                    got = self.state[term][1]
+                    split = {a for d in carry_s[k].dims for a in d}
+                    if got.partial and got.partial_op == "sum" and not split & set(got.partial):
+                        found[k] = got.partial
+                self.partition_op(bop)
+            self.current, self.span = op, op.span
+            nexts = [self.reshard(r, s, "before the back edge") for r, s in zip(loop.body.results, carry_s)]
+            body_ops = self.b.ops
+        finally:
+            self.frames.pop()
+            self.b, self.indices, self.memo, self.trips = frame.saved
+        if found:
+            return found
+        extra_out = [o for o, _ in frame.extra]
+        extra_in = [i for _, i in frame.extra]
+        body = Region((index, *carry_params, *cap_params, *extra_in), tuple(body_ops), tuple(nexts))
+        results = [Value(x.type, r.name) for x, r in zip(inits, op.results)]
+        self.b.ops.append(make_loop(loop.start, loop.stop, inits, [lo for lo, _ in caps] + extra_out, body,
+                                    results, op.span))
+        for r, lr, s in zip(op.results, results, carry_s):
+            self.state[r] = (lr, s)
+        return {}
+
+    def enter_pending(self, v: Value, s: Sharding) -> Value:
+        """The initial value of a carry that is a pending sum over s.partial: held by the first
+        device of each group over those axes, zeros elsewhere (a zero constant already is one)."""
+        x = self.reshard(v, s.with_partial(()), "into the loop")
+        producer = self.producer.get(v)
+        if producer is not None and producer.kind == "full" and producer.attrs["value"] == 0:
+            return x
+        first = self.emit("eq", self.axis_index(s.partial), self.emit("full", dtype="i32", shape=(), value=0))
+        zero = self.emit("full", dtype=x.type.dtype, shape=(), value=_zero(x.type.dtype))
+        return self.emit("select", first, x, zero)
 
     def apply_steps(self, x: Value, v: Value, steps: list[Step], why: str) -> Value:
         shape = v.type.shape
@@ -163,8 +281,10 @@ class Partitioner:
             self.cache[(v, st.after.closed())] = x
             # what the emitted collective really sends (padding included), not the plan's estimate
             sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in col.operands))
+            made = self.producer.get(v)
             self.log(st.kind, st.axes, sent, st.reduce,
-                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col)
+                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col,
+                     backward=made is not None and made.backward)
         return x
 
     def all_to_all_dims(self, x: Value, moves, axes, k: int):
@@ -215,7 +335,9 @@ class Partitioner:
         line = f" at line {op.span.line}" if op.span else ""
         return f"the {op.kind} result{line} ({v.type})"
 
-    def log(self, kind, axes, nbytes, reduce, reason, local_op):
+    def log(self, kind, axes, nbytes, reduce, reason, local_op, backward=False):
+        """`backward`: the collective moves a value of the backward pass (a gradient settled for
+        its update counts as backward even though the update is a forward op)."""
         if kind == "all_reduce" and reduce == "prod":
             # jax has no product all-reduce: it runs as an all_gather and a local product
             kind = "all_gather"
@@ -223,7 +345,9 @@ class Partitioner:
         op = self.current
         line = op.span.line if op is not None and op.span else None
         self.ledger.append(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
-                                      reason, local_op, reduce))
+                                      reason, local_op, reduce,
+                                      backward=bool(backward or op is not None and op.backward),
+                                      trip_count=self.trips))
         self.notes[local_op] = reason
 
     def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
@@ -297,10 +421,12 @@ class Partitioner:
             self.state[p.value] = (local, s)
         for op in self.prog.ops:
             self.current, self.span = op, op.span
+            self.b.backward = op.backward
             self.partition_op(op)
         results, outs = [], []
         for r in self.prog.results:
             self.current, self.span = None, r.span
+            self.b.backward = False
             s = self.target(r.value).closed().with_partial(())
             local = self.reshard(r.value, s, "for the result")
             results.append(Result(local, s, r.span))
@@ -313,6 +439,15 @@ class Partitioner:
                            self.prog, self.produced)
 
     def partition_op(self, op: Op) -> None:
+        if op.kind == LOOP:
+            self.partition_loop(op)
+            for r in op.results:
+                local, s = self.state[r]
+                self.produced[r] = s
+                if s.partial and self.users.get(r, 0) > 1:  # an accumulated sum, settled once
+                    want = self.target(r).closed().with_partial(())
+                    self.state[r] = (self.reshard(r, want, "once after the loop, for its several uses"), want)
+            return
         opdef = registry.get(op.kind)
         if opdef.constraint:
             out = self.target(op.result).closed().with_partial(())
@@ -495,6 +630,36 @@ class Partitioner:
             self.state[r] = (lr, o)
 
 
+def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
+    """The body's `acc = acc + t` (or acc - t) on float carries that nothing else in the body
+    reads: add op -> (carry index, t)."""
+    producer = {r: op for op in loop.body.ops for r in op.results}
+    out = {}
+    for k, (p, nxt) in enumerate(zip(loop.carries, loop.body.results)):
+        op = producer.get(nxt)
+        if (op is None or op.kind not in ("add", "sub") or users.get(p, 0) != 1 or users.get(nxt, 0) != 1
+                or p not in op.operands or not is_float(p.type.dtype) or op.operands[0] is op.operands[1]):
+            continue
+        if op.kind == "sub" and op.operands[0] is not p:
+            continue
+        term = op.operands[1] if op.operands[0] is p else op.operands[0]
+        if term.type.shape != p.type.shape:
+            continue
+        out[op] = (k, term)
+    return out
+
+
+@dataclass
+class _Frame:
+    """A loop being partitioned: its capture params (global) -> the values they capture, what
+    the program around it was emitting into, and the reshards hoisted out of it so far."""
+
+    outer: dict[Value, Value]
+    saved: tuple
+    extra: list[tuple[Value, Value]] = field(default_factory=list)  # (value outside, its body param)
+    hoisted: dict = field(default_factory=dict)
+
+
 def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
     """Every tensor can express the factor split (no axes lost to non-contiguous dims)."""
     for t in rule.tensors:
@@ -561,7 +726,7 @@ class OpContext:
         p = self._p
         if p.user_ops is None:
             p.user_ops = {}
-            for op in p.prog.ops:
+            for op in all_ops(p.prog.ops):
                 for u in dict.fromkeys(op.operands):
                     p.user_ops.setdefault(u, []).append(op)
         return p.user_ops.get(v, [])

@@ -1,0 +1,650 @@
+"""Auto-sharding search over the global IR: per-op strategies from the factor rules, edge costs
+from the reshard planner, one integer linear program (Alpa, OSDI 2022), or a greedy pass.
+
+The graph. Every parameter and every op of the canonical global program is a unit. A unit's
+strategies:
+  parameter   every layout of it (each mesh axis on at most one dim, dims split evenly); an
+              annotated parameter has exactly its annotation
+  op          every assignment of mesh axes to the factors of its FactorRule that the partitioner
+              could run (pass factors, and reduction factors of ops with a reduce kind: the
+              result is then `partial`), each factor split evenly; a shard() constraint keeps only
+              those that agree with its spec
+A strategy fixes the layout each operand is wanted in, the layout of each result (pending sums
+included) and the op's local work.
+Costs are the cost model's (partition.cost): local work at FLOPS_PER_BYTE, as the partitioner
+weighs an op's candidates, and on every edge producer -> consumer the reshard planner's cheapest
+plan from the producer's result layout to the layout the consumer wants (`comm_cost`).
+
+Reductions that keep the problem small:
+  - elementwise chains: an elementwise op whose first full-shape operand comes from another unit
+    follows that unit's strategy (it adopts the producer's layout, settling any pending sum), so
+    a chain of them adds no variables;
+  - identical layers: ops with the same source span, kind, types and attributes (a `for` body
+    unrolled, a function inlined twice) share one set of strategy variables, and the edges
+    between two such groups add up into one cost matrix: a 12-layer stack is one layer's problem.
+
+The program. One binary x[g, s] per group g and strategy s, sum_s x[g, s] = 1; per edge between
+groups a and b, continuous e[I, J] >= 0 over classes of strategies with equal cost rows/columns,
+with sum_J e[I, J] = sum_{i in I} x[a, i] and sum_I e[I, J] = sum_{j in J} x[b, j] (Alpa's
+linearisation of x[a, i] * x[b, j], aggregated); minimise node costs plus edge costs; the
+parameters' bytes per device are at most the memory budget. Solved by HiGHS through
+scipy.optimize.milp. Over MAX_ILP_VARIABLES, or without scipy, a greedy pass and coordinate
+descent find a plan instead. Everything is ordered by program position: the output is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir import registry
+from ..ir.core import Program, Value
+from ..ir.mesh import Mesh, Sharding
+from ..ir.types import itemsize
+from ..partition.cost import FLOPS_PER_BYTE, comm_cost
+from ..partition.factors import PASS, REDUCTION, FactorRule, project, unproject
+from ..partition.reshard import plan_reshard
+
+MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
+MAX_STRATEGIES = 32  # per unit: the replicated one and the most sharded
+TIME_LIMIT_S = 120.0  # a safety net only: the answer must not depend on the machine's speed
+MIP_REL_GAP = 1e-3  # stop within 0.1% of the optimum's bound
+
+
+@dataclass(frozen=True)
+class View:
+    """One unit under one strategy of its group."""
+
+    reqs: tuple[Sharding, ...]  # the layout wanted for each operand
+    outs: tuple[Sharding, ...]  # each result's layout (pending sums included)
+    work: float  # local work, in the planner's unit
+
+
+@dataclass
+class Group:
+    key: object
+    roots: list = field(default_factory=list)  # units whose strategies are this group's
+    units: list = field(default_factory=list)  # all units, followers included
+    n: int = 0
+    node_cost: list[float] = field(default_factory=list)
+    param_bytes: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Solution:
+    choice: dict[int, int]  # group index -> strategy
+    cost: float  # the search's objective (planner units)
+    solver: str  # "ilp" or "greedy"
+    seconds: float
+
+
+@dataclass
+class Problem:
+    program: Program
+    mesh: Mesh
+    views: dict  # unit -> list[View] (indexed by its group's strategy)
+    group_of: dict  # unit -> group index
+    groups: list[Group]
+    edges: dict  # (group a, group b) -> cost matrix (list of rows), a < b in position
+    constant: float = 0.0
+    units: list = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        """Variables of the integer program (before aggregation of equal rows/columns)."""
+        return sum(g.n for g in self.groups) + sum(m.size for m in self.edges.values())
+
+    def sharding(self, unit, sol: Solution, result: int = 0) -> Sharding:
+        return self.views[unit][sol.choice[self.group_of[unit]]].outs[result]
+
+    def value_sharding(self, v: Value, sol: Solution) -> Sharding:
+        unit, j = self.producer[v]
+        return self.sharding(unit, sol, j)
+
+    def evaluate(self, choice: dict[int, int]) -> float:
+        total = self.constant + sum(g.node_cost[choice[i]] for i, g in enumerate(self.groups))
+        for (a, b), m in self.edges.items():
+            total += float(m[choice[a], choice[b]])
+        return total
+
+    def param_layouts(self, choice: dict[int, int]) -> tuple:
+        """The layout of every parameter under `choice`."""
+        return tuple(self.views[p][choice[self.group_of[p]]].outs[0] for p in self.program.params)
+
+    def param_bytes(self, choice: dict[int, int]) -> float:
+        return sum(g.param_bytes[choice[i]] for i, g in enumerate(self.groups) if g.param_bytes)
+
+
+# ---------------------------------------------------------------------------------- strategies
+
+
+def _axis_assignments(nfactors: int, ok, axes: list[str], mesh: Mesh, sizes):
+    """Every map factor -> axes (mesh order) with each axis on at most one allowed factor and
+    every factor split evenly."""
+    out = []
+    for combo in itertools.product(range(-1, nfactors), repeat=len(axes)):
+        fa: dict[int, tuple[str, ...]] = {}
+        good = True
+        for a, f in zip(axes, combo):
+            if f < 0:
+                continue
+            if not ok(f):
+                good = False
+                break
+            fa[f] = fa.get(f, ()) + (a,)
+        if not good:
+            continue
+        if all(sizes[f] % mesh.group_size(ax) == 0 for f, ax in fa.items()):
+            out.append(fa)
+    return out
+
+
+def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
+    for t in rule.tensors:
+        got = [a for d in unproject(t, fa, rule.sizes, mesh) for a in d]
+        want = [a for fs in t for f in fs for a in fa.get(f, ())]
+        if sorted(got) != sorted(want):
+            return False
+    return True
+
+
+def _local(t, s: Sharding, mesh: Mesh):
+    return t.with_shape(s.local_shape(t.shape, mesh))
+
+
+def op_view(op, rule: FactorRule, fa, mesh: Mesh) -> View:
+    opdef = registry.get(op.kind)
+    reduced = mesh.order(a for f, axes in fa.items() if rule.kinds[f] == REDUCTION for a in axes)
+    red_op = opdef.reduce_kind or "sum"
+    reqs = tuple(Sharding(unproject(rule.operands[i], fa, rule.sizes, mesh)) for i in range(len(op.operands)))
+    outs = tuple(Sharding(unproject(rule.results[j], fa, rule.sizes, mesh), reduced, frozenset(),
+                          red_op if reduced else "sum") for j in range(len(op.results)))
+    out_types = [_local(r.type, s, mesh) for r, s in zip(op.results, outs)]
+    work = opdef.count_flops([_local(v.type, s, mesh) for v, s in zip(op.operands, reqs)], out_types, op.attrs)
+    work += sum(t.size for t in out_types)
+    return View(reqs, outs, work / FLOPS_PER_BYTE)
+
+
+def op_views(op, rule: FactorRule, mesh: Mesh) -> list[View]:
+    """The strategies of one op, the most sharded first (ties in enumeration order)."""
+    opdef = registry.get(op.kind)
+    axes = [a for a in mesh.names if mesh.axis_size(a) > 1]
+
+    def ok(f):
+        kind = rule.kinds[f]
+        return kind == PASS or (kind == REDUCTION and opdef.reduce_kind is not None)
+
+    if opdef.constraint:
+        spec: Sharding = op.attrs["sharding"]
+        cands = []
+        for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes):
+            if not _valid(rule, fa, mesh):
+                continue
+            dims = unproject(rule.results[0], fa, rule.sizes, mesh)
+            if all(d == w if i not in spec.open_dims else d[: len(w)] == w
+                   for i, (d, w) in enumerate(zip(dims, spec.dims))):
+                cands.append(op_view(op, rule, fa, mesh))
+        fixed = Sharding(spec.dims)
+        if not any(v.outs[0] == fixed for v in cands):  # uneven or unusual: exactly as written
+            work = op.result.type.size / FLOPS_PER_BYTE
+            cands.insert(0, View((fixed,), (fixed,), work))
+        return cands[:MAX_STRATEGIES]
+    views, seen = [], {}
+    for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes):
+        if not _valid(rule, fa, mesh):
+            continue
+        v = op_view(op, rule, fa, mesh)
+        k = (v.reqs, v.outs)
+        if k in seen:  # the same layouts: keep the cheaper
+            if v.work < views[seen[k]][0].work:
+                views[seen[k]] = (v, len(set(fa)))
+            continue
+        seen[k] = len(views)
+        views.append((v, len(set(fa))))
+    if len(views) > MAX_STRATEGIES:
+        # the least local work first; among equals, axes spread over more factors (data and model
+        # parallel at once before two axes on one dim), then enumeration order
+        order = sorted(range(1, len(views)), key=lambda i: (views[i][0].work, -views[i][1], i))
+        views = [views[0]] + [views[i] for i in sorted(order[: MAX_STRATEGIES - 1])]
+    return [v for v, _ in views]
+
+
+def param_views(p, mesh: Mesh) -> list[View]:
+    t = p.value.type
+    if p.sharding is not None:
+        return [View((), (Sharding(p.sharding.dims),), 0.0)]
+    axes = [a for a in mesh.names if mesh.axis_size(a) > 1]
+    out = []
+    for combo in itertools.product(range(-1, t.rank), repeat=len(axes)):
+        dims = [()] * t.rank
+        for a, d in zip(axes, combo):
+            if d >= 0:
+                dims[d] = dims[d] + (a,)
+        if all(n % mesh.group_size(ax) == 0 for n, ax in zip(t.shape, dims)):
+            out.append(View((), (Sharding(tuple(dims)),), 0.0))
+    return out
+
+
+def _follower_view(op, rule: FactorRule, main: int, src: Sharding, mesh: Mesh) -> View:
+    """An elementwise op in the layout of its main operand's producer (pending sums settled)."""
+    dims = src.dims
+    fa = project(rule.operands[main], dims, rule.sizes, mesh, op.operands[main].type.shape)
+    return op_view(op, rule, fa, mesh)
+
+
+def _attached_view(op, rule: FactorRule, want: Sharding, mesh: Mesh) -> View:
+    """An op laid out as its one user wants its result (what its factors can hold of that)."""
+    fa = project(rule.results[0], want.dims, rule.sizes, mesh, op.result.type.shape)
+    fa = {f: a for f, a in fa.items() if rule.kinds[f] == PASS}
+    if not _valid(rule, fa, mesh):
+        fa = {}
+    return op_view(op, rule, fa, mesh)
+
+
+# ---------------------------------------------------------------------------------- the graph
+
+
+def _op_key(op, rule):
+    s = op.span
+    if s is None:
+        return None
+    return (s.line, s.col, s.end_line, s.end_col, op.kind, tuple(str(v.type) for v in op.operands),
+            tuple(str(r.type) for r in op.results), rule)
+
+
+def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True,
+          attach_params: bool = True) -> Problem:
+    from ..partition.propagate import op_rule
+
+    mesh = prog.mesh
+    producer: dict[Value, tuple] = {}
+    units: list = []
+    views: dict = {}
+    root_of: dict = {}
+    for p in prog.params:
+        units.append(p)
+        producer[p.value] = (p, 0)
+        views[p] = param_views(p, mesh)
+        root_of[p] = p
+    rules = {}
+    for op in prog.ops:
+        units.append(op)
+        rules[op] = op_rule(op)
+        for j, r in enumerate(op.results):
+            producer[r] = (op, j)
+    # attached: a broadcast (or other layout op) of parameters or of nothing, used once, is laid out
+    # as its one user wants it
+    users: dict = {}
+    for op in prog.ops:
+        for i, v in enumerate(op.operands):
+            users.setdefault(v, []).append((op, i))
+    returned = {r.value for r in prog.results}
+    attached: dict = {}
+    for op in prog.ops:
+        opdef = registry.get(op.kind)
+        if (merge_elementwise and opdef.family in ("layout", "create") and len(op.results) == 1
+                and op.result not in returned and len(users.get(op.result, [])) == 1
+                and all(hasattr(producer[v][0], "value") for v in op.operands if v in producer)):
+            attached[op] = users[op.result][0]
+    # a parameter used once, unannotated, is stored as its user wants it (no memory budget: a
+    # layout other than the one it is used in would only add a reshard)
+    attached_params = {}
+    if attach_params:
+        for p in prog.params:
+            if p.sharding is None and p.value not in returned and len(users.get(p.value, [])) == 1:
+                attached_params[p] = users[p.value][0]
+                root_of[p] = None
+    # followers: elementwise ops adopt their main producer's strategy
+    main_of: dict = {}
+    for op in prog.ops:
+        if op in attached:
+            root_of[op] = None
+            continue
+        opdef = registry.get(op.kind)
+        main = None
+        if merge_elementwise and opdef.family == "elementwise" and len(op.results) == 1 and not opdef.constraint:
+            for i, v in enumerate(op.operands):
+                src = producer.get(v, (None,))[0]
+                if v.type.shape == op.result.type.shape and src is not None and not hasattr(src, "value") \
+                        and src not in attached:
+                    main = i  # a parameter's layout is its own choice: never follow one
+                    break
+        if main is not None:
+            main_of[op] = main
+            root_of[op] = root_of[producer[op.operands[main]][0]]
+        else:
+            root_of[op] = op
+    # groups of roots: identical layers share one
+    groups: list[Group] = []
+    group_of: dict = {}
+    by_key: dict = {}
+    for u in units:
+        if root_of[u] is not u:
+            continue  # a follower, or attached
+        key = _op_key(u, rules[u]) if (tie_layers and not hasattr(u, "value")) else None
+        if key is not None and key in by_key:
+            g = by_key[key]
+        else:
+            g = len(groups)
+            groups.append(Group(key if key is not None else ("unit", len(groups))))
+            if key is not None:
+                by_key[key] = g
+        groups[g].roots.append(u)
+        group_of[u] = g
+    for op in prog.ops:
+        if root_of[op] is not None and root_of[op] is not op:
+            group_of[op] = group_of[root_of[op]]
+    for op in reversed(prog.ops):
+        if op in attached:
+            group_of[op] = group_of[attached[op][0]]
+    for p, (user, _i) in attached_params.items():
+        group_of[p] = group_of[user]
+    # views per unit, indexed by its group's strategy (program order: a follower's main producer first)
+    followed: dict = {}  # identical followers of identical producers share one list
+    interned: dict = {}
+    for op in prog.ops:
+        if op in attached:
+            continue
+        if op in main_of:
+            src_unit, j = producer[op.operands[main_of[op]]]
+            k = (_op_key(op, rules[op]), id(views[src_unit]), j) if tie_layers else None
+            if k is None or k[0] is None or k not in followed:
+                vs = [_follower_view(op, rules[op], main_of[op], v.outs[j], mesh) for v in views[src_unit]]
+                if k is not None and k[0] is not None:
+                    followed[k] = (vs, views[src_unit])  # keeps the source list alive while its id is a key
+            views[op] = vs if k is None or k[0] is None or k not in followed else followed[k][0]
+        elif group_of[op] != len(groups) and groups[group_of[op]].roots[0] is not op:
+            views[op] = views[groups[group_of[op]].roots[0]]
+        else:
+            views[op] = op_views(op, rules[op], mesh)
+        views[op] = interned.setdefault(tuple(views[op]), views[op])  # equal lists: one object
+    for op in reversed(prog.ops):
+        if op in attached:
+            user, i = attached[op]
+            k = (_op_key(op, rules[op]), id(views[user]), i) if tie_layers else None
+            if k is None or k[0] is None or k not in followed:
+                vs = [_attached_view(op, rules[op], v.reqs[i], mesh) for v in views[user]]
+                if k is not None and k[0] is not None:
+                    followed[k] = (vs, views[user])
+            views[op] = vs if k is None or k[0] is None or k not in followed else followed[k][0]
+    for p, (user, i) in attached_params.items():
+        views[p] = [View((), (Sharding(v.reqs[i].dims),), 0.0) for v in views[user]]
+    # equal lists become one object: the edge costs below are computed once per pair of lists
+    for u in units:
+        views[u] = interned.setdefault(tuple(views[u]), views[u])
+    for u in units:
+        groups[group_of[u]].units.append(u)
+    for g in groups:
+        g.n = len(views[g.roots[0]])
+        g.node_cost = [0.0] * g.n
+    # node costs: local work; a parameter group counts its bytes per device
+    for u in units:
+        g = groups[group_of[u]]
+        for s, v in enumerate(views[u]):
+            g.node_cost[s] += v.work
+        if hasattr(u, "value"):
+            t = u.value.type
+            nbytes = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, mesh)) for v in views[u]]
+            g.param_bytes = [a + b for a, b in zip(g.param_bytes, nbytes)] if g.param_bytes else nbytes
+    # edges: one reshard question per distinct (result layout, wanted layout) pair
+    edges: dict = {}
+    cache: dict = {}
+    constant = 0.0
+    distinct: dict = {}  # id(list of layouts) -> (index per strategy, distinct layouts)
+
+    def classes(layouts, k):
+        if k not in distinct:
+            index: dict = {}
+            ids = np.array([index.setdefault(x, len(index)) for x in layouts], dtype=np.int64)
+            distinct[k] = (ids, list(index))
+        return distinct[k]
+
+    smalls: dict = {}
+    for g in groups:
+        g.node_cost = np.asarray(g.node_cost, dtype=float)
+    for op in prog.ops:
+        gb = group_of[op]
+        for i, v in enumerate(op.operands):
+            if v not in producer:
+                continue
+            src_unit, j = producer[v]
+            ga = group_of[src_unit]
+            shape, isz = v.type.shape, itemsize(v.type.dtype)
+            if ga == gb:  # inside a group: only each strategy against itself
+                g = groups[ga]
+                outs, reqs = views[src_unit], views[op]
+                dk = (id(outs), j, id(reqs), i, "diag")
+                if dk not in smalls:
+                    smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache)
+                                            for s in range(g.n)]), outs, reqs)
+                g.node_cost = np.asarray(g.node_cost) + smalls[dk][0]
+                continue
+            sk = (id(views[src_unit]), j, id(views[op]), i)
+            if sk not in smalls:
+                ia, da = classes([x.outs[j] for x in views[src_unit]], (id(views[src_unit]), j, "out"))
+                ib, db = classes([x.reqs[i] for x in views[op]], (id(views[op]), i, "req"))
+                small = np.empty((len(da), len(db)))
+                for x, src in enumerate(da):
+                    for y, dst in enumerate(db):
+                        small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache)
+                smalls[sk] = (small[np.ix_(ia, ib)], views[src_unit], views[op])
+            full = smalls[sk][0]
+            key = (ga, gb) if ga < gb else (gb, ga)
+            if ga > gb:
+                full = full.T
+            if key in edges:
+                edges[key] = edges[key] + full
+            else:
+                edges[key] = full
+    # results: a pending sum is settled before it is returned
+    for r in prog.results:
+        unit, j = producer.get(r.value, (None, 0))
+        if unit is None:
+            continue
+        g = groups[group_of[unit]]
+        for s, v in enumerate(views[unit]):
+            out = v.outs[j]
+            if out.partial:
+                g.node_cost[s] += comm_cost(plan_reshard(r.value.type.shape, itemsize(r.value.type.dtype), mesh,
+                                                         out, Sharding(out.dims)))
+    prob = Problem(prog, mesh, views, group_of, groups, edges, constant, units)
+    prob.producer = producer
+    return prob
+
+
+def _edge_cost(shape, isz: int, mesh: Mesh, src: Sharding, dst: Sharding, cache: dict) -> float:
+    """The reshard planner's cost from `src` to `dst`; a split that only grows (each dim's axes
+    extend its current ones, no pending sum) is a local slice and costs nothing."""
+    if not src.partial and all(w[: len(h)] == h for h, w in zip(src.dims, dst.dims)):
+        return 0.0
+    key = (shape, isz, src, dst)
+    if key not in cache:
+        cache[key] = comm_cost(plan_reshard(shape, isz, mesh, src, dst))
+    return cache[key]
+
+
+def _count(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+# ---------------------------------------------------------------------------------- solvers
+
+
+def have_solver() -> bool:
+    try:
+        from scipy.optimize import milp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _classes(rows):
+    """Indices grouped by equal rows: list of (representative row, [indices])."""
+    seen: dict = {}
+    for i, r in enumerate(rows):
+        seen.setdefault(tuple(r), []).append(i)
+    return list(seen.items())
+
+
+def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit: int | None = None,
+              time_limit: float = TIME_LIMIT_S):
+    """The optimum of the integer program; `exclude`: parameter layouts already taken (each a
+    dict group -> strategy), so the answer differs from each of them in some parameter.
+    Returns None when infeasible."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    t0 = time.perf_counter()
+    offset = []
+    n = 0
+    for g in prob.groups:
+        offset.append(n)
+        n += g.n
+    c = [0.0] * n
+    for gi, g in enumerate(prob.groups):
+        for s in range(g.n):
+            c[offset[gi] + s] = g.node_cost[s]
+    integrality = [1] * n
+    rows, cols, vals, lo, hi = [], [], [], [], []
+    r = 0
+
+    def add_row(entries, low, high):
+        nonlocal r
+        for col, val in entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(val)
+        lo.append(low)
+        hi.append(high)
+        r += 1
+
+    for gi, g in enumerate(prob.groups):
+        add_row([(offset[gi] + s, 1.0) for s in range(g.n)], 1.0, 1.0)
+    const = prob.constant
+    for (a, b), m in sorted(prob.edges.items()):
+        if float(m.max() - m.min()) < 1e-9:
+            const += float(m.flat[0])
+            continue
+        row_classes = _classes(m.tolist())
+        col_classes = _classes(m.T.tolist())
+        first = n
+        for _row, ridx in row_classes:
+            for _col, cidx in col_classes:
+                c.append(float(m[ridx[0], cidx[0]]))
+                integrality.append(0)
+                n += 1
+        nc = len(col_classes)
+        for ri, (_row, idx) in enumerate(row_classes):
+            add_row([(first + ri * nc + ci, 1.0) for ci in range(nc)] + [(offset[a] + s, -1.0) for s in idx], 0, 0)
+        for ci, (_col, idx) in enumerate(col_classes):
+            add_row([(first + ri * nc + ci, 1.0) for ri in range(len(row_classes))]
+                    + [(offset[b] + s, -1.0) for s in idx], 0, 0)
+    if budget is not None:
+        entries = [(offset[gi] + s, g.param_bytes[s]) for gi, g in enumerate(prob.groups) if g.param_bytes
+                   for s in range(g.n)]
+        add_row(entries, -np.inf, float(budget))
+    pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
+    for taken in exclude:
+        add_row([(offset[gi] + taken[gi], 1.0) for gi in pgroups], -np.inf, len(pgroups) - 1)
+    a = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
+    res = milp(np.array(c), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
+               integrality=np.array(integrality), bounds=Bounds(np.zeros(n), np.ones(n)),
+               options={"time_limit": time_limit, "presolve": True, "mip_rel_gap": MIP_REL_GAP,
+                        **({"node_limit": node_limit} if node_limit is not None else {})})
+    if res.x is None:  # infeasible, or no plan found in the time limit
+        return None
+    choice = {}
+    for gi, g in enumerate(prob.groups):
+        xs = res.x[offset[gi]: offset[gi] + g.n]
+        choice[gi] = int(np.argmax(xs))
+    return Solution(choice, prob.evaluate(choice), "ilp", time.perf_counter() - t0)
+
+
+def solve_greedy(prob: Problem, budget: float | None = None, exclude=(), passes: int = 4) -> Solution | None:
+    """Groups in program order, each taking its cheapest strategy given the groups already chosen;
+    then coordinate descent (each group re-chosen given all the others) until nothing improves.
+    The memory budget is kept by shrinking the largest parameters first."""
+    t0 = time.perf_counter()
+    ng = len(prob.groups)
+    nbrs: list[list] = [[] for _ in range(ng)]
+    for (a, b), m in prob.edges.items():
+        nbrs[a].append((b, m, False))
+        nbrs[b].append((a, m, True))
+
+    def local(gi, s, choice):
+        total = prob.groups[gi].node_cost[s]
+        for other, m, flipped in nbrs[gi]:
+            if other in choice:
+                total += float(m[choice[other], s] if flipped else m[s, choice[other]])
+        return total
+
+    choice: dict[int, int] = {}
+    for gi in range(ng):
+        choice[gi] = min(range(prob.groups[gi].n), key=lambda s: (local(gi, s, choice), s))
+    pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
+
+    def fits(ch):
+        return budget is None or prob.param_bytes(ch) <= budget
+
+    excluded = {prob.param_layouts(t) for t in exclude}
+
+    def allowed(ch):
+        return prob.param_layouts(ch) not in excluded
+
+    for _ in range(passes):
+        improved = False
+        for gi in range(ng):
+            cur = local(gi, choice[gi], choice)
+            for s in range(prob.groups[gi].n):
+                if s == choice[gi]:
+                    continue
+                trial = dict(choice)
+                trial[gi] = s
+                if local(gi, s, choice) < cur - 1e-9 and fits(trial) and allowed(trial):
+                    choice, cur, improved = trial, local(gi, s, trial), True
+        if not improved:
+            break
+    # memory: move the largest parameters to their smallest layouts until the budget holds
+    for gi in sorted(pgroups, key=lambda g: -max(prob.groups[g].param_bytes)):
+        if fits(choice):
+            break
+        g = prob.groups[gi]
+        choice[gi] = min(range(g.n), key=lambda s: (g.param_bytes[s], local(gi, s, choice), s))
+    if not fits(choice):
+        return None
+    if not allowed(choice):  # the nearest plan with another parameter layout
+        best = None
+        for gi in range(ng):
+            for s in range(prob.groups[gi].n):
+                trial = dict(choice)
+                trial[gi] = s
+                if allowed(trial) and fits(trial):
+                    cost = prob.evaluate(trial)
+                    if best is None or cost < best[0]:
+                        best = (cost, trial)
+        if best is None:
+            return None
+        choice = best[1]
+    return Solution(choice, prob.evaluate(choice), "greedy", time.perf_counter() - t0)
+
+
+def solve(prob: Problem, budget=None, exclude=(), method: str = "auto") -> Solution | None:
+    """method: "ilp", "greedy", or "auto" (the ILP when scipy is there and the problem is under
+    MAX_ILP_VARIABLES, else greedy)."""
+    if method == "auto":
+        method = "ilp" if have_solver() and prob.size <= MAX_ILP_VARIABLES else "greedy"
+    if method == "ilp":
+        return solve_ilp(prob, budget, exclude)
+    return solve_greedy(prob, budget, exclude)
+
+
+def param_layout(prob: Problem, sol: Solution) -> dict[int, int]:
+    return {gi: s for gi, s in sol.choice.items() if prob.groups[gi].param_bytes}

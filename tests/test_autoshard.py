@@ -1,0 +1,315 @@
+"""`spmdlang autoshard`: the search (ILP and greedy), the source rewrite, the targets of the issue.
+
+Every autosharded program is compiled again from its rewritten text and checked like any other
+(ref == sim, jax on some); its modelled cost is compared with the hand-written annotations of
+programs/ on the cost model's own measure (partition.cost.step_time_us of the compiled plans).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+import spmdlang
+from spmdlang.frontend.parse import parse
+from spmdlang.search import ilp
+from spmdlang.shard_search import Plan, autoshard, batch_only, strip_annotations
+
+ROOT = Path(__file__).resolve().parent.parent
+# autoshard does not search loops yet (a located error, tests/test_loop.py): the loop programs are left out
+PROGRAMS = sorted(p for p in (ROOT / "programs").glob("*.spmd") if "\n  loop " not in p.read_text())
+
+
+@cache
+def searched(name: str, budget: int | None = None, method: str = "auto"):
+    path = ROOT / "programs" / name
+    return autoshard(batch_only(path.read_text(), str(path)), filename=str(path), memory_per_device=budget,
+                     method=method)
+
+
+def hand(name: str) -> dict:
+    return Plan("hand", "", spmdlang.compile(str(ROOT / "programs" / name))).totals()
+
+
+def recompiled(result) -> spmdlang.Compiled:
+    return spmdlang.compile(result.source, filename="autosharded.spmd")
+
+
+# ---------------------------------------------------------------------------------- rewriting
+
+
+def test_strip_annotations_keeps_the_program():
+    text = (ROOT / "programs" / "transformer_block.spmd").read_text()
+    stripped = batch_only(text)
+    assert "shard(" not in stripped.split("func main")[1]
+    body = stripped.split("func main")[1]
+    assert "{_, model}" not in body and "x: f32[B, S, D] {data, _, _}" in body
+    a, b = spmdlang.compile(text), spmdlang.compile(stripped)
+    assert [op.kind for op in a.program.ops if op.kind != "shard"] == [op.kind for op in b.program.ops]
+
+
+def test_output_is_the_same_program_with_annotations():
+    r = searched("mlp.spmd")
+    assert r.source.count("\n") == batch_only((ROOT / "programs" / "mlp.spmd").read_text()).count("\n")
+    c = recompiled(r)
+    assert all(p.sharding is not None for p in c.program.params)  # every parameter annotated
+    assert all(res.sharding is not None for res in c.program.results)
+    assert "# Pattern: data parallelism" in r.source  # comments kept
+
+
+def test_user_annotations_are_constraints():
+    text = (ROOT / "programs" / "mlp.spmd").read_text()
+    r = autoshard(text, filename="mlp.spmd")
+    c = recompiled(r)
+    by_name = {p.name: str(p.sharding) for p in c.program.params}
+    assert by_name["x"] == "{data, _}" and by_name["w1"] == "{_, model}" and by_name["w2"] == "{model, _}"
+    assert str(c.program.results[0].sharding) == "{data, _}"
+
+
+def test_mesh_and_const_overrides_are_written_in():
+    r = autoshard(str(ROOT / "programs" / "mlp.spmd"), mesh={"data": 4, "model": 2}, consts={"B": 32})
+    assert "mesh [data=4, model=2]" in r.source and "const B = 32" in r.source
+    c = recompiled(r)
+    assert dict(c.mesh.axes) == {"data": 4, "model": 2}
+
+
+# ---------------------------------------------------------------------------------- targets
+
+
+@pytest.mark.parametrize("name", ["mlp.spmd", "transformer_block.spmd"])
+def test_no_worse_than_the_hand_annotations(name):
+    """Only the batch dim of the input annotated, mesh [data=2, model=4]: the plan autoshard finds
+    costs no more than the Megatron annotations of programs/, by the cost model."""
+    r = searched(name)
+    mine, theirs = r.chosen.totals(), hand(name)
+    assert mine["modelled_time_us"] <= theirs["modelled_time_us"]
+    assert r.report()["chosen"]["totals"] == mine
+    c = recompiled(r)
+    d = c.diff(backends=("sim",))
+    assert d["ok"], d
+
+
+def test_memory_budget_shards_the_weights():
+    """3 MB per device cannot hold the MLP's replicated weights (8 MB): autoshard must split them
+    (it finds the Megatron layout: w1 by columns, w2 by rows over model)."""
+    budget = 3_000_000
+    free = searched("mlp.spmd")
+    assert free.chosen.totals()["peak_bytes_per_device"] > budget  # without a budget: replicated weights
+    r = searched("mlp.spmd", budget)
+    params = r.chosen.params
+    assert params["w1"] != "{_, _}" and params["w2"] != "{_, _}", params
+    assert r.chosen.totals()["peak_bytes_per_device"] <= budget
+    assert r.report()["memory_per_device"] == budget
+    assert recompiled(r).diff(backends=("sim",))["ok"]
+
+
+def test_moe_expert_dims_on_the_expert_axis():
+    """Under a budget too small for replicated experts, the expert dim of both expert weights lands
+    on the `expert` axis; nobody said which dim or which axis."""
+    r = searched("moe.spmd", 4_000_000)
+    assert r.chosen.params["wi"].startswith("{expert,"), r.chosen.params
+    assert r.chosen.params["wo"].startswith("{expert,"), r.chosen.params
+    assert recompiled(r).diff(backends=("sim",))["ok"]
+
+
+def test_runners_up_are_other_plans():
+    r = searched("mlp.spmd", 3_000_000)
+    rep = r.report()
+    assert rep["runners_up"], "expected runner-up plans"
+    layouts = [rep["chosen"]["params"]] + [p["params"] for p in rep["runners_up"]]
+    assert len({json.dumps(x, sort_keys=True) for x in layouts}) == len(layouts)
+    for p in rep["runners_up"]:
+        assert p["totals"]["modelled_time_us"] >= rep["chosen"]["totals"]["modelled_time_us"] or \
+            p["totals"]["peak_bytes_per_device"] > 3_000_000
+
+
+def test_no_plan_fits_is_a_located_error():
+    with pytest.raises(spmdlang.SpmdError) as e:
+        autoshard(str(ROOT / "programs" / "mlp.spmd"), memory_per_device=1000)
+    assert "fits 1,000 bytes per device" in e.value.message and e.value.line is not None
+
+
+# ---------------------------------------------------------------------------------- the search
+
+
+def _problem(name="transformer_block.spmd"):
+    path = ROOT / "programs" / name
+    c = spmdlang.compile(batch_only(path.read_text()), filename=str(path))
+    return ilp.build(c.canonical)
+
+
+def test_greedy_and_ilp_agree_on_the_block():
+    prob = _problem()
+    a, b = ilp.solve_ilp(prob), ilp.solve_greedy(prob)
+    assert a.solver == "ilp" and b.solver == "greedy"
+    assert a.cost <= b.cost + 1e-6  # the ILP is optimal for its own objective
+    assert abs(prob.evaluate(a.choice) - a.cost) < 1e-6
+
+
+def test_without_scipy_the_greedy_search_runs(monkeypatch):
+    monkeypatch.setattr(ilp, "have_solver", lambda: False)
+    r = autoshard(batch_only((ROOT / "programs" / "mlp.spmd").read_text()), filename="mlp.spmd")
+    assert r.solver == "greedy"
+    assert recompiled(r).diff(backends=("sim",))["ok"]
+
+
+def test_over_the_size_limit_the_greedy_search_runs(monkeypatch):
+    monkeypatch.setattr(ilp, "MAX_ILP_VARIABLES", 10)
+    r = autoshard(batch_only((ROOT / "programs" / "mlp.spmd").read_text()), filename="mlp.spmd")
+    assert r.solver == "greedy"
+
+
+def test_identical_layers_are_solved_once():
+    """The two inlined layer norms of the block share their strategy variables."""
+    tied, untied = _problem(), None
+    path = ROOT / "programs" / "transformer_block.spmd"
+    c = spmdlang.compile(batch_only(path.read_text()))
+    untied = ilp.build(c.canonical, tie_layers=False, merge_elementwise=False)
+    assert len(tied.groups) < len(untied.groups) / 2
+    assert tied.size < untied.size
+
+
+def test_deterministic():
+    text = batch_only((ROOT / "programs" / "transformer_block.spmd").read_text())
+    a = autoshard(text, filename="t.spmd", runners_up=0)
+    b = autoshard(text, filename="t.spmd", runners_up=0)
+    assert a.source == b.source
+
+
+# ---------------------------------------------------------------------------------- random programs
+
+
+def _random_cases(seeds):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from progen import Generator, RandomChooser
+
+    for seed in seeds:
+        text = Generator(RandomChooser(seed)).program()
+        module, _ = parse(text)
+        func = next(f for f in module.funcs if f.name == "main")
+        first = func.params[0]
+        keep = {first.name: _spec_text(first.spec)} if first.spec is not None else {}
+        yield seed, strip_annotations(text, keep)
+
+
+def _spec_text(spec) -> str:
+    out = []
+    for e in spec.entries:
+        if e.axes is None:
+            out.append("?")
+        elif len(e.axes) == 1:
+            out.append(e.axes[0])
+        else:
+            out.append("(" + ", ".join(e.axes) + ")")
+    return "{" + ", ".join(out) + "}"
+
+
+def _check_random(seeds, backends=("sim",)):
+    for seed, text in _random_cases(seeds):
+        try:
+            spmdlang.compile(text).spmd  # noqa: B018  (partitions, or says why not)
+        except spmdlang.SpmdError:
+            continue  # a "?" kept on a parameter, say: not a program to search
+        r = autoshard(text, filename=f"seed{seed}.spmd", runners_up=1)
+        c = recompiled(r)
+        d = c.diff(backends=backends)
+        assert d["ok"], (seed, r.source, d)
+        assert r.chosen.totals()["modelled_time_us"] <= r.as_written.totals()["modelled_time_us"] + 1e-9
+
+
+def test_random_programs_autoshard_and_diff():
+    _check_random(range(6))
+
+
+@pytest.mark.slow
+def test_random_programs_autoshard_and_diff_many():
+    _check_random(range(6, 60))
+
+
+@pytest.mark.slow
+def test_random_programs_on_jax():
+    _check_random(range(100, 106), backends=("sim", "jax", "xla"))
+
+
+# ---------------------------------------------------------------------------------- every program
+
+
+def _diff_cli(path: Path, backends: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "spmdlang", "diff", str(path), "--backends", backends, "--json"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
+    assert out.returncode == 0, out.stderr + out.stdout
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("name,budget", [("mlp.spmd", None), ("moe.spmd", 4_000_000)])
+def test_programs_pass_diff(name, budget, tmp_path):
+    path = tmp_path / name
+    path.write_text(searched(name, budget).source)
+    assert _diff_cli(path, "sim,jax")["ok"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_every_program_passes_diff(path, tmp_path):
+    out = tmp_path / path.name
+    out.write_text(searched(path.name).source)
+    assert _diff_cli(out, "sim,jax,xla")["ok"]
+
+
+# ---------------------------------------------------------------------------------- the command
+
+
+def _cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "spmdlang", "autoshard", *args], capture_output=True, text=True,
+                          input=stdin, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
+
+
+def test_cli_writes_the_program_and_reports(tmp_path):
+    src = tmp_path / "mlp.spmd"
+    src.write_text(batch_only((ROOT / "programs" / "mlp.spmd").read_text()))
+    out = tmp_path / "auto.spmd"
+    r = _cli(str(src), "--memory-per-device", "3M", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["output"] == str(out) and out.read_text() == report["source"]
+    assert set(report) >= {"chosen", "runners_up", "as_written", "solver", "solve_s", "memory_per_device"}
+    assert report["chosen"]["totals"]["peak_bytes_per_device"] <= 3 * 2**20
+    plain = _cli(str(src))  # the program on stdout, the report on stderr
+    assert plain.returncode == 0 and plain.stdout.startswith("# Pattern") and "plans" in plain.stderr
+
+
+def test_cli_errors(tmp_path):
+    assert _cli(str(tmp_path / "missing.spmd")).returncode == 2
+    assert _cli(str(ROOT / "programs" / "mlp.spmd"), "--memory-per-device", "lots").returncode == 2
+    assert _cli(str(ROOT / "programs" / "mlp.spmd"), "--solver", "magic").returncode == 2
+    bad = tmp_path / "bad.spmd"
+    bad.write_text("mesh [a=2]\nfunc main(x: f32[4] {b}) -> f32[4] {\n  return x\n}\n")
+    r = _cli(str(bad))
+    assert r.returncode == 1 and f"{bad}:2:" in r.stderr and "Traceback" not in r.stderr
+    out = tmp_path / "never.spmd"
+    r = _cli(str(ROOT / "programs" / "mlp.spmd"), "--memory-per-device", "1000", "-o", str(out))
+    assert r.returncode == 1 and "error:" in r.stderr and not out.exists()  # nothing half-written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp.spmd", "transformer_block.spmd"])
+def test_measured_collectives_no_more_than_xla_with_the_hand_annotations(name):
+    """Read from compiled HLO: our module for the autoshard plan against XLA's GSPMD partitioning
+    the hand-annotated program."""
+    from spmdlang.backend_jax.hlo import collectives, compiled_text
+
+    def measured(c, backend):
+        r = c.runner(backend)
+        inputs = c.random_inputs(0)
+        hlo = collectives(compiled_text(r.fn, *r.module.place([inputs[p.name] for p in c.program.params], r.mesh)))
+        return len(hlo), sum(x["bytes_per_device"] for x in hlo)
+
+    ours = measured(searched(name).compiled, "jax")
+    xla = measured(spmdlang.compile(str(ROOT / "programs" / name)), "xla")
+    assert ours[0] <= xla[0] and ours[1] <= xla[1], (ours, xla)
