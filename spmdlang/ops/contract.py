@@ -6,7 +6,6 @@ from math import prod
 
 import numpy as np
 
-from ..errors import SpmdError
 from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
@@ -557,16 +556,15 @@ def _conv_vjp(d, op, ct):
     """jax's conv transposes, with stride-1 convs only: the cotangent dilated by the strides (zeros
     interleaved), then for x a full correlation with the flipped kernel (in and out channels
     swapped), for w a correlation of the padded input with the cotangent over the batch (batch and
-    channels swapped)."""
+    channels swapped). Dilations, groups and batch groups go to _conv_vjp_general (jax's rules with
+    the general conv)."""
     from .layout import embed
 
     x, w = op.operands
     strides, padding, lhs, rhs, groups, batch_groups = conv_params(op.attrs)
     nsp = len(strides)
     if lhs != (1,) * nsp or rhs != (1,) * nsp or groups != 1 or batch_groups != 1:
-        # jax's transposes of these need the general conv in the backward pass: not written yet
-        raise SpmdError("grad: differentiating a conv with lhs_dilation, rhs_dilation or groups is not "
-                        "supported yet", op.span)
+        return _conv_vjp_general(d, op, ct)
     sp = range(1, nsp + 1)
     win = w.type.shape[:nsp]
     ctd = ct
@@ -598,6 +596,58 @@ def _conv_vjp(d, op, ct):
         dw = d.emit("slice", dw, starts=(0,) * rank, stops=(dw.type.shape[0],) + tuple(win) + (dw.type.shape[-1],),
                     steps=(1,) * rank)
     cw = d.emit("transpose", dw, perm=tuple(sp) + (0, rank - 1))
+    return cx, cw
+
+
+def _dilated(n: int, k: int) -> int:
+    return (n - 1) * k + 1 if n else 0
+
+
+def _conv_vjp_general(d, op, ct):
+    """jax's transpose rules (_conv_general_dilated_transpose_lhs / _rhs) with the general conv:
+    for x, the cotangent dilated by the strides (lhs_dilation) and correlated with the flipped kernel,
+    the groups moved from its output features into its input channels, at stride lhs_dilation;
+    for w, the input (batch and channels swapped) correlated with the cotangent as the kernel at
+    stride rhs_dilation and rhs_dilation the forward's strides, groups becoming batch groups and
+    batch groups becoming groups."""
+    x, w = op.operands
+    strides, padding, lhs, rhs, groups, batch_groups = conv_params(op.attrs)
+    nsp = len(strides)
+    rank = nsp + 2
+    sp = tuple(range(1, nsp + 1))
+    win = w.type.shape[:nsp]
+    cin, f = w.type.shape[nsp], w.type.shape[nsp + 1]
+    xin = x.type.shape[1:1 + nsp]
+    out = ct.type.shape[1:1 + nsp]
+    lhs_d = [_dilated(xin[i], lhs[i]) for i in range(nsp)]
+    rhs_d = [_dilated(win[i], rhs[i]) for i in range(nsp)]
+    out_d = [_dilated(out[i], strides[i]) for i in range(nsp)]
+    # d x
+    g = max(groups, batch_groups)
+    wf = w
+    for i in range(nsp):
+        if win[i] > 1:
+            wf = _flip(d, wf, i)
+    # [win, cin, g, f/g] -> [win, f/g, g, cin] -> [win, f/g, g * cin]: groups major in the channels
+    wf = d.emit("reshape", wf, shape=tuple(win) + (cin, g, f // g))
+    wf = d.emit("transpose", wf, perm=tuple(range(nsp)) + (nsp + 2, nsp + 1, nsp))
+    wf = d.emit("reshape", wf, shape=tuple(win) + (f // g, g * cin))
+    pb = [rhs_d[i] - padding[i][0] - 1 for i in range(nsp)]
+    pads = tuple((pb[i], lhs_d[i] + rhs_d[i] - 1 - out_d[i] - pb[i]) for i in range(nsp))
+    cx = d.emit("conv", ct, wf, **conv_attrs(lhs, pads, strides, rhs, groups=g))
+    if batch_groups > 1:
+        # [n/b, sp, b * c] -> [b, n/b, sp, c] -> [n, sp, c]
+        n_b, c = ct.type.shape[0], x.type.shape[-1]
+        cx = d.emit("reshape", cx, shape=(n_b,) + tuple(xin) + (batch_groups, c))
+        cx = d.emit("transpose", cx, perm=(rank - 1,) + tuple(range(rank - 1)) + (rank,))
+        cx = d.emit("reshape", cx, shape=x.type.shape)
+    # d w: x as [C, sp, N], the cotangent as the kernel [sp, N, F], result [cin, win, F]
+    xt = d.emit("transpose", x, perm=(rank - 1,) + sp + (0,))
+    ctt = d.emit("transpose", ct, perm=sp + (0, rank - 1))
+    padw = tuple((padding[i][0], out_d[i] - lhs_d[i] + rhs_d[i] - padding[i][0] - 1) for i in range(nsp))
+    dw = d.emit("conv", xt, ctt, **conv_attrs(rhs, padw, lhs, strides, groups=batch_groups,
+                                              batch_groups=groups))
+    cw = d.emit("transpose", dw, perm=sp + (0, rank - 1))
     return cx, cw
 
 
