@@ -342,24 +342,27 @@ builtin("argmax", "x:tensor", "axis:axes=None", "keepdims:bool=false")(_arg("arg
 builtin("argmin", "x:tensor", "axis:axes=None", "keepdims:bool=false")(_arg("argmin"))
 
 
-def _scan(kind):
+def _along_axis(kind, keeps_bool, *attrs):
+    """Lowering of a builtin that works along one axis of a tensor of rank >= 1 (scans, sorts):
+    bool is computed in i32 (counts and products of bools are ints, as numpy's are) and cast back
+    where the result keeps x's values (`keeps_bool`); `attrs` are passed on as given."""
     def lower(ctx, span, args):
         x = tensor(ctx, args, "x")
         if x.type.rank == 0:
             raise SpmdError(f"{kind} needs a tensor of rank >= 1, got {x.type}", args.span("x"))
         axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
         dt = x.type.dtype
-        if dt == "bool":  # counts (and products) of bools are i32, as numpy's are ints
+        if dt == "bool":
             x = ctx.cast(x, "i32", span)
-        out = ctx.b.emit(kind, x, span=span, axis=axis, reverse=args["reverse"])
-        return ctx.cast(out, "bool", span) if dt == "bool" and kind == "cummax" else out
+        out = ctx.b.emit(kind, x, span=span, axis=axis, **{a: args[a] for a in attrs})
+        return ctx.cast(out, "bool", span) if dt == "bool" and keeps_bool else out
 
     return lower
 
 
 for _k in ("cumsum", "cumprod", "cummax"):
     builtin(_k, "x:tensor", "axis:int", "reverse:bool=false",
-            doc=f"inclusive {_k[3:]} scan along `axis`")(_scan(_k))
+            doc=f"inclusive {_k[3:]} scan along `axis`")(_along_axis(_k, _k == "cummax", "reverse"))
 
 
 def _expand_back(ctx, v, shape, axes, span):
@@ -702,23 +705,9 @@ def _take_along_axis(ctx, span, args):
     return ctx.b.emit("take_along_axis", x, ids, span=span, axis=axis)
 
 
-def _sort(kind):
-    def lower(ctx, span, args):
-        x = tensor(ctx, args, "x")
-        if x.type.rank == 0:
-            raise SpmdError(f"{kind} needs a tensor of rank >= 1, got {x.type}", args.span("x"))
-        axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
-        dt = x.type.dtype
-        if dt == "bool":
-            x = ctx.cast(x, "i32", span)
-        out = ctx.b.emit(kind, x, span=span, axis=axis)
-        return ctx.cast(out, "bool", span) if dt == "bool" and kind == "sort" else out
-
-    return lower
-
-
-builtin("sort", "x:tensor", "axis:int=-1", doc="ascending along axis, stable")(_sort("sort"))
-builtin("argsort", "x:tensor", "axis:int=-1", doc="i32 indices that sort along axis, stable")(_sort("argsort"))
+builtin("sort", "x:tensor", "axis:int=-1", doc="ascending along axis, stable")(_along_axis("sort", True))
+builtin("argsort", "x:tensor", "axis:int=-1",
+        doc="i32 indices that sort along axis, stable")(_along_axis("argsort", False))
 
 
 @builtin("scatter_add", "x:tensor", "ids:tensor", "updates:tensor", "axis:int=0")
