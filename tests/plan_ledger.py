@@ -111,6 +111,9 @@ CASES: dict[str, dict] = {
         "sizes": {"tiny": {"B": 2, "S": 8, "H": 4, "DH": 4, "F": 32}, "default": {},
                   "large": {"B": 16, "S": 256, "H": 8, "DH": 64, "F": 2048}},
         "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},
+    "patterns/train_cnn": {
+        "sizes": {"tiny": {"HW": 14}, "default": {}, "large": {"N": 16, "HW": 64, "F": 32}},
+        "meshes": [{"data": 2, "h": 3}, {"data": 2, "h": 4}]},
     "patterns/two_axis_contraction": {
         "sizes": {"tiny": {"B": 4, "K": 32, "N": 16}, "default": {}, "large": {"B": 1024, "K": 4096, "N": 2048}},
         "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},

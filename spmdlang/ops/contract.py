@@ -301,8 +301,27 @@ def _conv_infer(operands, attrs):
     return TensorType(x.dtype, tuple(out))
 
 
+def window_contracting(operands, out_shape, attrs) -> frozenset[int]:
+    """The spatial dims along which a conv is a contraction over its window rather than a sliding
+    window over its input: the kernel's window (dilated) spans at least twice the output's length.
+    That is a kernel gradient, whose "kernel" is the output cotangent spanning the image and whose
+    output is the small kernel; a forward conv whose window merely overhangs a small image (a
+    U-Net's bottleneck, a 7x7 stride-2 stem on 8 rows) stays a sliding window with halos. Along
+    such a dim GSPMD splits input and window alike: each shard correlates its window rows with
+    the input rows they reach (a halo), and the result is a pending sum."""
+    x, w = operands
+    strides, padding, lhs, rhs, g, bg = conv_params(attrs)
+    return frozenset(i for i in range(len(strides))
+                     if (w.shape[i] - 1) * rhs[i] + 1 >= 2 * out_shape[1 + i] and lhs[i] == 1 and w.shape[i] > 1)
+
+
 def _conv_rule(operands, results, attrs):
-    """Batch passes, spatial dims are permutations (halos), window taps replicate. Channels reduce;
+    """Batch passes, spatial dims are permutations (halos), window taps replicate; along a
+    window-contracting dim (window_contracting) the input's spatial dim is a permutation of its
+    own and the output's replicates: propagation carries no split from the image to the small
+    output (a kernel gradient, then the kernel) nor onto the window (a kernel, when a forward conv
+    has a kernel larger than its output), and partition_conv contracts over the window where
+    input and window arrive split alike. Channels reduce;
     with groups, the group index is a pass factor leading the input channels and the kernel's and
     result's features (a group-aligned split stays local); with batch groups, it leads the input
     batch and the features."""
@@ -323,8 +342,11 @@ def _conv_rule(operands, results, attrs):
     else:
         grp = None
         n = b.factor(x.shape[0])
-    spatial = [b.factor(results[0].shape[1 + i], PERMUTATION) for i in range(nsp)]
+    contracting = window_contracting(operands, results[0].shape, attrs)
+    spatial = [b.factor(results[0].shape[1 + i], REPLICATE if i in contracting else PERMUTATION)
+               for i in range(nsp)]
     window = [b.factor(w.shape[i], REPLICATE) for i in range(nsp)]
+    rows = {i: b.factor(x.shape[1 + i], PERMUTATION) for i in contracting}
     if g > 1:
         grp = b.factor(g)
         c = opt(x.shape[-1] // g, REDUCTION)
@@ -335,7 +357,7 @@ def _conv_rule(operands, results, attrs):
     f = opt(w.shape[-1] // (g * bg)) if grp is not None else b.factor(w.shape[-1], PASS)
     feat = some(grp, f)
     xn = some(grp, n) if bg > 1 else (n,)
-    xd = [xn] + [(s,) for s in spatial] + [xc]
+    xd = [xn] + [(rows[i] if i in contracting else spatial[i],) for i in range(nsp)] + [xc]
     wd = [(k,) for k in window] + [some(c), feat]
     od = [some(n) if bg > 1 else (n,)] + [(s,) for s in spatial] + [feat]
     return b.build([xd, wd], [od])
@@ -460,6 +482,8 @@ def partition_conv(ctx):
     strides, padding, lhs, rhs, groups, batch_groups = conv_params(ctx.attrs)
     nsp = len(strides)
     split = [i for i in range(nsp) if out.dims[1 + i]]
+    if not split and _window_contraction(ctx):
+        return None
     if not split or batch_groups != 1 or ctx.layout(0).partial or ctx.layout(1).partial:
         return ctx.generic()
     feat = out.dims[-1]
@@ -511,6 +535,80 @@ def partition_conv(ctx):
     ctx.set_result(ctx.emit("conv", xl, wl, **attrs), res)
 
 
+def _window_contraction(ctx) -> bool:
+    """A conv split along window-contracting dims (window_contracting; a kernel gradient with the
+    image split): input and window split alike over the same axes, each shard correlates its window
+    rows with the input rows they reach (its own plus a halo of (output - 1) * stride rows from the
+    next shards, or fewer where dilated), and the result owes a sum over those axes (and over the
+    channel split, as the contraction it is). Emits it and returns True where the cost model ranks
+    it below the generic plan (which gathers the split dims)."""
+    x, w = ctx.op.operands
+    out = ctx.target()
+    strides, padding, lhs, rhs, groups, batch_groups = conv_params(ctx.attrs)
+    nsp = len(strides)
+    if groups != 1 or batch_groups != 1 or ctx.layout(0).partial or ctx.layout(1).partial:
+        return False
+    n_out = ctx.op.result.type.shape
+    contracting = window_contracting([x.type, w.type], n_out, ctx.attrs)
+    lx, lw = ctx.layout(0), ctx.layout(1)
+    axes = {}
+    for i in sorted(contracting):
+        a = lw.dims[i] or lx.dims[1 + i]
+        if a:
+            axes[i] = a
+    if not axes:
+        return False
+    chan = lx.dims[-1] if lx.dims[-1] == lw.dims[-2] else ()
+    batch, feat = out.dims[0], out.dims[-1]
+    used = [a for i in axes for a in axes[i]] + list(chan)
+    if len(set(used)) != len(used) or set(used) & (set(batch) | set(feat)) or set(batch) & set(feat):
+        return False
+    xdims = (batch,) + tuple(axes.get(i, ()) for i in range(nsp)) + (chan,)
+    wdims = tuple(axes.get(i, ()) for i in range(nsp)) + (chan, feat)
+    partial = ctx.mesh.order(set(used))
+    res = Sharding((batch,) + ((),) * nsp + (feat,), partial)
+    windows = {}
+    for i, a in axes.items():
+        k = ctx.mesh.group_size(a)
+        c_t = chunk(w.type.shape[i], k)
+        span = (c_t - 1) * rhs[i] + (n_out[1 + i] - 1) * strides[i] + 1
+        windows[i] = Window(a=c_t * rhs[i], s=-padding[i][0], length=span, fill=0.0)
+    # cost: the halos, the kernel's reshard and settling the pending sum, against the generic plan
+    from ..partition.cost import FLOPS_PER_BYTE, comm_cost
+    from ..partition.reshard import plan_reshard
+    from .moving import _costs, _itemsize
+
+    cost, _ = _costs(ctx, 0, xdims, [(1 + i, win) for i, win in windows.items()])
+    cost += comm_cost(plan_reshard(w.type.shape, _itemsize(w), ctx.mesh, lw, Sharding(wdims)))
+    r = ctx.op.result
+    cost += comm_cost(plan_reshard(r.type.shape, _itemsize(r), ctx.mesh, res, out))
+    xl_shape = list(Sharding(xdims).local_shape(x.type.shape, ctx.mesh))
+    for i, win in windows.items():
+        xl_shape[1 + i] = win.length
+    wl_type = w.type.with_shape(Sharding(wdims).local_shape(w.type.shape, ctx.mesh))
+    out_type = r.type.with_shape(res.local_shape(r.type.shape, ctx.mesh))
+    work = _conv_flops([x.type.with_shape(tuple(xl_shape)), wl_type], [out_type], ctx.attrs) + out_type.size
+    cost += work / FLOPS_PER_BYTE
+    generic, _ = ctx.trial(ctx.op, out, {})
+    if cost > generic:
+        return False
+    xl = ctx.reshard(0, Sharding(xdims))
+    wl = ctx.reshard(1, Sharding(wdims))
+    # the padding of uneven window shards must add nothing
+    for i, a in axes.items():
+        wl = ctx.mask(wl, i, a, w.type.shape[i], 0.0)
+    if chan:
+        wl = ctx.mask(wl, nsp, chan, w.type.shape[nsp], 0.0)
+        xl = ctx.mask(xl, 1 + nsp, chan, x.type.shape[-1], 0.0)
+    pads = list(padding)
+    for i, win in windows.items():
+        xl = ctx.window(xl, 1 + i, axes[i], axes[i], x.type.shape[1 + i], win)
+        pads[i] = (0, 0)
+    attrs = conv_attrs(strides, pads, lhs, rhs)
+    ctx.set_result(ctx.emit("conv", xl, wl, **attrs), res)
+    return True
+
+
 register("conv", doc="lax.conv_general_dilated: [N, spatial..., C] x [window..., C/groups, F] -> [N, spatial..., F]",
          example=(("f32[2, 8, 8, 3]", "f32[3, 3, 3, 5]"), {"strides": (1, 1), "padding": ((1, 1), (1, 1))}),
          infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, partition=partition_conv,
@@ -553,25 +651,20 @@ def _flip(d, w, dim: int):
 
 
 def _conv_vjp(d, op, ct):
-    """jax's conv transposes, with stride-1 convs only: the cotangent dilated by the strides (zeros
-    interleaved), then for x a full correlation with the flipped kernel (in and out channels
-    swapped), for w a correlation of the padded input with the cotangent over the batch (batch and
-    channels swapped). Dilations, groups and batch groups go to _conv_vjp_general (jax's rules with
-    the general conv)."""
-    from .layout import embed
-
+    """jax's conv transposes for stride-1 convs: for x a full correlation with the flipped kernel
+    (in and out channels swapped), for w a correlation of the padded input with the cotangent over
+    the batch (batch and channels swapped). Strides, dilations, groups and batch groups go to
+    _conv_vjp_general (jax's rules with the general conv: the strides become the cotangent's
+    lhs_dilation and the kernel gradient's rhs_dilation, which partition as halos, where
+    interleaving zeros by pad and reshape would gather a split cotangent)."""
     x, w = op.operands
     strides, padding, lhs, rhs, groups, batch_groups = conv_params(op.attrs)
     nsp = len(strides)
-    if lhs != (1,) * nsp or rhs != (1,) * nsp or groups != 1 or batch_groups != 1:
+    if lhs != (1,) * nsp or rhs != (1,) * nsp or groups != 1 or batch_groups != 1 or strides != (1,) * nsp:
         return _conv_vjp_general(d, op, ct)
     sp = range(1, nsp + 1)
     win = w.type.shape[:nsp]
     ctd = ct
-    for i, s in enumerate(strides):
-        m = ct.type.shape[1 + i]
-        if s > 1:
-            ctd = embed(d, ctd, (m - 1) * s + 1, 1 + i, 0, s)
     dil = ctd.type.shape[1:1 + nsp]
     ones = (1,) * nsp
     # d x: correlate the dilated cotangent, padded by window - 1 (and whatever the forward's

@@ -139,26 +139,64 @@ register("pool", doc="max or sum of each window over the spatial dims of [N, spa
 
 def _pool_vjp(d, op, ct):
     """The pool as jax computes it (a chain of max / add over strided slices of the padded input,
-    see `_jax`), differentiated op by op: max ties as jax's maximum splits them."""
+    see `_jax`), differentiated: max ties as jax's maximum splits them. The slices' cotangents
+    (one per window tap, output-shaped) go back to the input as one transposed depthwise conv (the
+    taps stacked as channels, a one-hot kernel flipped, lhs_dilation the strides, padding cropped
+    away), which partitions as a halo exchange on split spatial dims, even split unevenly. (Pad and
+    reshape to interleave each slice's zeros would reshard a split dim whose shards the reshape
+    does not keep.)"""
+    from .contract import conv_attrs
+
+    (x,) = op.operands
+    if not T.is_float(x.type.dtype):
+        return (None,)
     kind, window, strides, padding = (op.attrs[k] for k in ("reduce", "window", "strides", "padding"))
     out_shape = op.result.type.shape
-
-    def build(x):
-        rank = x.type.rank
+    nsp = len(window)
+    taps = list(np.ndindex(*window))
+    if kind == "sum":
+        cts = [ct] * len(taps)
+    else:
         fill = _identity(kind, x.type.dtype)
         xp = d.emit("pad", x, lo=(0,) + tuple(p[0] for p in padding) + (0,),
                     hi=(0,) + tuple(p[1] for p in padding) + (0,), value=fill)
-        acc = None
-        for offs in np.ndindex(*window):
+        parts = []
+        for offs in taps:
             starts = (0,) + tuple(offs) + (0,)
             stops = ((xp.type.shape[0],) + tuple(o + (m - 1) * s + 1 for o, m, s in zip(offs, out_shape[1:-1], strides))
                      + (xp.type.shape[-1],))
-            part = d.emit("slice", xp, starts=starts, stops=stops, steps=(1,) + tuple(strides) + (1,))
-            acc = part if acc is None else d.emit("maximum" if kind == "max" else "add", acc, part)
-        assert acc.type.shape == out_shape and rank == len(out_shape)
-        return acc
+            parts.append(d.emit("slice", xp, starts=starts, stops=stops, steps=(1,) + tuple(strides) + (1,)))
 
-    return tuple(d.vjp_of(build, list(op.operands), ct))
+        def chain(*vs):
+            acc = vs[0]
+            for v in vs[1:]:
+                acc = d.emit("maximum" if kind == "max" else "add", acc, v)
+            return acc
+
+        cts = d.vjp_of(chain, parts, ct)
+    if len(taps) == 1:
+        g = cts[0]
+    else:
+        # [N, out..., C] per tap -> [N, out..., C, taps] -> [N, out..., C * taps]: channel c's taps
+        # are its group
+        shape = tuple(out_shape) + (1,)
+        g = d.emit("concat", *[d.emit("reshape", c, shape=shape) for c in cts], axis=len(out_shape))
+        g = d.emit("reshape", g, shape=tuple(out_shape[:-1]) + (out_shape[-1] * len(taps),))
+    # kernel [window..., taps, C]: tap j's channel reads window position window - 1 - offset_j
+    # (flipped: the flat window index is (W - 1) - j)
+    ntap, c = len(taps), x.type.shape[-1]
+    hit = d.emit("eq", d.emit("add", d.emit("iota", dtype="i32", shape=(ntap, ntap), axis=0),
+                              d.emit("iota", dtype="i32", shape=(ntap, ntap), axis=1)), d.const(ntap - 1, "i32"))
+    k = d.emit("cast", hit, dtype=x.type.dtype)
+    k = d.emit("reshape", k, shape=tuple(window) + (ntap, 1))
+    k = d.emit("broadcast_in_dim", k, shape=tuple(window) + (ntap, c), dims=tuple(range(nsp + 2)))
+    pads = []
+    for i in range(nsp):
+        n_pad = x.type.shape[1 + i] + padding[i][0] + padding[i][1]
+        pads.append((window[i] - 1 - padding[i][0], n_pad - (out_shape[1 + i] - 1) * strides[i] - 1 - padding[i][1]))
+    cx = d.emit("conv", g, k, **conv_attrs((1,) * nsp, pads, lhs_dilation=strides, groups=c))
+    assert cx.type.shape == x.type.shape, (cx.type, x.type)
+    return (cx,)
 
 
 set_vjp("pool", _pool_vjp)
