@@ -476,7 +476,9 @@ def partition_conv(ctx):
     convolves locally with no padding on those dims (lhs_dilation: see _conv_window). Batch and
     output-feature splits stay local; so do feature groups split over axes that hold whole groups
     (the local conv runs groups/k of them); other channel splits are gathered. Output features
-    split where the groups are not aligned are computed whole and sliced by the consumer."""
+    split where the groups are not aligned are computed whole and sliced by the consumer. A conv
+    whose output is not split spatially but whose window-contracting dims arrive split (a kernel
+    gradient) contracts over the window instead (_window_contraction)."""
     x, w = ctx.op.operands
     out = ctx.target()
     strides, padding, lhs, rhs, groups, batch_groups = conv_params(ctx.attrs)
