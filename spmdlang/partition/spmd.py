@@ -227,7 +227,7 @@ class Partitioner:
         body = Region((index, *carry_params, *cap_params, *extra_in), tuple(body_ops), tuple(nexts))
         results = [Value(x.type, r.name) for x, r in zip(inits, op.results)]
         self.b.ops.append(make_loop(loop.start, loop.stop, inits, [lo for lo, _ in caps] + extra_out, body,
-                                    results, op.span))
+                                    results, op.span, op.backward))
         for r, lr, s in zip(op.results, results, carry_s):
             self.state[r] = (lr, s)
         return {}
