@@ -221,6 +221,23 @@ def _dependent_carries(loop: Loop, depends: set) -> tuple[set, set]:
         carries |= more
 
 
+def _accumulate(d: Differentiator, made: dict, acc: Value, c: Value | None) -> Value:
+    """acc + c. A stacked weight w[l]'s cotangent is a window written into zeros,
+    dynamic_update_slice(0, u, starts): then only the window is added to, in place,
+    dynamic_update_slice(acc, dynamic_slice(acc, starts) + u, starts), so an iteration costs the
+    window, not the whole stack."""
+    if c is None:
+        return acc
+    op = made.get(c)
+    if op is not None and op.kind == "dynamic_update_slice":
+        z = made.get(op.operands[0])
+        if z is not None and z.kind == "full" and z.attrs["value"] == 0:
+            u, starts = op.operands[1], op.operands[2:]
+            old = d.emit("dynamic_slice", acc, *starts, sizes=tuple(u.type.shape))
+            return d.emit("dynamic_update_slice", acc, d.add(old, u), *starts)
+    return d.add(acc, c)
+
+
 def _loop_vjp(d: Differentiator, op: Op, outs, depends: set) -> list[Value | None]:
     loop = Loop(op)
     n, trips = loop.n, loop.trips
@@ -293,8 +310,9 @@ def _loop_vjp(d: Differentiator, op: Op, outs, depends: set) -> list[Value | Non
     nexts = []
     for k, c in zip(rc, got[:len(rc)]):
         nexts.append(c if c is not None else bd.zeros(loop.carries[k].type))
+    made = {r: bop for bop in body_b.ops for r in bop.results}
     for acc, c in zip(acc_params, got[len(rc):]):
-        nexts.append(bd.add(acc, c) if c is not None else acc)
+        nexts.append(_accumulate(bd, made, acc, c))
     params = (j, *ct_params, *acc_params, *stack_in, *cap_in)
     live = set(nexts)
     kept = []

@@ -124,6 +124,12 @@ class Partitioner:
             return self.cache[key]
         if self.frames and v in self.frames[-1].outer:
             return self.hoisted(v, want, why)
+        made = self.producer.get(v)
+        if made is not None and made.kind == "full" and not want.partial:  # a constant: made again, not moved
+            out = self.emit("full", dtype=v.type.dtype, shape=tuple(want.local_shape(v.type.shape, self.mesh)),
+                            value=made.attrs["value"])
+            self.cache[key] = out
+            return out
         steps = plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, cur, want)
         # reuse the longest prefix of the plan already done for another use of v
         start = 0

@@ -1,0 +1,169 @@
+"""grad / value_and_grad through `loop`: the forward loop stacks the carries each iteration starts
+with, a reverse loop (backward ops) recomputes the body and runs its backward pass. Checked
+against jax's own grad of the forward lax.fori_loop (the xla backend of `diff`) and against
+finite differences in float64 on the ref backend."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import spmdlang
+from spmdlang.ir.core import LOOP, Loop, all_ops
+
+sys.path.insert(0, str(Path(__file__).parent))
+import progen  # noqa: E402
+
+# carry only, a captured weight, a stacked weight w[l], dynamic_slice / dynamic_update_slice
+# at the index, a nested loop, a zero-trip loop, and an integer carry
+PROGRAMS = {
+    "carry": """mesh [p=2]
+func loss(x: f32[6, 4]) -> f32[] {
+  loop i in range(3) {
+    x = tanh(x * 1.5 + 0.25)
+  }
+  return sum(x * x)
+}
+func main(x: f32[6, 4] {p, _}) -> (f32[], f32[6, 4] {p, _}) {
+  l, g = value_and_grad(loss, x)
+  return l, g
+}
+""",
+    "weights": """mesh [data=2, model=2]
+const L = 3
+func loss(w: f32[L, 8, 8], v: f32[8, 8], x: f32[4, 8]) -> f32[] {
+  h = x
+  loop l in range(L) {
+    h = tanh(h @ w[l] + h @ v * 0.5)
+  }
+  return mean(h * h)
+}
+func main(w: f32[L, 8, 8] {_, _, model}, v: f32[8, 8], x: f32[4, 8] {data, _})
+    -> (f32[], f32[L, 8, 8] {_, _, model}, f32[8, 8], f32[4, 8]) {
+  lo, gw, gv, gx = value_and_grad(loss, w, v, x, argnums=[0, 1, 2])
+  return lo, w - 0.1 * gw, v - 0.1 * gv, gx
+}
+""",
+    "dynamic": """mesh [p=3, q=2]
+func loss(x: f32[5, 6], buf: f32[5, 6], a: f32[6]) -> f32[] {
+  loop t in range(1, 5) {
+    row = dynamic_slice(x, [t, 0], [1, 6])
+    buf = dynamic_update_slice(buf, sin(row) * a + dynamic_slice(buf, [t - 1, 0], [1, 6]), [t, 0])
+  }
+  return sum(buf * buf)
+}
+func main(x: f32[5, 6] {p, _}, buf: f32[5, 6] {_, q}, a: f32[6] {q}) -> (f32[5, 6], f32[5, 6], f32[6]) {
+  gx, gb, ga = grad(loss, x, buf, a, argnums=[0, 1, 2])
+  return gx, gb, ga
+}
+""",
+    "nested": """mesh [p=2, q=2]
+func loss(x: f32[4, 6], w: f32[3, 6, 6]) -> f32[] {
+  n = 0
+  loop i in range(2) {
+    loop j in range(3) {
+      x = x + tanh(x @ w[j]) * 0.5
+    }
+    x = x * cast(n + 1, f32) * 0.5
+    n = n + 1
+  }
+  loop k in range(0) {
+    x = x * 2.0
+  }
+  return sum(sin(x))
+}
+func main(x: f32[4, 6] {p, _}, w: f32[3, 6, 6] {_, q, _}) -> (f32[4, 6], f32[3, 6, 6]) {
+  gx, gw = grad(loss, x, w, argnums=[0, 1])
+  return gx, gw
+}
+""",
+}
+
+
+def _f64(src: str) -> str:
+    return re.sub(r"\bf32\b", "f64", src)
+
+
+@pytest.mark.parametrize("name", ["weights", "dynamic", "nested"])
+def test_grad_through_loop_matches_jax(name):
+    """ref, sim and jax run our reverse loop; xla is jax.value_and_grad of the forward fori_loop."""
+    pytest.importorskip("jax")
+    rep = spmdlang.compile(PROGRAMS[name]).diff()
+    assert rep["ok"], rep
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_grad_through_loop_matches_finite_differences(name):
+    src = _f64(PROGRAMS[name])
+    c = spmdlang.compile(src)
+    loss = spmdlang.compile(src, entry="loss")
+    inputs = c.random_inputs(1)
+    outs = c.run(inputs, backend="ref")
+    m = re.search(r"argnums=\[([\d, ]+)\]", src)
+    argnums = [int(x) for x in m.group(1).split(",")] if m else [0]
+    names = [p.name for p in loss.program.params]
+    # value_and_grad's weights come back updated (w - 0.1 g), grad's as they are
+    vg = "value_and_grad" in src
+    got = outs[1:] if vg else outs
+    rng = np.random.default_rng(0)
+    eps = 1e-6
+    for i, g in zip(argnums, got):
+        x = inputs[names[i]]
+        if vg and f"{names[i]} - 0.1 * g" in src:
+            g = (x - g) / 0.1
+        for _ in range(4):
+            k = tuple(int(rng.integers(0, n)) for n in x.shape)
+            hi, lo = dict(inputs), dict(inputs)
+            hi[names[i]], lo[names[i]] = x.copy(), x.copy()
+            hi[names[i]][k] += eps
+            lo[names[i]][k] -= eps
+            fd = (loss.run(hi, backend="ref")[0] - loss.run(lo, backend="ref")[0]) / (2 * eps)
+            assert abs(fd - g[k]) <= 1e-6 * (1 + abs(fd)), (name, names[i], k, fd, g[k])
+
+
+def test_the_reverse_loop_is_backward_and_the_forward_runs_once():
+    c = spmdlang.compile(PROGRAMS["weights"])
+    loops = [op for op in c.program.ops if op.kind == LOOP]
+    assert [op.backward for op in loops] == [False, True]
+    fwd, back = (Loop(op) for op in loops)
+    assert fwd.trips == back.trips == 3
+    # the forward loop stacks the carry h per iteration: one more carry, of shape [3, 4, 8]
+    assert [r.type.shape for r in fwd.op.results] == [(4, 8), (3, 4, 8)]
+    # every op of the reverse loop's body is backward (the recomputed layer included)
+    assert all(op.backward for op in all_ops(back.body.ops))
+    # the reverse loop carries h's cotangent and sums those of w and v (its captures)
+    assert sorted(r.type.shape for r in back.op.results) == [(3, 8, 8), (4, 8), (8, 8)]
+    # explain: the reverse loop's collectives are backward ones, with the trip count
+    rows = [e for e in c.explain_report()["collectives"] if e.get("trip_count") == 3]
+    assert rows and any(e["pass"] == "backward" for e in rows)
+
+
+def test_stacked_weight_gradient_adds_only_its_window():
+    """w[l]'s cotangent goes into the carried [L, ...] gradient with a dynamic_update_slice of
+    the window (not an add of a whole zero [L, ...] buffer per iteration)."""
+    c = spmdlang.compile(PROGRAMS["weights"])
+    back = Loop([op for op in c.program.ops if op.kind == LOOP][1])
+    big = [op.kind for op in back.body.ops if op.results and op.result.type.shape == (3, 8, 8)]
+    assert big == ["dynamic_update_slice"]
+
+
+@pytest.mark.parametrize("seed", [6, 12])
+def test_random_grad_programs_with_loops_match_jax(seed):
+    pytest.importorskip("jax")
+    src = progen.Generator(progen.RandomChooser(seed), max_devices=8, grad=True, loops=True).grad_program()
+    assert "loop " in src
+    assert spmdlang.compile(src).diff()["ok"], src
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(200))
+def test_random_grad_programs_with_loops_match_jax_more(seed):
+    pytest.importorskip("jax")
+    src = progen.Generator(progen.RandomChooser(seed), max_devices=8, grad=True, loops=True).grad_program()
+    if "loop " not in src or "sort(" in src:  # sort: an XLA partitioner crash of the baseline (seed 38)
+        pytest.skip("no loop")
+    assert spmdlang.compile(src).diff()["ok"], src
