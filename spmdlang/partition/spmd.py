@@ -180,6 +180,7 @@ class Partitioner:
         again with those carries pending: twice at most, whatever the trip count."""
         loop = Loop(op)
         accums = _accumulations(loop, self.users)
+        self.passing.update(self._accumulated_terms(loop, accums))
         snapshot = (len(self.b.ops), len(self.ledger), dict(self.cache), dict(self.indices), dict(self.memo))
         pending = self._partition_loop(op, loop, accums, {})
         if pending:
@@ -187,6 +188,24 @@ class Partitioner:
             del self.b.ops[n_ops:], self.ledger[n_ledger:]
             self.cache, self.indices, self.memo = cache, indices, memo
             self._partition_loop(op, loop, {}, pending)
+
+    def _accumulated_terms(self, loop: Loop, accums: dict) -> set[Value]:
+        """The added terms of the loop's accumulations, and the values they are linear in (through
+        ops that keep a pending sum on: reshape, add, ...), each with this one use: their pending
+        sums may flow on into the carry, which is settled once after the loop, so keeping one is
+        not charged as a settlement on every iteration (a weight gradient's einsum stays local)."""
+        producer = {r: bop for bop in loop.body.ops for r in bop.results}
+        out: set[Value] = set()
+        todo = [term for _, term in accums.values()]
+        while todo:
+            v = todo.pop()
+            if v in out or self.users.get(v, 0) != 1 or not is_float(v.type.dtype):
+                continue
+            out.add(v)
+            bop = producer.get(v)
+            if bop is not None and not bop.regions and registry.get(bop.kind).partial_mode(bop.attrs) == "additive":
+                todo.extend(bop.operands)
+        return out
 
     def _partition_loop(self, op: Op, loop: Loop, accums: dict, pending: dict) -> dict:
         """One attempt; carries in `pending` (carry index -> axes) are carried as pending sums.
