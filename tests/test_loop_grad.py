@@ -167,3 +167,49 @@ def test_random_grad_programs_with_loops_match_jax_more(seed):
     if "loop " not in src or "sort(" in src:  # sort: an XLA partitioner crash of the baseline (seed 38)
         pytest.skip("no loop")
     assert spmdlang.compile(src).diff()["ok"], src
+
+
+# ---------------------------------------------------------------------------------- hoisted gradient accumulation
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _top_level_kinds(c):
+    return [op.kind for op in c.spmd.program.ops]
+
+
+def test_pipeline_training_settles_the_weight_gradients_once_after_the_loop():
+    """train_pipeline_microbatch: every iteration of the reverse loop adds the stage weights'
+    gradient, a pending sum over `data`; the accumulator is carried pending and settled by ONE
+    all-reduce after the loop (XLA all-reduces inside the loop, every iteration)."""
+    c = spmdlang.compile(str(ROOT / "programs" / "train_pipeline_microbatch.spmd"), consts={"B": 2, "D": 16})
+    ledger = c.spmd.ledger
+    over_data = [e for e in ledger if "data" in e.axes]
+    assert [(e.kind, e.trip_count) for e in over_data] == [("all_reduce", 1)]
+    assert over_data[0].backward is not False  # the gradients (combined with the loss's sum)
+    # inside the loops: only the pipeline's collective_permutes over `stage`, one per iteration each way
+    inside = [(e.kind, e.axes, e.backward) for e in ledger if e.trip_count > 1]
+    assert sorted(inside, key=str) == [("collective_permute", ("stage",), False),
+                                       ("collective_permute", ("stage",), True)]
+    # the all-reduce is an op of the program around the loops, after the reverse loop
+    kinds = _top_level_kinds(c)
+    loops = [i for i, k in enumerate(kinds) if k == LOOP]
+    assert len(loops) == 2
+    assert [i for i, k in enumerate(kinds) if k == "all_reduce" and i > loops[1]]
+    body_kinds = {op.kind for op in all_ops(c.spmd.program.ops) if op not in c.spmd.program.ops}
+    assert "all_reduce" not in body_kinds
+
+
+def test_scanned_stack_training_step_collectives():
+    """train_stack_scan: the forward layer needs 2 all-reduces over `model` per iteration (as
+    XLA's scan body); the stacked weights' gradients, written into their windows of carried
+    [L, ...] accumulators, are settled by one all-reduce over `data` after the reverse loop."""
+    c = spmdlang.compile(str(ROOT / "programs" / "train_stack_scan.spmd"),
+                         consts={"L": 3, "B": 2, "S": 4, "H": 4, "DH": 4, "F": 32})
+    ledger = c.spmd.ledger
+    fwd = [e for e in ledger if e.trip_count == 3 and e.backward is False]
+    assert [(e.kind, e.axes) for e in fwd] == [("all_reduce", ("model",))] * 2
+    assert all("data" not in e.axes for e in ledger if e.trip_count > 1)
+    assert [(e.kind, e.trip_count) for e in ledger if "data" in e.axes] == [("all_reduce", 1)]
+    back = [e for e in ledger if e.trip_count == 3 and e.backward]
+    assert len(back) <= 3  # the recomputed layer's two, and the layer input's summed gradient

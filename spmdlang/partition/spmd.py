@@ -662,6 +662,10 @@ def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
     out = {}
     for k, (p, nxt) in enumerate(zip(loop.carries, loop.body.results)):
         op = producer.get(nxt)
+        window = _window_accumulation(p, nxt, op, producer, users)
+        if window is not None:
+            out[window[0]] = (k, window[1])
+            continue
         if (op is None or op.kind not in ("add", "sub") or users.get(p, 0) != 1 or users.get(nxt, 0) != 1
                 or p not in op.operands or not is_float(p.type.dtype) or op.operands[0] is op.operands[1]):
             continue
@@ -672,6 +676,23 @@ def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
             continue
         out[op] = (k, term)
     return out
+
+
+def _window_accumulation(p: Value, nxt: Value, op: Op | None, producer, users):
+    """`acc = dynamic_update_slice(acc, dynamic_slice(acc, s) + t, s)` (a stacked weight's
+    gradient, accumulated in its window by a reverse loop): (the add op, t), or None."""
+    if (op is None or op.kind != "dynamic_update_slice" or op.operands[0] is not p or not is_float(p.type.dtype)
+            or users.get(p, 0) != 2 or users.get(nxt, 0) != 1):
+        return None
+    add = producer.get(op.operands[1])
+    if add is None or add.kind != "add" or users.get(add.result, 0) != 1:
+        return None
+    for a, t in (add.operands, add.operands[::-1]):
+        ds = producer.get(a)
+        if (ds is not None and ds.kind == "dynamic_slice" and ds.operands[0] is p and users.get(a, 0) == 1
+                and ds.operands[1:] == op.operands[2:] and t is not a and t.type.shape == a.type.shape):
+            return add, t
+    return None
 
 
 @dataclass
