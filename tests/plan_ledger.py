@@ -65,6 +65,13 @@ CASES: dict[str, dict] = {
         "sizes": {"tiny": {"B": 2, "T": 4, "H": 4, "DH": 4}, "default": {},
                   "large": {"B": 32, "T": 128, "H": 16, "DH": 64}},
         "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},
+    "programs/train_stack_scan": {
+        "sizes": {"tiny": {"L": 2, "B": 2, "S": 4, "H": 4, "DH": 4, "F": 32}, "default": {},
+                  "large": {"L": 12, "B": 16, "S": 128, "H": 8, "DH": 64, "F": 2048}},
+        "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},
+    "programs/train_pipeline_microbatch": {
+        "sizes": {"tiny": {"B": 2, "D": 16}, "default": {}, "large": {"B": 64, "D": 1024}},
+        "meshes": [{"stage": 4, "data": 2}, {"stage": 2, "data": 4, "@S": 2}]},
     "patterns/loop_accumulate": {
         "sizes": {"tiny": {"M": 2, "B": 8, "D": 8, "F": 16}, "default": {}, "large": {"B": 4096, "D": 256, "F": 512}},
         "meshes": [{"data": 4, "model": 2}, {"data": 2, "model": 4}]},

@@ -124,6 +124,12 @@ class Partitioner:
             return self.cache[key]
         if self.frames and v in self.frames[-1].outer:
             return self.hoisted(v, want, why)
+        made = self.producer.get(v)
+        if made is not None and made.kind == "full" and not want.partial:  # a constant: made again, not moved
+            out = self.emit("full", dtype=v.type.dtype, shape=tuple(want.local_shape(v.type.shape, self.mesh)),
+                            value=made.attrs["value"])
+            self.cache[key] = out
+            return out
         steps = plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, cur, want)
         # reuse the longest prefix of the plan already done for another use of v
         start = 0
@@ -174,6 +180,7 @@ class Partitioner:
         again with those carries pending: twice at most, whatever the trip count."""
         loop = Loop(op)
         accums = _accumulations(loop, self.users)
+        self.passing.update(self._accumulated_terms(loop, accums))
         snapshot = (len(self.b.ops), len(self.ledger), dict(self.cache), dict(self.indices), dict(self.memo))
         pending = self._partition_loop(op, loop, accums, {})
         if pending:
@@ -181,6 +188,24 @@ class Partitioner:
             del self.b.ops[n_ops:], self.ledger[n_ledger:]
             self.cache, self.indices, self.memo = cache, indices, memo
             self._partition_loop(op, loop, {}, pending)
+
+    def _accumulated_terms(self, loop: Loop, accums: dict) -> set[Value]:
+        """The added terms of the loop's accumulations, and the values they are linear in (through
+        ops that keep a pending sum on: reshape, add, ...), each with this one use: their pending
+        sums may flow on into the carry, which is settled once after the loop, so keeping one is
+        not charged as a settlement on every iteration (a weight gradient's einsum stays local)."""
+        producer = {r: bop for bop in loop.body.ops for r in bop.results}
+        out: set[Value] = set()
+        todo = [term for _, term in accums.values()]
+        while todo:
+            v = todo.pop()
+            if v in out or self.users.get(v, 0) != 1 or not is_float(v.type.dtype):
+                continue
+            out.add(v)
+            bop = producer.get(v)
+            if bop is not None and not bop.regions and registry.get(bop.kind).partial_mode(bop.attrs) == "additive":
+                todo.extend(bop.operands)
+        return out
 
     def _partition_loop(self, op: Op, loop: Loop, accums: dict, pending: dict) -> dict:
         """One attempt; carries in `pending` (carry index -> axes) are carried as pending sums.
@@ -227,7 +252,7 @@ class Partitioner:
         body = Region((index, *carry_params, *cap_params, *extra_in), tuple(body_ops), tuple(nexts))
         results = [Value(x.type, r.name) for x, r in zip(inits, op.results)]
         self.b.ops.append(make_loop(loop.start, loop.stop, inits, [lo for lo, _ in caps] + extra_out, body,
-                                    results, op.span))
+                                    results, op.span, op.backward))
         for r, lr, s in zip(op.results, results, carry_s):
             self.state[r] = (lr, s)
         return {}
@@ -637,6 +662,10 @@ def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
     out = {}
     for k, (p, nxt) in enumerate(zip(loop.carries, loop.body.results)):
         op = producer.get(nxt)
+        window = _window_accumulation(p, nxt, op, producer, users)
+        if window is not None:
+            out[window[0]] = (k, window[1])
+            continue
         if (op is None or op.kind not in ("add", "sub") or users.get(p, 0) != 1 or users.get(nxt, 0) != 1
                 or p not in op.operands or not is_float(p.type.dtype) or op.operands[0] is op.operands[1]):
             continue
@@ -647,6 +676,23 @@ def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
             continue
         out[op] = (k, term)
     return out
+
+
+def _window_accumulation(p: Value, nxt: Value, op: Op | None, producer, users):
+    """`acc = dynamic_update_slice(acc, dynamic_slice(acc, s) + t, s)` (a stacked weight's
+    gradient, accumulated in its window by a reverse loop): (the add op, t), or None."""
+    if (op is None or op.kind != "dynamic_update_slice" or op.operands[0] is not p or not is_float(p.type.dtype)
+            or users.get(p, 0) != 2 or users.get(nxt, 0) != 1):
+        return None
+    add = producer.get(op.operands[1])
+    if add is None or add.kind != "add" or users.get(add.result, 0) != 1:
+        return None
+    for a, t in (add.operands, add.operands[::-1]):
+        ds = producer.get(a)
+        if (ds is not None and ds.kind == "dynamic_slice" and ds.operands[0] is p and users.get(a, 0) == 1
+                and ds.operands[1:] == op.operands[2:] and t is not a and t.type.shape == a.type.shape):
+            return add, t
+    return None
 
 
 @dataclass
