@@ -265,3 +265,49 @@ def test_independent_all_gathers_combine_into_one():
     assert [op.kind for op in c.spmd.program.ops].count("all_gather") == 3
     d = c.diff(backends=["ref", "sim", "jax"])
     assert d["ok"], d["results"]
+
+
+# ---------------------------------------------------------------------------------- differentiated programs
+
+PROGRAMS = ROOT / "programs"
+
+
+def test_autodiff_zero_reduce_scatters_both_gradients_in_one_collective():
+    # weight-update sharding by hand on the differentiated step: both weight gradients are local
+    # einsums over the local batch settled by ONE reduce_scatter into their shards (not by
+    # gathering the batch's activations: that would send fewer bytes here, but adds collectives
+    # that the combined reduce_scatter does not), the update is local, the new weights are
+    # all_gathered together; the loss is the one all_reduce. Collectives and bytes <= XLA's (3,
+    # 172,039 B: an all_reduce of loss and both whole gradients, 2 all_gathers).
+    c = compiled(str(PROGRAMS / "train_zero.spmd"))
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("all_reduce", ("data",)), ("reduce_scatter", ("data",))]
+    whole = 2 * 64 * 128 * F32  # w1 [D, F] and w2 [F, D]
+    by_kind = {e.kind: e.bytes_per_device for e in c.spmd.ledger}
+    assert by_kind["reduce_scatter"] == step_bytes("reduce_scatter", 8, whole)
+    assert by_kind["all_gather"] == step_bytes("all_gather", 8, whole // 8)
+    assert total_bytes(c) <= 172_039
+    assert str(c.shardings["g1"]) == "{data, _}" and str(c.shardings["g2"]) == "{data, _}"
+
+
+def test_autodiff_data_parallel_step_is_one_all_reduce_at_a_small_batch():
+    # pure data parallelism with 8 examples per device: the weight gradients are settled by the
+    # all_reduce that the loss needs anyway (one collective, as XLA), not by gathering activations
+    for consts in ({}, {"B": 4, "D": 16, "F": 32}):
+        c = compiled(str(PROGRAMS / "train_mlp.spmd"), mesh={"data": 8, "model": 1}, consts=consts)
+        assert plan(c) == [("all_reduce", ("data",))], consts
+
+
+def test_autodiff_transformer_sums_the_qkv_input_gradients_before_reducing():
+    # with a layer-norm gain differentiated, the gradient flowing into the first layer norm is
+    # needed: the q, k and v input gradients (each a pending sum over `model`) are added first and
+    # reduced by one all_reduce of one activation, as is the FFN's input gradient
+    src = (PROGRAMS / "train_transformer.spmd").read_text()
+    src = src.replace("argnums=[0, 1, 2, 3, 4, 5])", "argnums=[0, 1, 2, 3, 4, 5, 8])").replace(
+        "l, gq, gk, gv, go, g1, g2 = value_and_grad", "l, gq, gk, gv, go, g1, g2, gg = value_and_grad").replace(
+        "  return l, wq,", "  return l + 0.0 * sum(gg), wq,")
+    assert "gg = value_and_grad" in src and "sum(gg)" in src
+    c = compiled(src)
+    act = step_bytes("all_reduce", 4, 8 // 2 * 16 * 128 * F32)  # one [B/2, S, D] activation
+    backward = [e for e in c.spmd.ledger if e.axes == ("model",) and e.backward]
+    assert [e.bytes_per_device for e in backward] == [act, act]
+    assert any(e.reason.startswith("the add result") for e in backward), [e.reason for e in backward]
