@@ -23,6 +23,9 @@ Ops marked `Grad.none` are checked too: where one takes a float operand to a flo
 gradient must be zero on random instances (floor, sign, floordiv, stop_gradient, ...); every other
 one must be integer- or bool-valued or take no float operand.
 
+Builtins that lower to several ops (clip, softmax, logsumexp, mean, a layer norm, avg_pool, ...) are
+differentiated through the frontend against jax.grad of the jax.numpy / jax.nn function.
+
 The coverage test fails if an op has neither a vjp rule nor Grad.none, or has a rule and no
 generator here (a new op must add a case).
 """
@@ -397,9 +400,29 @@ def _lax_top_k(attrs):
 
 LAX = {"pool": _lax_pool, "cumsum": _lax_scan("cumsum"), "cumprod": _lax_scan("cumprod"),
        "cummax": _lax_scan("cummax"), "sort": _lax_sort, "top_k": _lax_top_k}
-# ties where our convention is not the jax.lax primitive's (see the module doc): emission only,
-# or (cummax) our own convention checked in test_cummax_shares_ties_equally
+# ties where our convention is not the jax.lax primitive's (see the module doc): max pool's ties
+# are checked against the emission only, cummax's against its own convention (in numpy)
 LAX_TIES_DIFFER = {"pool", "cummax"}
+
+
+def _cummax_shares(arrays, attrs, cts):
+    """cummax's tie convention: y_j's cotangent shared equally by the prefix elements attaining it."""
+    (x,), (ct,) = arrays, cts
+    axis, reverse = attrs["axis"], attrs["reverse"]
+    xs, cs = np.moveaxis(x, axis, -1), np.moveaxis(ct, axis, -1)
+    if reverse:
+        xs, cs = xs[..., ::-1], cs[..., ::-1]
+    g = np.zeros(xs.shape)
+    for j in range(xs.shape[-1]):
+        prefix = xs[..., :j + 1]
+        hit = prefix == prefix.max(axis=-1, keepdims=True)
+        g[..., :j + 1] += hit * (cs[..., j:j + 1] / hit.sum(axis=-1, keepdims=True))
+    if reverse:
+        g = g[..., ::-1]
+    return [np.moveaxis(g, -1, axis)]
+
+
+OWN_TIES = {"cummax": _cummax_shares}
 
 
 # ---------------------------------------------------------------------------------- the check
@@ -495,11 +518,14 @@ def check(name: str, seed: int) -> str:
     with jax.enable_x64(True):
         cts = _cotangents(rng, name, arrays, attrs)
         got, result_types = ours(name, arrays, attrs, cts)
-        oracles = [("emission", emission(name, _frozen(attrs), result_types))]
-        if name in LAX and not (ties and name in LAX_TIES_DIFFER):
-            oracles.append(("jax.lax", LAX[name](attrs)))
+        if ties and name in OWN_TIES:
+            oracles = [("our tie convention", None)]
+        else:
+            oracles = [("emission", emission(name, _frozen(attrs), result_types))]
+            if name in LAX and not (ties and name in LAX_TIES_DIFFER):
+                oracles.append(("jax.lax", LAX[name](attrs)))
         for label, fn in oracles:
-            want = jax_vjp(fn, arrays, cts, result_types)
+            want = OWN_TIES[name](arrays, attrs, cts) if fn is None else jax_vjp(fn, arrays, cts, result_types)
             for i, (g, w) in enumerate(zip(got, want)):
                 np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9,
                                            err_msg=f"{what}: operand {i} vs {label}")
@@ -567,15 +593,17 @@ def test_cummax_shares_ties_equally():
     prefix that attain it, as reduce_max's rule; jax's cummax splits by its scan tree instead."""
     x = np.array([[1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 2.0, 2.0]])
     ct = np.arange(1.0, 9.0)[None]
+    got, _ = ours("cummax", [x], {"axis": 1, "reverse": False}, [ct])
+    # y_0..y_5 are 1 (shared by the 1s up to them), y_6 and y_7 are 2
+    tail = 5 / 4 + 6 / 5
+    want = [1 + 2 / 2 + 3 / 3 + 4 / 4 + tail, 2 / 2 + 3 / 3 + 4 / 4 + tail, 3 / 3 + 4 / 4 + tail, 4 / 4 + tail,
+            0, 6 / 5, 7 + 8 / 2, 8 / 2]
+    np.testing.assert_allclose(got[0][0], want, rtol=1e-12)
+    np.testing.assert_allclose(_cummax_shares([x], {"axis": 1, "reverse": False}, [ct])[0][0], want, rtol=1e-12)
     for reverse in (False, True):
-        xs, cs = (x[:, ::-1], ct[:, ::-1]) if reverse else (x, ct)
-        want = np.zeros(8)
-        for j in range(8):
-            prefix = xs[0, :j + 1]
-            hits = np.flatnonzero(prefix == prefix.max())
-            want[hits] += cs[0, j] / len(hits)
-        got, _ = ours("cummax", [x], {"axis": 1, "reverse": reverse}, [ct])
-        np.testing.assert_allclose(got[0][0], want[::-1] if reverse else want, rtol=1e-12)
+        got, _ = ours("cummax", [x.T], {"axis": 0, "reverse": reverse}, [ct.T])
+        np.testing.assert_allclose(got[0], _cummax_shares([x.T], {"axis": 0, "reverse": reverse}, [ct.T])[0],
+                                   rtol=1e-12)
 
 
 def test_max_pool_ties_follow_the_emitted_chain_not_reduce_window():
@@ -606,3 +634,59 @@ def test_vjp_matches_jax_on_many_random_instances():
         check(name, seed)
 
     run()
+
+
+# ---------------------------------------------------------------------------------- compositions
+# builtins that lower to several ops, differentiated through the frontend: grad of sum(c * f(x))
+# against jax.grad of the jax.numpy / jax.nn function, on normal values and on an integer grid (ties
+# at clip's bounds, in logsumexp's and max's maxima, zeros in prod)
+
+COMPOSITIONS = [
+    ("clip(x, -1.0, 1.0)", lambda jnp, jax, x: jnp.clip(x, -1.0, 1.0)),
+    ("softmax(x, axis=-1)", lambda jnp, jax, x: jax.nn.softmax(x, axis=-1)),
+    ("softmax(x, axis=0)", lambda jnp, jax, x: jax.nn.softmax(x, axis=0)),
+    ("logsumexp(x, axis=-1, keepdims=true)", lambda jnp, jax, x: jax.nn.logsumexp(x, axis=-1, keepdims=True)),
+    ("x - logsumexp(x, axis=0, keepdims=true)", lambda jnp, jax, x: jax.nn.log_softmax(x, axis=0)),
+    ("mean(x, axis=[0, 2], keepdims=true)", lambda jnp, jax, x: jnp.mean(x, axis=(0, 2), keepdims=True)),
+    ("(x - mean(x, axis=-1, keepdims=true)) * rsqrt(mean(square(x - mean(x, axis=-1, keepdims=true)), "
+     "axis=-1, keepdims=true) + 0.001)",
+     lambda jnp, jax, x: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 0.001)),
+    ("prod(x, axis=1)", lambda jnp, jax, x: jnp.prod(x, axis=1)),
+    ("max(x, axis=[0, 1])", lambda jnp, jax, x: jnp.max(x, axis=(0, 1))),
+    ("min(x, keepdims=true)", lambda jnp, jax, x: jnp.min(x, keepdims=True)),
+    ("where(x > 0.0, x, 0.1 * x)", lambda jnp, jax, x: jnp.where(x > 0, x, 0.1 * x)),
+    ("cumsum(x, axis=1) * cumprod(x, axis=2)", lambda jnp, jax, x: jnp.cumsum(x, 1) * jnp.cumprod(x, 2)),
+    ("avg_pool(x, 2, stride=1, padding=\"SAME\")",
+     lambda jnp, jax, x: jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 1, 1, 1),
+                                               ((0, 0), (0, 1), (0, 1), (0, 0))) / 4.0),
+    ("sort(x, axis=1)", lambda jnp, jax, x: jnp.sort(x, axis=1)),
+]
+
+
+def _shape_text(shape) -> str:
+    return f"f64[{', '.join(map(str, shape))}]"
+
+
+@pytest.mark.parametrize("index", range(len(COMPOSITIONS)))
+def test_compositions_differentiate_as_jax(index):
+    import spmdlang
+
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    expr, ref = COMPOSITIONS[index]
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        shape = (int(rng.integers(1, 4)), int(rng.integers(2, 6)), int(rng.integers(1, 5)), int(rng.integers(1, 3)))
+        x = _floats(rng, shape, grid=seed == 1)
+        with jax.enable_x64(True):
+            y = jax.eval_shape(lambda v: ref(jnp, jax, v), jax.ShapeDtypeStruct(shape, jnp.float64))
+            c = rng.standard_normal(y.shape)
+            loss = jax.jit(jax.grad(lambda v, w: jnp.sum(w * ref(jnp, jax, v))))
+            want = np.asarray(loss(jnp.asarray(x), jnp.asarray(c)))
+        src = (f"mesh [p=1]\nfunc f(x: {_shape_text(shape)}, c: {_shape_text(y.shape)}) -> f64[] "
+               f"{{ return sum(c * ({expr})) }}\n"
+               f"func main(x: {_shape_text(shape)}, c: {_shape_text(y.shape)}) -> {_shape_text(shape)} "
+               f"{{ return grad(f, x, c) }}\n")
+        got = spmdlang.compile(src).run({"x": x, "c": c}, backend="ref")[0]
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9, err_msg=f"{expr} seed {seed}")
