@@ -628,7 +628,7 @@ def test_vjp_matches_jax_on_many_random_instances():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    @settings(max_examples=600, deadline=None, derandomize=True)
+    @settings(max_examples=150, deadline=None, derandomize=True)
     @given(st.sampled_from(WITH_RULE), st.integers(100, 10**6))
     def run(name, seed):
         check(name, seed)
