@@ -139,7 +139,8 @@ register("pool", doc="max or sum of each window over the spatial dims of [N, spa
 
 def _pool_vjp(d, op, ct):
     """The pool as jax computes it (a chain of max / add over strided slices of the padded input,
-    see `_jax`), differentiated op by op: max ties as jax's maximum splits them."""
+    see `_jax`), differentiated op by op: max ties as jax's maximum splits them, so the xla backend's
+    jax.grad agrees; lax.reduce_window's own rule would give one element of a tie all of it."""
     kind, window, strides, padding = (op.attrs[k] for k in ("reduce", "window", "strides", "padding"))
     out_shape = op.result.type.shape
 
