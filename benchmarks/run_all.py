@@ -50,6 +50,8 @@ SIZES = {
     "train_transformer": {"B": 16, "S": 128},
     "train_embedding": {"B": 16, "S": 128, "V": 8192, "D": 256},
     "train_zero": {"B": 256, "D": 1024, "F": 4096},
+    "train_stack_scan": {"L": 12, "B": 16, "S": 128, "H": 8, "DH": 64, "F": 1024},
+    "train_pipeline_microbatch": {"B": 64, "D": 512},
 }
 
 SWEEP = [{"data": 2, "model": 4}, {"data": 8, "model": 8}, {"data": 16, "model": 16}, {"data": 32, "model": 64}]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from plan_ledger import CASES  # noqa: E402
 
 # the slowest to compile twice with their backward passes run only with --runslow
-SLOW = {"conv", "pipeline", "stack_scan", "decode_kv_cache"}
+SLOW = {"conv", "pipeline", "stack_scan", "decode_kv_cache", "train_stack_scan", "train_pipeline_microbatch"}
 PROGRAMS = [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p
             for p in sorted(p.stem for p in (ROOT / "programs").glob("*.spmd"))]
 

@@ -239,6 +239,11 @@ def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: li
     """A loop as jax.lax.fori_loop over a nested function of (index, carries); the body reads
     its captures from the enclosing function."""
     loop = Loop(op)
+    if loop.trips == 0:  # the results are the inits (XLA's partitioner crashes on jax's grad of some empty loops)
+        if op.results:
+            lines.append(f"{indent}{''.join(pyname(namer, r) + ', ' for r in op.results)} = "
+                         f"({''.join(pyname(namer, v) + ', ' for v in loop.inits)})")
+        return
     fn = f"loop{count[0]}"
     count[0] += 1
     carries = [pyname(namer, v) for v in loop.carries]

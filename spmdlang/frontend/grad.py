@@ -99,11 +99,12 @@ def _differentiate(ctx, f, args: list[Value], argnums, node, with_value: bool):
     # no dead cotangents: drop backward ops the gradients do not need (rules build every operand's)
     live = set(grads)
     kept = []
-    for op in reversed(b.ops[len(forward) + start:]):
+    end = start + len(forward) + d.inserted  # a forward loop's residual buffers come before it
+    for op in reversed(b.ops[end:]):
         if any(r in live for r in op.results):
             kept.append(op)
             live.update(op.operands)
-    b.ops[len(forward) + start:] = kept[::-1]
+    b.ops[end:] = kept[::-1]
     # the program computes on the arguments themselves
     subst = dict(zip(params, args))
     for k in range(start, len(b.ops)):

@@ -16,7 +16,7 @@ from ..errors import Span, SpmdError
 from . import registry
 from . import types as T
 from .builder import Builder
-from .core import LOOP, Op, Value
+from .core import LOOP, Loop, Op, Region, Value, make_loop
 from .registry import Grad
 from .types import TensorType
 
@@ -32,6 +32,7 @@ class Differentiator:
     def __init__(self, b: Builder):
         self.b = b
         self.span: Span | None = None
+        self.inserted = 0  # ops put before a forward loop (its residual buffers' zeros), for lower_grad
 
     # ---- emission
     def emit(self, kind: str, *operands: Value, **attrs) -> Value:
@@ -141,9 +142,13 @@ def backward_pass(d: Differentiator, ops: list[Op], inputs: list[Value], seeds) 
             outs = [cts.pop(r, None) for r in op.results]
             if all(c is None for c in outs):
                 continue
-            if op.kind == LOOP:  # the reverse loop (residuals stacked per iteration) is not built yet
-                raise SpmdError("grad: differentiating through a `loop` is not supported yet; unroll it with "
-                                "`for` to differentiate it", op.span)
+            if op.kind == LOOP:
+                d.span = op.span
+                got = _loop_vjp(d, op, outs, depends)
+                for v, c in zip(op.operands, got):
+                    if c is not None and v in depends:
+                        cts[v] = d.add(cts.get(v), c)
+                continue
             opdef = registry.get(op.kind)
             rule = opdef.vjp
             if rule == Grad.none:
@@ -160,3 +165,166 @@ def backward_pass(d: Differentiator, ops: list[Op], inputs: list[Value], seeds) 
     finally:
         d.span = saved
     return [cts.get(v) for v in inputs]
+
+
+# ---------------------------------------------------------------------------------- loops
+# As jax's scan transpose: the forward loop also stacks, per iteration, the residuals its body's
+# backward pass needs, here the carries it starts the iteration with (each in a zero [trips, ...]
+# buffer written with dynamic_update_slice at index - start); then a reverse loop (index
+# stop - 1 - j) recomputes the body from iteration index's carries (read back with dynamic_slice)
+# and runs the body's backward pass on it, carrying the cotangents of the carries and summing those
+# of the captures (loop-invariant values: weights) into carries of their own. A stacked weight
+# w[l] read in the body is a capture: its cotangent is that sum of per-iteration dynamic updates.
+# Storing the carries and recomputing the body from them is jax.checkpoint of the scan body: the
+# buffers are one carry per iteration, whatever the body computes. Everything built is ordinary
+# IR (a LOOP op with its region), marked backward; a loop nested in the body is differentiated
+# the same way when its recomputed copy meets backward_pass.
+
+
+def _clone_ops(ops, m: dict, backward: bool = True) -> list[Op]:
+    """`ops` with a fresh value for everything they define (nested regions included); `m` maps
+    each old value to its new one and must already hold the values `ops` read from outside."""
+    def f(v):
+        if v not in m:
+            m[v] = Value(v.type, v.name)
+        return m[v]
+
+    out = []
+    for op in ops:
+        operands = tuple(m[v] for v in op.operands)
+        regions = tuple(Region(tuple(f(p) for p in r.params), tuple(_clone_ops(r.ops, m, backward)),
+                               tuple(m[v] for v in r.results)) for r in op.regions)
+        out.append(op.replace(operands=operands, results=tuple(f(v) for v in op.results), regions=regions,
+                              backward=backward or op.backward))
+    return out
+
+
+def _i32(d: Differentiator, value: int) -> Value:
+    return d.const(int(value), "i32")
+
+
+def _dependent_carries(loop: Loop, depends: set) -> tuple[set, set]:
+    """Positions of the carries and captures through which the loop's results depend on the
+    differentiated inputs: captures in `depends`, and carries whose init is, or which some
+    iteration makes depend (a fixpoint over the body)."""
+    n = loop.n
+    caps = {k for k, v in enumerate(loop.captures) if v in depends and differentiable(v)}
+    carries = {k for k, v in enumerate(loop.inits) if v in depends and differentiable(v)}
+    while True:
+        dep = {loop.carries[k] for k in carries} | {loop.capture_params[k] for k in caps}
+        for op in loop.body.ops:
+            if any(v in dep for v in op.operands):
+                dep.update(r for r in op.results if differentiable(r))
+        more = {k for k in range(n) if loop.body.results[k] in dep and differentiable(loop.carries[k])}
+        if more <= carries:
+            return carries, caps
+        carries |= more
+
+
+def _accumulate(d: Differentiator, made: dict, acc: Value, c: Value | None) -> Value:
+    """acc + c. A stacked weight w[l]'s cotangent is a window written into zeros,
+    dynamic_update_slice(0, u, starts): then only the window is added to, in place,
+    dynamic_update_slice(acc, dynamic_slice(acc, starts) + u, starts), so an iteration costs the
+    window, not the whole stack."""
+    if c is None:
+        return acc
+    op = made.get(c)
+    if op is not None and op.kind == "dynamic_update_slice":
+        z = made.get(op.operands[0])
+        if z is not None and z.kind == "full" and z.attrs["value"] == 0:
+            u, starts = op.operands[1], op.operands[2:]
+            old = d.emit("dynamic_slice", acc, *starts, sizes=tuple(u.type.shape))
+            return d.emit("dynamic_update_slice", acc, d.add(old, u), *starts)
+    return d.add(acc, c)
+
+
+def _loop_vjp(d: Differentiator, op: Op, outs, depends: set) -> list[Value | None]:
+    loop = Loop(op)
+    n, trips = loop.n, loop.trips
+    dep_c, dep_k = _dependent_carries(loop, depends)
+    cts: list[Value | None] = [None] * len(op.operands)
+    if trips == 0:  # the results are the inits
+        for k in dep_c:
+            cts[k] = outs[k]
+        return cts
+    if not dep_c and not dep_k:
+        return cts
+    # ---- the forward loop stacks the carries its body reads (in place of `op`, in d.b.ops)
+    read = {v for bop in loop.body.ops for v in bop.operands}
+    stacked = [k for k in range(n) if loop.carries[k] in read]
+    first = len(d.b.ops)
+    zeros = [d.zeros(loop.carries[k].type.with_shape((trips, *loop.carries[k].type.shape))) for k in stacked]
+    pre = d.b.ops[first:]
+    del d.b.ops[first:]
+    body_b = Builder()
+    body_b.backward = True
+    bd = Differentiator(body_b)
+    bd.span = op.span
+    stack_params = [Value(z.type, f"{loop.carries[k].name or 'carry'}_stack") for k, z in zip(stacked, zeros)]
+    pos = loop.index if loop.start == 0 else bd.emit("sub", loop.index, _i32(bd, loop.start))
+    zero = _i32(bd, 0)
+    stored = []
+    for k, sp in zip(stacked, stack_params):
+        c = loop.carries[k]
+        upd = bd.emit("reshape", c, shape=(1, *c.type.shape))
+        stored.append(bd.emit("dynamic_update_slice", sp, upd, pos, *[zero] * c.type.rank))
+    body = loop.body
+    fwd_body = Region((body.params[0], *loop.carries, *stack_params, *loop.capture_params),
+                      body.ops + tuple(body_b.ops), body.results + tuple(stored))
+    stacks = [Value(z.type, sp.name) for z, sp in zip(zeros, stack_params)]
+    fwd = make_loop(loop.start, loop.stop, [*loop.inits, *zeros], loop.captures, fwd_body,
+                    [*op.results, *stacks], op.span, op.backward)
+    at = next(i for i, o in enumerate(d.b.ops) if o is op)
+    d.b.ops[at:at + 1] = [*pre, fwd]
+    d.inserted += len(pre)
+    # ---- the reverse loop
+    rc = sorted(dep_c)
+    rk = sorted(dep_k)
+    inits = [outs[k] if outs[k] is not None else d.zeros(loop.carries[k].type) for k in rc]
+    inits += [d.zeros(loop.captures[k].type) for k in rk]
+    body_b = Builder()
+    body_b.backward = True
+    bd = Differentiator(body_b)
+    bd.span = op.span
+    j = Value(T.TensorType("i32", ()), "j")
+    ct_params = [Value(loop.carries[k].type, f"{loop.carries[k].name or 'carry'}_ct") for k in rc]
+    acc_params = [Value(loop.captures[k].type, f"{loop.capture_params[k].name or 'capture'}_ct") for k in rk]
+    stack_in = [Value(s.type, s.name) for s in stacks]
+    cap_in = [Value(c.type, c.name) for c in loop.capture_params]
+    back = bd.emit("sub", _i32(bd, trips - 1), j)  # the forward iteration's position, trips - 1 down to 0
+    index = back if loop.start == 0 else bd.emit("add", back, _i32(bd, loop.start))
+    m = {loop.index: index}
+    m.update(zip(loop.capture_params, cap_in))
+    zero = _i32(bd, 0)
+    for k, s in zip(stacked, stack_in):
+        t = loop.carries[k].type
+        w = bd.emit("dynamic_slice", s, back, *[zero] * t.rank, sizes=(1, *t.shape))
+        m[loop.carries[k]] = bd.emit("reshape", w, shape=tuple(t.shape))
+    for c in loop.carries:  # carries no op reads (passed on as they are): stand-ins for their cotangents
+        m.setdefault(c, Value(c.type, c.name))
+    recomputed = _clone_ops(body.ops, m)
+    body_b.ops.extend(recomputed)
+    inputs = [m[loop.carries[k]] for k in rc] + [m[loop.capture_params[k]] for k in rk]
+    seeds = [(m[body.results[k]], ct) for k, ct in zip(rc, ct_params)]
+    got = backward_pass(bd, recomputed, inputs, seeds)
+    nexts = []
+    for k, c in zip(rc, got[:len(rc)]):
+        nexts.append(c if c is not None else bd.zeros(loop.carries[k].type))
+    made = {r: bop for bop in body_b.ops for r in bop.results}
+    for acc, c in zip(acc_params, got[len(rc):]):
+        nexts.append(_accumulate(bd, made, acc, c))
+    params = (j, *ct_params, *acc_params, *stack_in, *cap_in)
+    live = set(nexts)
+    kept = []
+    for bop in reversed(body_b.ops):
+        if any(r in live for r in bop.results):
+            kept.append(bop)
+            live.update(bop.operands)
+    rev_body = Region(params, tuple(kept[::-1]), tuple(nexts))
+    results = [Value(v.type, v.name) for v in nexts]
+    d.b.ops.append(make_loop(0, trips, inits, [*stacks, *loop.captures], rev_body, results, op.span, True))
+    for k, r in zip(rc, results):
+        cts[k] = r
+    for k, r in zip(rk, results[len(rc):]):
+        cts[n + k] = r
+    return cts

@@ -129,9 +129,10 @@ class Loop:
         return self.body.params[1 + self.n:]
 
 
-def make_loop(start: int, stop: int, inits, captures, body: Region, results, span=None) -> Op:
+def make_loop(start: int, stop: int, inits, captures, body: Region, results, span=None,
+              backward: bool = False) -> Op:
     return Op(LOOP, tuple(inits) + tuple(captures), tuple(results), freeze({"start": start, "stop": stop}),
-              span, regions=(body,))
+              span, backward, regions=(body,))
 
 
 def walk(ops):

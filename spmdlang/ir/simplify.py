@@ -187,7 +187,8 @@ def hoist_invariants(ops_in) -> list[Op]:
         caps = [(p, c) for p, c in zip(loop.capture_params, loop.captures) if p in used]
         caps += [(p, outer[r]) for r, p in new_params.items()]
         body = Region((loop.index, *loop.carries, *(p for p, _ in caps)), tuple(kept), results)
-        out.append(make_loop(loop.start, loop.stop, loop.inits, [c for _, c in caps], body, op.results, op.span))
+        out.append(make_loop(loop.start, loop.stop, loop.inits, [c for _, c in caps], body, op.results, op.span,
+                              op.backward))
     return out
 
 

@@ -210,12 +210,22 @@ def _dus_jax(args, attrs, out):
 
 
 def _dus_partition(ctx):
+    """x and the update both pending sums over the same axes (a carried gradient accumulator
+    and its update, in a reverse loop): the write is linear in the two together, so the
+    result stays pending over them."""
     x, upd = ctx.op.operands[0], ctx.op.operands[1]
-    cur = Sharding(ctx.layout(0).dims)
+    xs, us = ctx.layout(0), ctx.layout(1)
+    keep = ()
+    if (xs.partial and xs.partial_op == "sum" and us.partial_op == "sum"
+            and set(xs.partial) == set(us.partial)):
+        keep = xs.partial
+    cur = Sharding(xs.dims, keep)
+    if any(a in keep for d in cur.dims for a in d):
+        keep, cur = (), Sharding(xs.dims)
     shape, ushape = x.type.shape, upd.type.shape
     local = ctx.reshard(0, cur)
     udims = tuple(a if m == n else () for a, n, m in zip(cur.dims, shape, ushape))
-    u = ctx.reshard(1, Sharding(udims), "the update is taken whole on the dims it cuts")
+    u = ctx.reshard(1, Sharding(udims, keep), "the update is taken whole on the dims it cuts")
     starts, padded = [], []
     for d, (n, m) in enumerate(zip(shape, ushape)):
         if m == n:
