@@ -1,6 +1,7 @@
 """Every op of the op table is covered: a factor-rule row (tests/test_factors.py), a builtin that
-lowers to it (or a stated reason it has none), a numpy-checked builtin test (tests/test_builtins.py)
-and a way for the random program generator (tests/progen.py) to produce it.
+lowers to it (or a stated reason it has none), a numpy-checked builtin test (tests/test_builtins.py),
+a way for the random program generator (tests/progen.py) to produce it, and a derivative: a vjp
+rule with random instances in tests/test_vjp.py, or an explicit "no gradient".
 
 Adding a primitive without these fails here, naming the op and what it lacks.
 """
@@ -15,9 +16,11 @@ import progen
 import pytest
 import test_builtins as TB
 import test_factors as TF
+import test_vjp as TV
 
 import spmdlang
 from spmdlang.ir import registry
+from spmdlang.ir.registry import Grad
 
 GLOBAL_OPS = sorted(name for name, op in registry.OPS.items() if not op.local_only)
 LOCAL_OPS = sorted(name for name, op in registry.OPS.items() if op.local_only)
@@ -81,11 +84,16 @@ def generated_ops() -> dict[str, str]:
 
 @pytest.mark.parametrize("name", GLOBAL_OPS)
 def test_gradient_declared(name):
-    """Every op has a derivative (a vjp rule, tested against jax in tests/test_grad.py) or says that
-    it passes none (integer-valued, piecewise constant) or that differentiating it is not supported yet."""
+    """Every op has a derivative, a vjp rule tested against jax on random instances (INSTANCES in
+    tests/test_vjp.py), or says that no gradient flows back through it (Grad.none, checked against
+    jax there too). Grad.unsupported is not enough: grad through the op would fail."""
     vjp = registry.get(name).vjp
-    assert vjp is not None, (f"{name}: declare its derivative: vjp=<rule> next to its other rules, or "
-                             "vjp=Grad.none (no gradient flows back) or Grad.unsupported (a located error)")
+    assert callable(vjp) or vjp == Grad.none, (
+        f"{name}: declare its derivative: vjp=<rule> next to its other rules, or vjp=Grad.none (no "
+        f"gradient flows back: integer-valued or piecewise constant); got {vjp!r}")
+    if callable(vjp):
+        assert name in TV.INSTANCES, (f"{name}: add a random-instance generator to INSTANCES in "
+                                      "tests/test_vjp.py, so that its vjp rule is tested against jax")
 
 
 @pytest.mark.parametrize("name", GLOBAL_OPS)

@@ -70,8 +70,10 @@ def test_sharded_update_reduce_scatters_the_gradient():
     c = compiled(SHARDED_SGD)
     kinds = plan(c)
     # the weights are gathered for the forward pass (ZeRO-3), each gradient scattered into its shard
-    # (the two gradients' reduce_scatters combined into one, as XLA's combiner would)
-    assert sorted(kinds) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    # (the two weights' all_gathers combined into one, the two gradients' reduce_scatters too, as
+    # XLA's combiners would)
+    assert sorted(kinds) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
+    assert [op.kind for op in c.spmd.program.ops].count("all_gather") == 1
     scatters = [e for e in c.spmd.ledger if e.kind == "reduce_scatter"]
     assert [e.bytes_per_device for e in scatters] == [step_bytes("reduce_scatter", 8, 2 * 16 * 32 * F32)]
     assert "all_reduce" not in [op.kind for op in c.spmd.program.ops]
@@ -84,13 +86,14 @@ def test_sharded_adam_state_reduce_scatters_without_shard_annotation():
     src = (PATTERNS / "train_zero.spmd").read_text().replace("shard(einsum", "(einsum").replace(", {data, _})", ")")
     assert "= shard(" not in src
     c = compiled(src, consts={"B": 256, "D": 16, "F": 32})
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
     assert str(c.shardings["g1"]) == "{data, _}" and str(c.shardings["g2"]) == "{data, _}"
 
 
 def test_hand_written_weight_update_sharding_halves_the_bytes():
     c = compiled(str(PATTERNS / "train_zero.spmd"), consts={"B": 256, "D": 16, "F": 32})
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    # one reduce_scatter of both gradients, one all_gather of both new weights (combined)
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
     whole = 16 * 32 * F32
     # reduce_scatter + all_gather of each weight: as much as ONE all_reduce of it, where XLA
     # runs an all_reduce (the same again as the all_gathers) and slices
@@ -175,7 +178,7 @@ def test_shard_weight_updates_reduce_scatters_then_all_gathers():
 def test_shard_weight_updates_same_numbers_on_every_backend():
     c = spmdlang.compile(str(PATTERNS / "train_dp_mlp.spmd"), consts={"B": 64, "D": 16, "F": 24},
                          shard_weight_updates="data")
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
     d = c.diff(backends=["ref", "sim", "jax", "xla"])
     assert d["ok"], d["results"]
 
@@ -184,8 +187,7 @@ def test_shard_weight_updates_on_megatron_adds_data_to_the_model_split():
     c = spmdlang.compile(str(PATTERNS / "train_mlp_sgd.spmd"), consts={"B": 64, "D": 16, "F": 32},
                          shard_weight_updates="data")
     assert c.diff(backends=["ref", "sim"])["ok"]
-    assert sorted(plan(c)) == ([("all_gather", ("data",))] * 2 + [("all_reduce", ("model",))]
-                               + [("reduce_scatter", ("data",))])
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("all_reduce", ("model",)), ("reduce_scatter", ("data",))]
     assert "{_, (model, data)}" in c.pass_notes[0].message + c.pass_notes[1].message
 
 
@@ -237,3 +239,75 @@ func main(x: f32[64, 8] {data, _}, w: f32[8, 12] {_, _}) -> f32[8, 12] {data, _}
     assert "runs on {data, _}" in c.pass_notes[0].message
     assert plan(c) == [("reduce_scatter", ("data",))]
     assert c.diff(backends=["ref", "sim"])["ok"]
+
+
+GATHERS = """
+mesh [data=4, model=2]
+func main(a: f32[8, 6] {data, _}, b: f32[6, 12] {_, data}, c: f32[2, 3, 16] {_, _, data},
+          d: f32[10, 4] {data, _}, e: i32[8] {data}, m: f32[6, 8] {model, data})
+    -> (f32[8, 6] {_, _}, f32[6, 12] {_, _}, f32[2, 3, 16] {_, _, _}, f32[10, 4] {_, _}, i32[8] {_},
+        f32[6, 8] {_, _}) {
+  return a * 2.0, b + 1.0, c * c, d - 1.0, e + 1, m * 3.0
+}
+"""
+
+
+def test_independent_all_gathers_combine_into_one():
+    # the f32 all_gathers over `data` (dims 0, 1 and 2, one padded: 10 rows over 4 shards, one after
+    # m's gather over `model`) become ONE all_gather of their concatenation (XLA's all-gather
+    # combiner); the i32 one and the one over `model` keep their own (another type, another group)
+    c = compiled(GATHERS)
+    gathers = [e for e in c.spmd.ledger if e.kind == "all_gather"]
+    assert sorted(e.axes for e in gathers) == [("data",), ("data",), ("model",)]
+    merged = next(e for e in gathers if e.axes == ("data",) and e.reason.count(" + ") == 4)
+    # the bytes are the members' bytes: (k-1) times each local shard
+    assert merged.bytes_per_device == 3 * (2 * 6 + 6 * 3 + 2 * 3 * 4 + 3 * 4 + 6 * 2) * F32
+    assert [op.kind for op in c.spmd.program.ops].count("all_gather") == 3
+    d = c.diff(backends=["ref", "sim", "jax"])
+    assert d["ok"], d["results"]
+
+
+# ---------------------------------------------------------------------------------- differentiated programs
+
+PROGRAMS = ROOT / "programs"
+
+
+def test_autodiff_zero_reduce_scatters_both_gradients_in_one_collective():
+    # weight-update sharding by hand on the differentiated step: both weight gradients are local
+    # einsums over the local batch settled by ONE reduce_scatter into their shards (not by
+    # gathering the batch's activations: that would send fewer bytes here, but adds collectives
+    # that the combined reduce_scatter does not), the update is local, the new weights are
+    # all_gathered together; the loss is the one all_reduce. Collectives and bytes <= XLA's (3,
+    # 172,039 B: an all_reduce of loss and both whole gradients, 2 all_gathers).
+    c = compiled(str(PROGRAMS / "train_zero.spmd"))
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("all_reduce", ("data",)), ("reduce_scatter", ("data",))]
+    whole = 2 * 64 * 128 * F32  # w1 [D, F] and w2 [F, D]
+    by_kind = {e.kind: e.bytes_per_device for e in c.spmd.ledger}
+    assert by_kind["reduce_scatter"] == step_bytes("reduce_scatter", 8, whole)
+    assert by_kind["all_gather"] == step_bytes("all_gather", 8, whole // 8)
+    assert total_bytes(c) <= 172_039
+    assert str(c.shardings["g1"]) == "{data, _}" and str(c.shardings["g2"]) == "{data, _}"
+
+
+def test_autodiff_data_parallel_step_is_one_all_reduce_at_a_small_batch():
+    # pure data parallelism with 8 examples per device: the weight gradients are settled by the
+    # all_reduce that the loss needs anyway (one collective, as XLA), not by gathering activations
+    for consts in ({}, {"B": 4, "D": 16, "F": 32}):
+        c = compiled(str(PROGRAMS / "train_mlp.spmd"), mesh={"data": 8, "model": 1}, consts=consts)
+        assert plan(c) == [("all_reduce", ("data",))], consts
+
+
+def test_autodiff_transformer_sums_the_qkv_input_gradients_before_reducing():
+    # with a layer-norm gain differentiated, the gradient flowing into the first layer norm is
+    # needed: the q, k and v input gradients (each a pending sum over `model`) are added first and
+    # reduced by one all_reduce of one activation, as is the FFN's input gradient
+    src = (PROGRAMS / "train_transformer.spmd").read_text()
+    src = src.replace("argnums=[0, 1, 2, 3, 4, 5])", "argnums=[0, 1, 2, 3, 4, 5, 8])").replace(
+        "l, gq, gk, gv, go, g1, g2 = value_and_grad", "l, gq, gk, gv, go, g1, g2, gg = value_and_grad").replace(
+        "  return l, wq,", "  return l + 0.0 * sum(gg), wq,")
+    assert "gg = value_and_grad" in src and "sum(gg)" in src
+    c = compiled(src)
+    act = step_bytes("all_reduce", 4, 8 // 2 * 16 * 128 * F32)  # one [B/2, S, D] activation
+    backward = [e for e in c.spmd.ledger if e.axes == ("model",) and e.backward]
+    assert [e.bytes_per_device for e in backward] == [act, act]
+    assert any(e.reason.startswith("the add result") for e in backward), [e.reason for e in backward]

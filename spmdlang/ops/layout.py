@@ -165,6 +165,8 @@ def _pad_rule(operands, results, attrs):
 
 
 def _pad_numpy(x, *, lo, hi, value):
+    if not lo:  # rank 0: nothing to pad (np.pad rejects the empty widths)
+        return x.copy()
     return np.pad(x, list(zip(lo, hi)), constant_values=np.asarray(value).astype(x.dtype))
 
 
@@ -174,7 +176,8 @@ register("pad", doc="lo[d] and hi[d] elements of `value` added before and after 
          partition=partition_pad,
          partial=lambda attrs: PartialMode.additive if attrs["value"] == 0 else None,
          jax=lambda a, attrs, out: (f"jnp.pad({a[0]}, {list(zip(attrs['lo'], attrs['hi']))}, "
-                                    f"constant_values={py_literal(attrs['value'])})"))
+                                    f"constant_values={py_literal(attrs['value'])})" if attrs["lo"]
+                                    else a[0]))  # jnp.pad rejects a rank-0 operand's empty widths
 
 # ---------------------------------------------------------------------------------- concat
 

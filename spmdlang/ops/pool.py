@@ -139,12 +139,13 @@ register("pool", doc="max or sum of each window over the spatial dims of [N, spa
 
 def _pool_vjp(d, op, ct):
     """The pool as jax computes it (a chain of max / add over strided slices of the padded input,
-    see `_jax`), differentiated: max ties as jax's maximum splits them. The slices' cotangents
-    (one per window tap, output-shaped) go back to the input as one transposed depthwise conv (the
-    taps stacked as channels, a one-hot kernel flipped, lhs_dilation the strides, padding cropped
-    away), which partitions as a halo exchange on split spatial dims, even split unevenly. (Pad and
-    reshape to interleave each slice's zeros would reshard a split dim whose shards the reshape
-    does not keep.)"""
+    see `_jax`), differentiated op by op: max ties as jax's maximum splits them, so the xla
+    backend's jax.grad agrees (lax.reduce_window's own rule would give one element of a tie all of
+    it). The slices' cotangents (one per window tap, output-shaped) go back to the input as one
+    transposed depthwise conv (the taps stacked as channels, a one-hot kernel flipped, lhs_dilation
+    the strides, padding cropped away), which partitions as a halo exchange on split spatial dims,
+    even split unevenly. (Pad and reshape to interleave each slice's zeros would reshard a split
+    dim whose shards the reshape does not keep.)"""
     from .contract import conv_attrs
 
     (x,) = op.operands

@@ -162,7 +162,9 @@ def _cumprod_vjp(d, op, ct):
 
 def _cummax_vjp(d, op, ct):
     """Each y_j's cotangent goes to the elements of its scan that attain it, shared equally on
-    ties (as reduce_max's rule)."""
+    ties (as reduce_max's rule). jax's cummax differs on ties only: it differentiates its
+    associative scan's tree of pairwise maxima, which splits a tie unevenly by position; equal
+    shares do not depend on how the scan is computed (tests/test_vjp.py checks both cases)."""
     (x,) = op.operands
     axis, reverse = op.attrs["axis"], op.attrs["reverse"]
     xt, inc, perm, i, j = _pairs(d, x, axis, reverse)

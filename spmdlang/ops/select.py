@@ -27,8 +27,9 @@ def _sort_key(x: np.ndarray) -> np.ndarray:
 
 def _zeros_equal(x: str) -> str:
     """jax sorts floats in total order (-0.0 before 0.0); numpy treats them as equal, so that a
-    stable order keeps their index order. Make every zero +0.0 first (a no-op on ints)."""
-    return f"jnp.where({x} == 0, jnp.zeros((), {x}.dtype), {x})"
+    stable order keeps their index order. Make every zero +0.0 first (a no-op on ints), by abs, so
+    that the gradient still flows to x at its zeros (a constant zero in its place would take it)."""
+    return f"jnp.where({x} == 0, jnp.abs({x}), {x})"
 
 
 # ---------------------------------------------------------------------------------- top_k

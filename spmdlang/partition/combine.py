@@ -1,11 +1,14 @@
-"""Per-partition IR passes after partitioning: CSE, all_reduce combining, dead code.
+"""Per-partition IR passes after partitioning: CSE, collective combining, dead code.
 
 XLA combines independent all-reduces over the same group (and element type) into one (tuple) all-reduce and
 removes duplicates and dead collectives; doing it here keeps the ledger (what `explain` shows)
 equal to what XLA actually runs, and the simulator and the emitted module see the same plan.
+Independent reduce_scatters and all_gathers over the same group and element type are combined
+the same way (XLA's reduce-scatter and all-gather combiners), each as one collective of the
+members' flattened operands side by side.
 
 Combining is a list schedule: ops run as soon as their operands are ready (in program order
-among the ready ones), while ready all_reduces wait; only when nothing else can run is the
+among the ready ones), while ready combinable collectives wait; only when nothing else can run is the
 waiting group (same axes and reduction) that the earliest work needs emitted, as one variadic
 all_reduce; the other groups keep collecting. Only ready ops are
 ever emitted, so the order stays valid, and independent all_reduces end up in one collective.
@@ -23,7 +26,7 @@ from ..ir.simplify import cse, dead_code, with_regions
 
 def _key(op: Op) -> tuple:
     # XLA's compiled module splits a tuple all-reduce of mixed element types into one per type
-    if op.kind == "reduce_scatter":
+    if op.kind in ("reduce_scatter", "all_gather"):
         return op.kind, tuple(op.attrs["axes"]), op.attrs["group"], op.operands[0].type.dtype
     return op.kind, tuple(op.attrs["axes"]), op.attrs["reduce"], op.operands[0].type.dtype
 
@@ -51,6 +54,30 @@ def _fused_reduce_scatter(group: list[Op]) -> tuple[list[Op], Op]:
         m = f.type.shape[1]
         piece = b.emit("slice", scattered, span=g.span, starts=(0, start), stops=(1, start + m), steps=(1, 1))
         b.ops.append(Op("reshape", (piece,), g.results, freeze({"shape": g.result.type.shape}), g.span))
+        start += m
+    return b.ops, collective
+
+
+def _fused_all_gather(group: list[Op]) -> tuple[list[Op], Op]:
+    """Several all_gathers over one group as ONE (XLA's all-gather combiner): each operand
+    flattened to [1, m_i], concatenated to [1, sum m_i], gathered to [k, sum m_i], and each
+    member's [k, m_i] piece laid back out as its own result (the k shards side by side along the
+    member's `dim`). Returns the ops and the collective among them."""
+    b = Builder()
+    k = group[0].attrs["group"]
+    flat = [b.emit("reshape", g.operands[0], span=g.span, shape=(1, g.operands[0].type.size)) for g in group]
+    both = b.emit("concat", *flat, span=group[0].span, axis=1) if len(flat) > 1 else flat[0]
+    gathered = b.emit("all_gather", both, span=group[0].span, axes=group[0].attrs["axes"], dim=0, group=k)
+    collective = b.ops[-1]
+    start = 0
+    for g, f in zip(group, flat):
+        (x,), d = g.operands, g.attrs["dim"]
+        shape, m = x.type.shape, f.type.shape[1]
+        piece = b.emit("slice", gathered, span=g.span, starts=(0, start), stops=(k, start + m), steps=(1, 1))
+        y = b.emit("reshape", piece, span=g.span, shape=(k, *shape))
+        if d:
+            y = b.emit("transpose", y, span=g.span, perm=(*range(1, d + 1), 0, *range(d + 1, len(shape) + 1)))
+        b.ops.append(Op("reshape", (y,), g.results, freeze({"shape": g.result.type.shape}), g.span))
         start += m
     return b.ops, collective
 
@@ -92,7 +119,7 @@ def _combine_ops(prog_ops, ledger):
 
     def combinable(op) -> bool:
         # a product all-reduce runs as an all_gather per operand in jax: nothing to combine
-        if op.kind == "reduce_scatter":
+        if op.kind in ("reduce_scatter", "all_gather"):
             return True
         return op.kind == "all_reduce" and op.attrs["reduce"] != "prod"
 
@@ -146,8 +173,9 @@ def _combine_ops(prog_ops, ledger):
             group.sort(key=lambda o: index[o])
             if len(group) == 1:
                 ops.append(group[0])
-            elif group[0].kind == "reduce_scatter":
-                fused, op = _fused_reduce_scatter(group)
+            elif group[0].kind in ("reduce_scatter", "all_gather"):
+                fuse = _fused_reduce_scatter if group[0].kind == "reduce_scatter" else _fused_all_gather
+                fused, op = fuse(group)
                 merged[op] = group
                 extra += len(fused) - 1
                 ops.extend(fused)

@@ -28,6 +28,19 @@ The planner works in bytes sent per device, the unit of the ledger and of XLA's 
                    latency only between plans within a few bytes of each other. `explain`
                    reports modelled time with the physical figures.
   FLOPS_PER_BYTE   achieved FLOP/s / link bandwidth (tpu-v4: 1% of 275 TFLOP/s / 45 GB/s ~ 61)
+  STEP_BYTES       the physical alpha * beta of PLANNING (45,000 bytes per latency step), used in
+                   one place only: settling a pending sum where a combined reduction can carry it.
+Combined reductions. The combiner (partition.combine) merges independent all_reduces (and
+reduce_scatters) over the same group into one collective, as XLA's combiners do. A pending sum
+(a weight gradient: a local einsum over the local batch) settled by such a collective adds its
+bytes to the step but no collective: its latency is paid once by the group. Gathering the
+einsum's operands instead (fewer bytes when the batch is small) adds collectives of its own. The
+two differ in collectives, not in a tie, so the partitioner weighs them on the whole step in
+physical alpha-beta (STEP_BYTES per latency step, none for the settlement that joins a group):
+where that favours settling, and the settlement does join another reduction of the step over the
+same group (known from a first plan), the step is planned again settling there, and the plan
+with the lower modelled step time (`step_time_us`, after combining) is kept. Halo exchanges and
+every other choice keep the tie-breaker above.
 Constants of the presets, public figures (rough; for ranking plans, not predicting wall time):
   tpu-v4      ICI: 4.5e10 bytes/s per link and direction (a 400 Gb/s link; also the figure of
               "How to Scale Your Model", jax-ml.github.io/scaling-book); ~1 us per hop; 275 TFLOP/s
@@ -69,6 +82,7 @@ ACHIEVED = 0.01  # fraction of peak FLOP/s charged for local work (see the modul
 LATENCY_BYTES = 16.0  # per latency step, in planning: a tie-breaker, not alpha * beta (see above)
 FLOPS_PER_BYTE = PLANNING.peak_tflops * 1e12 * ACHIEVED / (PLANNING.bandwidth_gbps * 1e9)  # ~61
 REPLICATED_BYTE = 1.0  # each byte held beyond the sharded plan costs as much as one byte sent
+STEP_BYTES = PLANNING.latency_us * PLANNING.bandwidth_gbps * 1e3  # physical alpha*beta: 45,000 bytes
 
 
 def latency_steps(kind: str, k: int) -> int:
@@ -98,6 +112,12 @@ def step_bytes(kind: str, k: int, size: float) -> float:
 def collective_cost(kind: str, k: int, nbytes: float) -> float:
     """One collective in the planner's unit (link byte-equivalents): bytes plus its latency steps."""
     return nbytes + LATENCY_BYTES * latency_steps(kind, k)
+
+
+def step_cost(steps, shared=None) -> float:
+    """A plan's collectives in physical alpha-beta: bytes plus STEP_BYTES per latency step, except
+    for `shared` (a settlement that joins a combined reduction: its group pays the latency)."""
+    return sum(s.bytes + (0.0 if s is shared else STEP_BYTES * latency_steps(s.kind, s.group)) for s in steps)
 
 
 def comm_cost(steps) -> float:

@@ -4,7 +4,8 @@ Every op is partitioned by its factor rule (generic) or by its op-table `partiti
 whose dims do not line up). Generic partitioning of an op:
   1. choose how each factor is split while the op runs: candidates come from the operands'
      current layouts and the result's propagated target; the choice minimises bytes resharded
-     (operands in, result out), then local work;
+     (operands in, result out), then local work (except where a pending sum can join a combined
+     reduction: `partition` below, and partition.cost's "Combined reductions");
   2. reshard each operand to the layout that choice implies (partition.reshard), masking the
      padding of unevenly split reduction factors with the reduction's identity;
   3. run the op on local shapes; reduction factors split over axes leave the result `partial`
@@ -25,7 +26,7 @@ from ..ir.builder import Builder
 from ..ir.core import LOOP, Loop, Op, Param, Program, Region, Result, Value, all_ops, make_loop
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import TensorType, is_float, itemsize
-from .cost import FLOPS_PER_BYTE, comm_cost, step_bytes
+from .cost import FLOPS_PER_BYTE, PLANNING, comm_cost, step_bytes, step_cost
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
 from .propagate import Propagation, op_rule
 from .reshard import Step, drop_trivial_axes, plan_reshard
@@ -90,6 +91,9 @@ class Partitioner:
         self.user_ops: dict[Value, list[Op]] | None = None
         self.memo: dict = {}
         self.passing: set[Value] = set()  # intermediates of custom steps whose pending sums flow on
+        self.settle: set[Op] = set()  # (second plan) ops whose pending sum is settled in a combined reduction
+        self.settle_wanted: list[tuple[Op, tuple]] = []  # ops that would rather settle: (op, combining key)
+        self.logged_at: list[Op | None] = []  # the global op of each ledger entry
 
     # ------------------------------------------------------------------ emission helpers
 
@@ -373,6 +377,7 @@ class Partitioner:
                                       reason, local_op, reduce,
                                       backward=bool(backward or op is not None and op.backward),
                                       trip_count=self.trips))
+        self.logged_at.append(op if not self.frames else None)
         self.notes[local_op] = reason
 
     def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
@@ -490,6 +495,40 @@ class Partitioner:
                 want = self.target(r).closed().with_partial(())
                 self.state[r] = (self.reshard(r, want, "once for its several uses"), want)
 
+    def joinable(self) -> set[Op]:
+        """The ops that would rather settle their pending sum in a combined reduction
+        (settle_wanted) and have one to join: another reduction with the same combining key,
+        logged by this plan or wanted by another such op, that neither depends on them nor they on
+        it (ancestry in the global program; loops count as one op)."""
+        if not self.settle_wanted:
+            return set()
+        index = {op: i for i, op in enumerate(self.prog.ops)}
+        producer = {r: op for op in self.prog.ops for r in op.results}
+        anc: dict[Op, int] = {}
+        for op in self.prog.ops:
+            bits = 0
+            for v in op.operands:  # a loop's captures are operands too
+                if v in producer:
+                    bits |= anc[producer[v]] | (1 << index[producer[v]])
+            anc[op] = bits
+        present = [(op, key) for op, key in self.settle_wanted if op in index]
+        for c, g in zip(self.ledger, self.logged_at):
+            if g in index and c.trip_count == 1 and c.local_op is not None and c.kind in ("all_reduce",
+                                                                                       "reduce_scatter"):
+                x = c.local_op
+                extra = x.attrs["group"] if c.kind == "reduce_scatter" else x.attrs["reduce"]
+                present.append((g, (c.kind, tuple(x.attrs["axes"]), extra, x.operands[0].type.dtype)))
+        out = set()
+        for op, key in self.settle_wanted:
+            if op not in index:
+                continue
+            for g, k2 in present:
+                if (k2 == key and g is not op and not anc[op] >> index[g] & 1
+                        and not anc[g] >> index[op] & 1):
+                    out.add(op)
+                    break
+        return out
+
     # ------------------------------------------------------------------ generic factor partitioning
 
     def generic(self, op: Op, forbid: frozenset[int] = frozenset()) -> None:
@@ -516,7 +555,15 @@ class Partitioner:
         return out
 
     def choose(self, op: Op, rule: FactorRule, forbid):
-        return self._best(op, rule, forbid)[1:]
+        if self.frames or op is not self.current or len(op.results) != 1:
+            return self._best(op, rule, forbid)[1:4]
+        best, settling = self._best(op, rule, forbid, settling=True)
+        if settling is not None and settling is not best:
+            if op in self.settle:  # the second plan of the step: settle here, in a combined reduction
+                return settling[1:4]
+            if _whole_step(settling) < _whole_step(best):
+                self.settle_wanted.append((op, _settle_key(settling[4][1], op.result.type.dtype)))
+        return best[1:4]
 
     def trial(self, op: Op, target: Sharding, layouts: dict[Value, Sharding],
               passing: bool = False) -> tuple[float, Sharding]:
@@ -533,7 +580,7 @@ class Partitioner:
         old = self.prop.shardings.get(r)
         self.prop.shardings[r] = target
         try:
-            (cost, _), _, _, outs = self._best(op, op_rule(op), frozenset())
+            (cost, _), _, _, outs, _ = self._best(op, op_rule(op), frozenset())
         finally:
             for v in added:
                 del self.state[v]
@@ -553,7 +600,11 @@ class Partitioner:
             self.prop.shardings[op.results[0]] = target
         self.generic(op)
 
-    def _best(self, op: Op, rule: FactorRule, forbid):
+    def _best(self, op: Op, rule: FactorRule, forbid, settling: bool = False):
+        """The cheapest plan ((cost, work), fa, reqs, outs, (steps, settlement)); with `settling`,
+        also the plan cheapest on the whole step (partition.cost: STEP_BYTES per latency step)
+        among those whose result is a pending sum settled by one combinable reduction (None if
+        none is)."""
         cands = self._factor_candidates(op, rule, forbid)
         total = 1
         for c in cands:
@@ -566,7 +617,7 @@ class Partitioner:
         keep_options = [False]
         if mode is not None and any(s.partial for s in partials):
             keep_options.append(True)
-        best = None
+        best = settle = None
         for combo in itertools.product(*cands):
             used = [a for axes in combo for a in axes]
             if len(used) != len(set(used)):
@@ -580,8 +631,10 @@ class Partitioner:
                     continue
                 if best is None or plan[0] < best[0]:
                     best = plan
+                if settling and plan[4][1] is not None and (settle is None or _whole_step(plan) < _whole_step(settle)):
+                    settle = plan
         assert best is not None, f"no way to partition {op.kind}"
-        return best
+        return (best, settle) if settling else best
 
     def _plan(self, op, rule, fa, keep, mode, partials):
         """Cost and layouts of running `op` with factor split `fa`; None if not allowed."""
@@ -608,14 +661,14 @@ class Partitioner:
         if kept and reduced and red_op != "sum":
             return None
         reqs = []
-        cost = 0.0
+        steps: list[Step] = []
         for i, v in enumerate(op.operands):
             dims = unproject(rule.operands[i], fa, rule.sizes, self.mesh)
             req = Sharding(dims, kept if (keep and partials[i].partial) else (), frozenset(), "sum")
             reqs.append(req)
-            cost += comm_cost(plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh,
-                                            self.state[v][1], req))
+            steps += plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, self.state[v][1], req)
         outs = []
+        settle = None
         for j, r in enumerate(op.results):
             dims = unproject(rule.results[j], fa, rule.sizes, self.mesh)
             partial = self.mesh.order(set(kept) | set(reduced))
@@ -624,14 +677,17 @@ class Partitioner:
             if r in self.passing:  # the next step reshards it (or takes its pending sum on): charged there
                 continue
             want = self.target(r).closed().with_partial(())
-            cost += comm_cost(plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want))
+            after = plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, want)
+            settle = settle or _settlement(after, partial, out.partial_op)
+            steps += after
+        cost = comm_cost(steps)
         # local work: the op's FLOPs plus the elements it writes (so that even data movement
         # prefers running on shards to running replicated and slicing afterwards)
         local = lambda v, s: v.type.with_shape(s.local_shape(v.type.shape, self.mesh))  # noqa: E731
         out_types = [local(r, s) for r, s in zip(op.results, outs)]
         work = opdef.count_flops([local(v, s) for v, s in zip(op.operands, reqs)], out_types, op.attrs)
         work += sum(t.size for t in out_types)
-        return (cost + work / FLOPS_PER_BYTE, work), fa, reqs, outs
+        return (cost + work / FLOPS_PER_BYTE, work), fa, reqs, outs, (steps, settle)
 
     def execute(self, op: Op, rule: FactorRule, fa, reqs, outs) -> None:
         opdef = registry.get(op.kind)
@@ -653,6 +709,29 @@ class Partitioner:
         for r, lr, o, shape in zip(op.results, results, outs, shapes):
             assert lr.type.shape == tuple(shape), (op.kind, lr.type, shape)
             self.state[r] = (lr, o)
+
+
+def _settlement(steps: list[Step], partial, reduce: str) -> Step | None:
+    """The one collective of `steps` if they settle the pending sum over `partial` as a single
+    all_reduce or reduce_scatter (which the combiner can merge with others), else None."""
+    collectives = [s for s in steps if s.is_collective]
+    if not partial or reduce != "sum" or len(collectives) != 1:
+        return None
+    (st,) = collectives
+    if st.kind not in ("all_reduce", "reduce_scatter") or set(st.axes) != set(partial):
+        return None
+    return st
+
+
+def _settle_key(st: Step, dtype: str) -> tuple:
+    """The combining key (partition.combine) of the collective a settlement step emits."""
+    return (st.kind, tuple(st.axes), st.group if st.kind == "reduce_scatter" else st.reduce, dtype)
+
+
+def _whole_step(plan) -> float:
+    """A plan on the whole step (partition.cost.step_cost): its settlement's latency is shared."""
+    (cost, work), _, _, _, (steps, settle) = plan
+    return step_cost(steps, shared=settle) + work / FLOPS_PER_BYTE
 
 
 def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
@@ -883,6 +962,32 @@ class OpContext:
 
 
 def partition(prog: Program, prop: Propagation) -> SpmdProgram:
-    """Partition the global program under its propagated shardings. Pure."""
-    return Partitioner(prog, prop).run()
+    """Partition the global program under its propagated shardings. Pure.
+
+    Where an op's pending sum (a weight gradient) would rather be settled in a combined reduction
+    than have its operands gathered (partition.cost, "Combined reductions"), and the first plan
+    has another reduction over the same group that it can join, the step is planned a second time
+    settling there; the plan with the lower modelled step time after combining is kept."""
+    first = Partitioner(prog, prop)
+    spmd = first.run()
+    settle = first.joinable()
+    if not settle:
+        return spmd
+    second = Partitioner(prog, prop)
+    second.settle = settle
+    other = second.run()
+    return other if _step_time(other) < _step_time(spmd) else spmd
+
+
+def _step_time(spmd: SpmdProgram) -> float:
+    """Modelled time of a plan after combining (partition.combine), in the planning machine's
+    alpha-beta (partition.cost)."""
+    from .combine import finish
+    from .cost import compute_time_us, flops, latency_steps
+
+    done = finish(spmd)
+    mesh = spmd.program.mesh
+    comm = sum((PLANNING.latency_us * latency_steps(c.kind, mesh.group_size(c.axes))
+                + c.bytes_per_device / (PLANNING.bandwidth_gbps * 1e3)) * c.trip_count for c in done.ledger)
+    return comm + compute_time_us(flops(done.program))
 
