@@ -112,10 +112,6 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     from .search import ilp
 
     base = compile(text, mesh=mesh, consts=consts, entry=entry, filename=filename)
-    loop = next((op for op in base.program.ops if op.regions), None)
-    if loop is not None:  # the search's strategies and costs are per op; a loop body is not searched yet
-        raise SpmdError("autoshard does not search programs with a `loop` yet; annotate it by hand, or "
-                        "unroll the loop with `for` to search it", loop.span)
     module, source = parse(text, filename)
     func = _entry(module, entry)
     written = Plan("as written", _with_overrides(text, module, mesh, consts, base), base)
@@ -278,7 +274,7 @@ def _assignments(stmts) -> list[A.Assign]:
     for s in stmts:
         if isinstance(s, A.Assign):
             out.append(s)
-        elif isinstance(s, A.For):
+        elif isinstance(s, (A.For, A.Loop)):
             out.extend(_assignments(s.body))
     return out
 
@@ -294,7 +290,9 @@ def _assigned_values(prog, func) -> dict:
     names; the k-th assignment to a name is its k-th value)."""
     by_span = {}
     by_name: dict = {}
-    for op in prog.ops:
+    from .ir.core import all_ops
+
+    for op in all_ops(prog.ops):
         for r in op.results:
             if r.name:
                 by_name.setdefault(r.name, []).append(r)
@@ -321,7 +319,7 @@ def _assignments_in_loops(stmts, inside: bool = False) -> list[A.Assign]:
     for s in stmts:
         if isinstance(s, A.Assign) and inside:
             out.append(s)
-        elif isinstance(s, A.For):
+        elif isinstance(s, (A.For, A.Loop)):
             out.extend(_assignments_in_loops(s.body, True))
     return out
 

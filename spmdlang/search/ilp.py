@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir import registry
-from ..ir.core import Program, Value
+from ..ir.core import LOOP, Loop, Program, Value, walk
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import itemsize
-from ..partition.cost import FLOPS_PER_BYTE, comm_cost
+from ..partition.cost import FLOPS_PER_BYTE, PLANNING, latency_steps
 from ..partition.factors import PASS, REDUCTION, FactorRule, project, unproject
 from ..partition.reshard import plan_reshard
 
@@ -53,6 +53,16 @@ MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
 MAX_STRATEGIES = 32  # per unit: the replicated one and the most sharded
 TIME_LIMIT_S = 120.0  # a safety net only: the answer must not depend on the machine's speed
 MIP_REL_GAP = 1e-3  # stop within 0.1% of the optimum's bound
+# what one latency step of a collective costs in the search, in link bytes: the physical alpha * beta
+# of the planning machine (tpu-v4: 1 us * 45 GB/s = 45,000 bytes), so that the objective is the
+# modelled step time (partition.cost.step_time_us) in bytes. (The reshard planner's own
+# LATENCY_BYTES is a tie-breaker; with it the search would trade ten small collectives for
+# a few bytes, and the compiled plan would model slower than the one it replaced.)
+PHYSICAL_LATENCY_BYTES = PLANNING.latency_us * PLANNING.bandwidth_gbps * 1e3
+
+
+def _comm(steps, latency_bytes: float) -> float:
+    return sum(s.bytes + latency_bytes * latency_steps(s.kind, s.group) for s in steps)
 
 
 @dataclass(frozen=True)
@@ -229,6 +239,14 @@ def param_views(p, mesh: Mesh) -> list[View]:
     return out
 
 
+@dataclass(eq=False)
+class _BodyParam:
+    """A loop's index or one of its carries, as a unit of the search (laid out like a parameter)."""
+
+    value: Value
+    sharding: None = None
+
+
 def _follower_view(op, rule: FactorRule, main: int, src: Sharding, mesh: Mesh) -> View:
     """An elementwise op in the layout of its main operand's producer (pending sums settled)."""
     dims = src.dims
@@ -257,7 +275,7 @@ def _op_key(op, rule):
 
 
 def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True,
-          attach_params: bool = True) -> Problem:
+          attach_params: bool = True, latency_bytes: float = PHYSICAL_LATENCY_BYTES) -> Problem:
     from ..partition.propagate import op_rule
 
     mesh = prog.mesh
@@ -265,26 +283,57 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     units: list = []
     views: dict = {}
     root_of: dict = {}
+    trips_of: dict = {}  # unit -> how many times it runs (the product of the enclosing loops' trips)
     for p in prog.params:
         units.append(p)
         producer[p.value] = (p, 0)
         views[p] = param_views(p, mesh)
         root_of[p] = p
+        trips_of[p] = 1
     rules = {}
-    for op in prog.ops:
+    ops: list = []  # every op, loop bodies included, loops themselves not
+    carries: list = []  # (carry unit, (initial value, next value), (trips at entry, trips of the back edge))
+    for op, trips in walk(prog.ops):
+        if op.kind == LOOP:
+            # a loop body is solved once: its ops are units like any other, their costs times the
+            # trip count; each carry is one unit with one layout at entry, in the body and at exit
+            # (as the partitioner carries it), its initial value resharded once and its next value
+            # once per iteration; a capture is read in its outer layout
+            loop = Loop(op)
+            idx = _BodyParam(loop.index)
+            units.append(idx)
+            producer[loop.index] = (idx, 0)
+            views[idx] = [View((), (Sharding.replicated(loop.index.type.rank),), 0.0)]
+            root_of[idx] = idx
+            trips_of[idx] = trips
+            for cap, outer in zip(loop.capture_params, loop.captures):
+                producer[cap] = producer[outer]
+            for init, carry, nxt, res in zip(loop.inits, loop.carries, loop.body.results, op.results):
+                u = _BodyParam(carry)
+                units.append(u)
+                producer[carry] = producer[res] = (u, 0)
+                views[u] = [View((v.outs[0], v.outs[0]), v.outs, 0.0) for v in param_views(u, mesh)]
+                root_of[u] = u
+                trips_of[u] = trips
+                carries.append((u, (init, nxt), (trips, trips * loop.trips)))
+            continue
+        ops.append(op)
         units.append(op)
+        trips_of[op] = trips
         rules[op] = op_rule(op)
         for j, r in enumerate(op.results):
             producer[r] = (op, j)
+    params = set(prog.params)
+    consumers = [(op, op.operands, (trips_of[op],) * len(op.operands)) for op in ops] + carries
     # attached: a broadcast (or other layout op) of parameters or of nothing, used once, is laid out
     # as its one user wants it
     users: dict = {}
-    for op in prog.ops:
-        for i, v in enumerate(op.operands):
-            users.setdefault(v, []).append((op, i))
+    for u, operands, _w in consumers:
+        for i, v in enumerate(operands):
+            users.setdefault(v, []).append((u, i))
     returned = {r.value for r in prog.results}
     attached: dict = {}
-    for op in prog.ops:
+    for op in ops:
         opdef = registry.get(op.kind)
         if (merge_elementwise and opdef.family in ("layout", "create") and len(op.results) == 1
                 and op.result not in returned and len(users.get(op.result, [])) == 1
@@ -300,7 +349,7 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
                 root_of[p] = None
     # followers: elementwise ops adopt their main producer's strategy
     main_of: dict = {}
-    for op in prog.ops:
+    for op in ops:
         if op in attached:
             root_of[op] = None
             continue
@@ -335,10 +384,10 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
                 by_key[key] = g
         groups[g].roots.append(u)
         group_of[u] = g
-    for op in prog.ops:
+    for op in ops:
         if root_of[op] is not None and root_of[op] is not op:
             group_of[op] = group_of[root_of[op]]
-    for op in reversed(prog.ops):
+    for op in reversed(ops):
         if op in attached:
             group_of[op] = group_of[attached[op][0]]
     for p, (user, _i) in attached_params.items():
@@ -346,7 +395,7 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     # views per unit, indexed by its group's strategy (program order: a follower's main producer first)
     followed: dict = {}  # identical followers of identical producers share one list
     interned: dict = {}
-    for op in prog.ops:
+    for op in ops:
         if op in attached:
             continue
         if op in main_of:
@@ -362,7 +411,7 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         else:
             views[op] = op_views(op, rules[op], mesh)
         views[op] = interned.setdefault(tuple(views[op]), views[op])  # equal lists: one object
-    for op in reversed(prog.ops):
+    for op in reversed(ops):
         if op in attached:
             user, i = attached[op]
             k = (_op_key(op, rules[op]), id(views[user]), i) if tie_layers else None
@@ -385,8 +434,8 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     for u in units:
         g = groups[group_of[u]]
         for s, v in enumerate(views[u]):
-            g.node_cost[s] += v.work
-        if hasattr(u, "value"):
+            g.node_cost[s] += v.work * trips_of[u]
+        if u in params:
             t = u.value.type
             nbytes = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, mesh)) for v in views[u]]
             g.param_bytes = [a + b for a, b in zip(g.param_bytes, nbytes)] if g.param_bytes else nbytes
@@ -406,9 +455,9 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     smalls: dict = {}
     for g in groups:
         g.node_cost = np.asarray(g.node_cost, dtype=float)
-    for op in prog.ops:
+    for op, operands, weights in consumers:
         gb = group_of[op]
-        for i, v in enumerate(op.operands):
+        for i, (v, w) in enumerate(zip(operands, weights)):
             if v not in producer:
                 continue
             src_unit, j = producer[v]
@@ -419,9 +468,9 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
                 outs, reqs = views[src_unit], views[op]
                 dk = (id(outs), j, id(reqs), i, "diag")
                 if dk not in smalls:
-                    smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache)
-                                            for s in range(g.n)]), outs, reqs)
-                g.node_cost = np.asarray(g.node_cost) + smalls[dk][0]
+                    smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache,
+                                                       latency_bytes) for s in range(g.n)]), outs, reqs)
+                g.node_cost = np.asarray(g.node_cost) + w * smalls[dk][0]
                 continue
             sk = (id(views[src_unit]), j, id(views[op]), i)
             if sk not in smalls:
@@ -430,9 +479,9 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
                 small = np.empty((len(da), len(db)))
                 for x, src in enumerate(da):
                     for y, dst in enumerate(db):
-                        small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache)
+                        small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache, latency_bytes)
                 smalls[sk] = (small[np.ix_(ia, ib)], views[src_unit], views[op])
-            full = smalls[sk][0]
+            full = smalls[sk][0] * w if w != 1 else smalls[sk][0]
             key = (ga, gb) if ga < gb else (gb, ga)
             if ga > gb:
                 full = full.T
@@ -449,21 +498,22 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         for s, v in enumerate(views[unit]):
             out = v.outs[j]
             if out.partial:
-                g.node_cost[s] += comm_cost(plan_reshard(r.value.type.shape, itemsize(r.value.type.dtype), mesh,
-                                                         out, Sharding(out.dims)))
+                g.node_cost[s] += _comm(plan_reshard(r.value.type.shape, itemsize(r.value.type.dtype), mesh,
+                                                     out, Sharding(out.dims)), latency_bytes)
     prob = Problem(prog, mesh, views, group_of, groups, edges, constant, units)
     prob.producer = producer
     return prob
 
 
-def _edge_cost(shape, isz: int, mesh: Mesh, src: Sharding, dst: Sharding, cache: dict) -> float:
+def _edge_cost(shape, isz: int, mesh: Mesh, src: Sharding, dst: Sharding, cache: dict,
+               latency_bytes: float) -> float:
     """The reshard planner's cost from `src` to `dst`; a split that only grows (each dim's axes
     extend its current ones, no pending sum) is a local slice and costs nothing."""
     if not src.partial and all(w[: len(h)] == h for h, w in zip(src.dims, dst.dims)):
         return 0.0
     key = (shape, isz, src, dst)
     if key not in cache:
-        cache[key] = comm_cost(plan_reshard(shape, isz, mesh, src, dst))
+        cache[key] = _comm(plan_reshard(shape, isz, mesh, src, dst), latency_bytes)
     return cache[key]
 
 
