@@ -45,12 +45,13 @@ from ..ir import registry
 from ..ir.core import LOOP, Loop, Program, Value, walk
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import itemsize
-from ..partition.cost import FLOPS_PER_BYTE, PLANNING, latency_steps
+from ..partition.cost import FLOPS_PER_BYTE, LATENCY_BYTES, PLANNING, latency_steps
 from ..partition.factors import PASS, REDUCTION, FactorRule, project, unproject
 from ..partition.reshard import plan_reshard
 
 MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
 MAX_STRATEGIES = 32  # per unit: the replicated one and the most sharded
+TIE_DEPTH = 8  # identical layers: ops alike this many producers up (see _signatures)
 TIME_LIMIT_S = 120.0  # a safety net only: the answer must not depend on the machine's speed
 MIP_REL_GAP = 1e-3  # stop within 0.1% of the optimum's bound
 # what one latency step of a collective costs in the search, in link bytes: the physical alpha * beta
@@ -266,6 +267,30 @@ def _attached_view(op, rule: FactorRule, want: Sharding, mesh: Mesh) -> View:
 # ---------------------------------------------------------------------------------- the graph
 
 
+def _signatures(units, producer, rules, depth: int) -> dict:
+    """unit -> an id shared by the ops that are the same op of identical layers: the same source
+    position, kind, types and factor rule, and so are their operands' producers, `depth` levels
+    up (a parameter or a loop's carry is only itself). The same function called on different
+    weights (one Adam update for a column-split and a row-split weight, the two layer norms of a
+    block) is not one layer; the k-th op of layers 2..L of an unrolled stack is."""
+    ids: dict = {}
+    cur = {}
+    for n, u in enumerate(units):
+        k = _op_key(u, rules[u]) if u in rules else None
+        cur[u] = ids.setdefault(k if k is not None else ("unit", n), len(ids))
+    for _ in range(depth):
+        nxt = {}
+        for u in units:
+            if u in rules:
+                k = (cur[u], tuple((cur[producer[v][0]], producer[v][1]) if v in producer else None
+                                   for v in u.operands))
+                nxt[u] = ids.setdefault(k, len(ids))
+            else:
+                nxt[u] = cur[u]
+        cur = nxt
+    return {u: cur[u] for u in units if u in rules and _op_key(u, rules[u]) is not None}
+
+
 def _op_key(op, rule):
     s = op.span
     if s is None:
@@ -371,10 +396,11 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     groups: list[Group] = []
     group_of: dict = {}
     by_key: dict = {}
+    sigs = _signatures(units, producer, rules, TIE_DEPTH) if tie_layers else {}
     for u in units:
         if root_of[u] is not u:
             continue  # a follower, or attached
-        key = _op_key(u, rules[u]) if (tie_layers and not hasattr(u, "value")) else None
+        key = sigs.get(u)
         if key is not None and key in by_key:
             g = by_key[key]
         else:
@@ -463,23 +489,29 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
             src_unit, j = producer[v]
             ga = group_of[src_unit]
             shape, isz = v.type.shape, itemsize(v.type.dtype)
+            # a gradient leaving the backward pass (an optimizer update, a returned gradient): its
+            # settling reduction is independent of the others, and the compiler combines them into
+            # one collective per group of axes (partition.combine): its latency is not this edge's
+            lat = latency_bytes
+            if getattr(src_unit, "backward", False) and not getattr(op, "backward", True):
+                lat = LATENCY_BYTES
             if ga == gb:  # inside a group: only each strategy against itself
                 g = groups[ga]
                 outs, reqs = views[src_unit], views[op]
-                dk = (id(outs), j, id(reqs), i, "diag")
+                dk = (id(outs), j, id(reqs), i, "diag", lat)
                 if dk not in smalls:
                     smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache,
-                                                       latency_bytes) for s in range(g.n)]), outs, reqs)
+                                                       lat) for s in range(g.n)]), outs, reqs)
                 g.node_cost = np.asarray(g.node_cost) + w * smalls[dk][0]
                 continue
-            sk = (id(views[src_unit]), j, id(views[op]), i)
+            sk = (id(views[src_unit]), j, id(views[op]), i, lat)
             if sk not in smalls:
                 ia, da = classes([x.outs[j] for x in views[src_unit]], (id(views[src_unit]), j, "out"))
                 ib, db = classes([x.reqs[i] for x in views[op]], (id(views[op]), i, "req"))
                 small = np.empty((len(da), len(db)))
                 for x, src in enumerate(da):
                     for y, dst in enumerate(db):
-                        small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache, latency_bytes)
+                        small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache, lat)
                 smalls[sk] = (small[np.ix_(ia, ib)], views[src_unit], views[op])
             full = smalls[sk][0] * w if w != 1 else smalls[sk][0]
             key = (ga, gb) if ga < gb else (gb, ga)
@@ -511,7 +543,7 @@ def _edge_cost(shape, isz: int, mesh: Mesh, src: Sharding, dst: Sharding, cache:
     extend its current ones, no pending sum) is a local slice and costs nothing."""
     if not src.partial and all(w[: len(h)] == h for h, w in zip(src.dims, dst.dims)):
         return 0.0
-    key = (shape, isz, src, dst)
+    key = (shape, isz, src, dst, latency_bytes)
     if key not in cache:
         cache[key] = _comm(plan_reshard(shape, isz, mesh, src, dst), latency_bytes)
     return cache[key]
