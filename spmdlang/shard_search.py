@@ -70,6 +70,7 @@ class Autoshard:
     solve_s: float
     problem: dict
     budget: int | None
+    solve_cpu_s: float = 0.0
 
     @property
     def compiled(self) -> Compiled:
@@ -85,7 +86,8 @@ class Autoshard:
                                   "bytes_per_device": int(round(x.bytes_per_device)), "line": x.line, "op": x.op,
                                   "reason": x.reason} for x in self.chosen.collectives]
         return {"mesh": {"axes": dict(self.compiled.mesh.axes)}, "solver": self.solver,
-                "solve_s": round(self.solve_s, 4), "problem": self.problem,
+                "solve_s": round(self.solve_s, 4), "solve_cpu_s": round(self.solve_cpu_s, 4),
+                "problem": self.problem,
                 "memory_per_device": self.budget, "chosen": chosen, "as_written": plan_json(self.as_written),
                 "runners_up": [plan_json(p) for p in self.runners_up], "source": self.source}
 
@@ -118,16 +120,20 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
 
     if method in ("auto", "ilp") and ilp.have_solver():
         import scipy.optimize  # noqa: F401  (imported before the clock starts: seconds on a busy machine)
-    clock = [0.0]
+    clock = [0.0, 0.0]  # wall, CPU (of this process: the machine may be shared)
 
     def timed(f, *a, **k):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             return f(*a, **k)
         finally:
             clock[0] += time.perf_counter() - t0
+            clock[1] += time.process_time() - c0
 
-    prob = timed(ilp.build, base.canonical)
+    # under a memory budget a parameter may be stored more finely split than its one user reads it
+    # (ZeRO: gathered before use); without one that only adds a reshard, and the parameter takes
+    # its user's layout
+    prob = timed(ilp.build, base.canonical, attach_params=budget is None)
     if method == "auto":
         method = "ilp" if ilp.have_solver() and prob.size <= ilp.MAX_ILP_VARIABLES else "greedy"
     solve = ilp.solve_ilp if method == "ilp" else ilp.solve_greedy
@@ -173,7 +179,7 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     others = [p for p in plans if p is not chosen]
     problem = {"units": len(prob.units), "groups": len(prob.groups), "edges": len(prob.edges),
                "variables": prob.size}
-    return Autoshard(chosen.source, chosen, written, others, method, solve_s, problem, budget)
+    return Autoshard(chosen.source, chosen, written, others, method, solve_s, problem, budget, clock[1])
 
 
 def _where(source: Source, func: A.FuncDef) -> Span:
@@ -283,7 +289,7 @@ def _key(span: Span | None):
     return None if span is None else (span.line, span.col, span.end_line, span.end_col)
 
 
-def _assigned_values(prog, func) -> dict:
+def _assigned_values(prog, func, others=()) -> dict:
     """id(Assign) -> the value it assigns, for the entry function's assignments: inside `for`
     bodies by the span of the assigned expression (the last op emitted for it: every iteration is
     one statement of the source), at the top level by name (values take the entry function's
@@ -297,9 +303,14 @@ def _assigned_values(prog, func) -> dict:
             if r.name:
                 by_name.setdefault(r.name, []).append(r)
         k = _key(op.span)
-        if k is not None and len(op.results) == 1:
+        if k is not None and len(op.results) == 1 and not op.backward:
             by_span[k] = op.result
     out = {}
+    for f in others:  # another function's assignments (inlined: by span, the last call's value)
+        for s in _assignments(f.body):
+            v = by_span.get(_key(s.value.span))
+            if v is not None:
+                out[id(s)] = v
     for s in _assignments_in_loops(func.body):
         v = by_span.get(_key(s.value.span))
         if v is not None:
@@ -359,12 +370,13 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
     c1 = compile(first, filename=filename, entry=entry)
     p1 = Plan(label, first, c1, sol.cost, params, [])
     # the assignments whose chosen layout propagation does not reproduce
-    chosen_values = _assigned_values(prog, func)
-    got_values = _assigned_values(c1.canonical, func)
+    others = [f for f in module.funcs if f is not func]
+    chosen_values = _assigned_values(prog, func, others)
+    got_values = _assigned_values(c1.canonical, func, others)
     t = _Text(text)
     _spec_edits(t, func, prob, sol, prog)
     constraints = []
-    for s in _assignments(func.body):
+    for s in [s for f in [func] + others for s in _assignments(f.body)]:
         v, got = chosen_values.get(id(s)), got_values.get(id(s))
         if v is None or got is None or got.type != v.type or v not in prob.producer:
             continue

@@ -51,7 +51,7 @@ from ..partition.reshard import plan_reshard
 
 MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
 MAX_STRATEGIES = 32  # per unit: the replicated one and the most sharded
-TIE_DEPTH = 8  # identical layers: ops alike this many producers up (see _signatures)
+TIE_DEPTH = 4  # identical layers: ops alike this many producers up (see _signatures)
 TIME_LIMIT_S = 120.0  # a safety net only: the answer must not depend on the machine's speed
 MIP_REL_GAP = 1e-3  # stop within 0.1% of the optimum's bound
 # what one latency step of a collective costs in the search, in link bytes: the physical alpha * beta
@@ -575,6 +575,93 @@ def _classes(rows):
     return list(seen.items())
 
 
+def _eliminate(prob: Problem, keep: set):
+    """Exact reductions before the integer program (dynamic programming on the graph): a group
+    with one neighbour folds into it (the neighbour's cost per strategy gains this group's best
+    answer to it), a group with two neighbours becomes one edge between them (the best middle
+    strategy for each pair); groups in `keep` (parameters under a memory budget or an exclusion)
+    stay. Chains of ops, a layer's elementwise tails and a training step's optimizer updates go
+    away. Returns (node costs of the groups left, edges left, constant, the eliminations in order:
+    replay them backwards to recover the eliminated groups' strategies)."""
+    node = {gi: np.asarray(g.node_cost, dtype=float) for gi, g in enumerate(prob.groups)}
+    edges = {k: np.asarray(m, dtype=float) for k, m in prob.edges.items()}
+    nbrs: dict = {gi: set() for gi in node}
+    for a, b in edges:
+        nbrs[a].add(b)
+        nbrs[b].add(a)
+    const = prob.constant
+    steps = []
+
+    def oriented(g, h):  # the matrix of edge g-h as [g strategy, h strategy]
+        return edges[(g, h)] if (g, h) in edges else edges[(h, g)].T
+
+    def add_edge(g, h, m):
+        if (g, h) in edges:
+            edges[(g, h)] = edges[(g, h)] + m
+        elif (h, g) in edges:
+            edges[(h, g)] = edges[(h, g)] + m.T
+        else:
+            edges[(g, h) if g < h else (h, g)] = m if g < h else m.T
+            nbrs[g].add(h)
+            nbrs[h].add(g)
+
+    def drop(g):
+        for h in sorted(nbrs[g]):
+            edges.pop((g, h), None)
+            edges.pop((h, g), None)
+            nbrs[h].discard(g)
+        del nbrs[g], node[g]
+
+    def separate():
+        """An edge whose cost is a cost of one end plus a cost of the other is two node costs."""
+        for (a, b), m in sorted(edges.items()):
+            d = m - m[:, :1]
+            if np.allclose(d, d[:1, :], rtol=0, atol=1e-6):
+                node[a] = node[a] + m[:, 0]
+                node[b] = node[b] + d[0, :]
+                del edges[(a, b)]
+                nbrs[a].discard(b)
+                nbrs[b].discard(a)
+
+    separate()
+    changed = True
+    while changed:
+        changed = False
+        for g in sorted(node):
+            if g in keep or g not in node:
+                continue
+            near = sorted(nbrs[g])
+            if len(node[g]) == 1 and near:  # one strategy: its edges are costs of its neighbours'
+                for h in near:
+                    node[h] = node[h] + oriented(h, g)[:, 0]
+                const += float(node[g][0])
+                steps.append((g, (), 0))
+            elif len(near) == 0:
+                const += float(node[g].min())
+                steps.append((g, (), int(np.argmin(node[g]))))
+            elif len(near) == 1:
+                (h,) = near
+                t = oriented(h, g) + node[g][None, :]
+                node[h] = node[h] + t.min(axis=1)
+                steps.append((g, (h,), t.argmin(axis=1)))
+            elif len(near) == 2:
+                h1, h2 = near
+                t = oriented(h1, g)[:, :, None] + node[g][None, :, None] + oriented(g, h2)[None, :, :]
+                if t.size > 1 << 16:
+                    continue
+                steps.append((g, (h1, h2), t.argmin(axis=1)))
+                best = t.min(axis=1)
+                drop(g)
+                add_edge(h1, h2, best)
+                changed = True
+                continue
+            else:
+                continue
+            drop(g)
+            changed = True
+    return node, edges, const, steps
+
+
 def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit: int | None = None,
               time_limit: float = TIME_LIMIT_S):
     """The optimum of the integer program; `exclude`: parameter layouts already taken (each a
@@ -585,15 +672,19 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit
     from scipy.sparse import coo_matrix
 
     t0 = time.perf_counter()
-    offset = []
+    pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
+    keep = set(pgroups) if (budget is not None or exclude) else set()
+    node, edges, const, steps = _eliminate(prob, keep)
+    left = sorted(node)
+    offset = {}
     n = 0
-    for g in prob.groups:
-        offset.append(n)
-        n += g.n
+    for gi in left:
+        offset[gi] = n
+        n += len(node[gi])
     c = [0.0] * n
-    for gi, g in enumerate(prob.groups):
-        for s in range(g.n):
-            c[offset[gi] + s] = g.node_cost[s]
+    for gi in left:
+        for s, x in enumerate(node[gi]):
+            c[offset[gi] + s] = float(x)
     integrality = [1] * n
     rows, cols, vals, lo, hi = [], [], [], [], []
     r = 0
@@ -608,10 +699,9 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit
         hi.append(high)
         r += 1
 
-    for gi, g in enumerate(prob.groups):
-        add_row([(offset[gi] + s, 1.0) for s in range(g.n)], 1.0, 1.0)
-    const = prob.constant
-    for (a, b), m in sorted(prob.edges.items()):
+    for gi in left:
+        add_row([(offset[gi] + s, 1.0) for s in range(len(node[gi]))], 1.0, 1.0)
+    for (a, b), m in sorted(edges.items()):
         if float(m.max() - m.min()) < 1e-9:
             const += float(m.flat[0])
             continue
@@ -630,23 +720,25 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit
             add_row([(first + ri * nc + ci, 1.0) for ri in range(len(row_classes))]
                     + [(offset[b] + s, -1.0) for s in idx], 0, 0)
     if budget is not None:
-        entries = [(offset[gi] + s, g.param_bytes[s]) for gi, g in enumerate(prob.groups) if g.param_bytes
-                   for s in range(g.n)]
+        entries = [(offset[gi] + s, prob.groups[gi].param_bytes[s]) for gi in pgroups
+                   for s in range(prob.groups[gi].n)]
         add_row(entries, -np.inf, float(budget))
-    pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
     for taken in exclude:
         add_row([(offset[gi] + taken[gi], 1.0) for gi in pgroups], -np.inf, len(pgroups) - 1)
-    a = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
-    res = milp(np.array(c), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
-               integrality=np.array(integrality), bounds=Bounds(np.zeros(n), np.ones(n)),
-               options={"time_limit": time_limit, "presolve": True, "mip_rel_gap": MIP_REL_GAP,
-                        **({"node_limit": node_limit} if node_limit is not None else {})})
-    if res.x is None:  # infeasible, or no plan found in the time limit
-        return None
     choice = {}
-    for gi, g in enumerate(prob.groups):
-        xs = res.x[offset[gi]: offset[gi] + g.n]
-        choice[gi] = int(np.argmax(xs))
+    if n:
+        a = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
+        res = milp(np.array(c), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
+                   integrality=np.array(integrality), bounds=Bounds(np.zeros(n), np.ones(n)),
+                   options={"time_limit": time_limit, "presolve": True, "mip_rel_gap": MIP_REL_GAP,
+                            **({"node_limit": node_limit} if node_limit is not None else {})})
+        if res.x is None:  # infeasible, or no plan found in the time limit
+            return None
+        for gi in left:
+            choice[gi] = int(np.argmax(res.x[offset[gi]: offset[gi] + len(node[gi])]))
+    for g, near, arg in reversed(steps):
+        choice[g] = int(arg if not near else arg[tuple(choice[h] for h in near)])
+    choice = {gi: choice[gi] for gi in range(len(prob.groups))}
     return Solution(choice, prob.evaluate(choice), "ilp", time.perf_counter() - t0)
 
 
