@@ -341,9 +341,9 @@ def _spec(s) -> str:
     return str(Sharding(s.dims))
 
 
-def _spec_edits(t: _Text, func, prob, sol, prog) -> dict:
+def _spec_edits(t: _Text, func, prob, sol, prog, results=True) -> dict:
     """Insert a spec on every parameter and result of `func` that has none; returns name -> spec of
-    every parameter."""
+    every parameter. results: True (the search's layouts), False (none), or a list of specs."""
     params = {}
     by_name = {p.name: p for p in prog.params}
     for p in func.params:
@@ -353,50 +353,81 @@ def _spec_edits(t: _Text, func, prob, sol, prog) -> dict:
         if p.spec is None:
             t.insert(t.span(p.type.span)[1], " " + params[p.name])
     for i, r in enumerate(func.results):
-        if r.spec is None and i < len(prog.results):
-            t.insert(t.span(r.type.span)[1], " " + _spec(prob.value_sharding(prog.results[i].value, sol)))
+        if r.spec is None and i < len(prog.results) and results is not False:
+            spec = _spec(prob.value_sharding(prog.results[i].value, sol)) if results is True else results[i]
+            t.insert(t.span(r.type.span)[1], " " + spec)
     return params
 
 
 def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, label) -> Plan:
     """Write solution `sol` into the source: first the parameter and result specs, then shard()
-    where propagation from those does not reach the chosen layout of an assignment."""
-    from .ir import registry
-
+    where propagation from those does not reach the chosen layout of an assignment. Each variant is
+    compiled; the one with the least modelled step time is the plan."""
     prog = base.canonical
+
+    def write(results, wrap: bool):
+        t = _Text(text)
+        params = _spec_edits(t, func, prob, sol, prog, results=results)
+        constraints = _rewrap(t, func, others, chosen, got, prob, sol, c1) if wrap else []
+        return _with_overrides(text, module, mesh, consts, base, t), params, constraints
+
+    def candidate(results, wrap: bool):
+        source, params, constraints = write(results, wrap)
+        try:
+            c = compile(source, filename=filename, entry=entry)
+            c.spmd  # noqa: B018  (partition now: a plan that cannot be partitioned is not a candidate)
+        except SpmdError:
+            return None
+        return Plan(label, source, c, sol.cost, params, constraints)
+
     t = _Text(text)
     params = _spec_edits(t, func, prob, sol, prog)
     first = _with_overrides(text, module, mesh, consts, base, t)
     c1 = compile(first, filename=filename, entry=entry)
-    p1 = Plan(label, first, c1, sol.cost, params, [])
+    plans = [Plan(label, first, c1, sol.cost, params, [])]
     # the assignments whose chosen layout propagation does not reproduce
     others = [f for f in module.funcs if f is not func]
-    chosen_values = _assigned_values(prog, func, others)
-    got_values = _assigned_values(c1.canonical, func, others)
-    t = _Text(text)
-    _spec_edits(t, func, prob, sol, prog)
+    chosen = _assigned_values(prog, func, others)
+    got = _assigned_values(c1.canonical, func, others)
+    wrapped = bool(_rewrap(_Text(text), func, others, chosen, got, prob, sol, c1))
+    if wrapped:
+        p = candidate(True, True)
+        if p is not None:
+            plans.insert(0, p)
+    # a result's layout propagates backwards, into a backward pass that no assignment names (a
+    # weight update laid out as the search stores it pulls its split into the gradient): the same
+    # plan with the results laid out as propagation lays them out from the rest, written in
+    for wrap in ([True, False] if wrapped else [False]):
+        source, _, _ = write(False, wrap)
+        try:
+            free = compile(source, filename=filename, entry=entry)
+            specs = [_spec(free.propagation.shardings[r.value]) for r in free.program.results]
+        except SpmdError:
+            continue
+        p = candidate(specs, wrap)
+        if p is not None:
+            plans.append(p)
+    rank = {id(p): i for i, p in enumerate(plans)}
+    return min(plans, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
+
+
+def _rewrap(t: _Text, func, others, chosen: dict, got: dict, prob, sol, c1) -> list:
+    """shard() around the assignments whose chosen layout propagation (in c1) does not reproduce."""
+    from .ir import registry
+
     constraints = []
     for s in [s for f in [func] + others for s in _assignments(f.body)]:
-        v, got = chosen_values.get(id(s)), got_values.get(id(s))
-        if v is None or got is None or got.type != v.type or v not in prob.producer:
+        v, g = chosen.get(id(s)), got.get(id(s))
+        if v is None or g is None or g.type != v.type or v not in prob.producer:
             continue
         unit, j = prob.producer[v]
         if hasattr(unit, "kind") and registry.get(unit.kind).constraint:
             continue
         want = _spec(prob.sharding(unit, sol, j))
-        if want != _spec(c1.propagation.shardings[got]):
+        if want != _spec(c1.propagation.shardings[g]):
             t.wrap(s.value, "shard(", f", {want})")
             constraints.append({"line": s.span.line, "name": s.target, "sharding": want})
-    if not constraints:
-        return p1
-    second = _with_overrides(text, module, mesh, consts, base, t)
-    try:
-        c2 = compile(second, filename=filename, entry=entry)
-        c2.spmd  # noqa: B018  (partition now: a plan that cannot be partitioned is not a candidate)
-    except SpmdError:
-        return p1
-    p2 = Plan(label, second, c2, sol.cost, params, constraints)
-    return min((p2, p1), key=lambda p: p.totals()["modelled_time_us"])
+    return constraints
 
 
 # ---------------------------------------------------------------------------------- stripping
