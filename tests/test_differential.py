@@ -161,6 +161,23 @@ def _case_id(case):
     return path.stem + ("" if mesh is None else "-" + "-".join(f"{a}{s}" for a, s in mesh.items()))
 
 
+PATTERNS = sorted((ROOT / "benchmarks" / "patterns").glob("*.spmd"))
+
+
+@pytest.mark.parametrize("path", PATTERNS, ids=[p.stem for p in PATTERNS])
+def test_benchmark_pattern(path):
+    """The benchmark patterns are programs a user may diff too: sim agrees with ref on their meshes."""
+    d = spmdlang.compile(str(path)).diff(backends=["ref", "sim"])
+    assert d["ok"], f"{path.name}: {d['results']}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PATTERNS, ids=[p.stem for p in PATTERNS])
+def test_benchmark_pattern_on_jax(path):
+    d = spmdlang.compile(str(path)).diff(backends=["ref", "jax", "xla"])
+    assert d["ok"], f"{path.name}: {d['results']}"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
 def test_example_program(case):
     path, mesh = case

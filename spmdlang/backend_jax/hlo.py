@@ -54,15 +54,22 @@ _WHILE = re.compile(r"\swhile\(.*\bbody=%?([\w.\-]+)")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
-def _trip_counts(lines) -> dict[str, int]:
-    """Computation name -> how many times it runs per call of the module: a while loop's body
-    runs its known trip count times per run of the computation holding the loop."""
-    loops: list[tuple[str, str, int]] = []
+def _in_computations(lines):
+    """(name of the computation a line belongs to, line) for each line of the HLO text: a
+    computation's header is the one unindented line that opens it."""
     current = ""
     for line in lines:
         if line and not line[0].isspace():
             m = _COMPUTATION.match(line)
             current = m.group(1) if m else current
+        yield current, line
+
+
+def _trip_counts(lines) -> dict[str, int]:
+    """Computation name -> how many times it runs per call of the module: a while loop's body
+    runs its known trip count times per run of the computation holding the loop."""
+    loops: list[tuple[str, str, int]] = []
+    for current, line in _in_computations(lines):
         m = _WHILE.search(line)
         if m:
             t = _TRIPS.search(line)
@@ -80,11 +87,7 @@ def collectives(hlo_text: str) -> list[dict]:
     out = []
     lines = hlo_text.splitlines()
     runs = _trip_counts(lines)
-    current = ""
-    for line in lines:
-        if line and not line[0].isspace():
-            c = _COMPUTATION.match(line)
-            current = c.group(1) if c else current
+    for current, line in _in_computations(lines):
         m = _INSTR.match(line)
         if not m:
             continue
