@@ -1,6 +1,7 @@
 """Autoshard against the hand-written annotations and against XLA's GSPMD.
 
-For each program (programs/*.spmd and benchmarks/transformer_stack.spmd, 12 layers) it strips
+For each program (programs/*.spmd, benchmarks/transformer_stack.spmd and train_stack.spmd, 12
+layers each, and programs/stack_scan.spmd with L=48) it strips
 the annotations to the batch dim of the first input (`spmdlang.shard_search.batch_only`), runs
 `spmdlang.autoshard`, and compares three plans on the program's mesh:
   hand      our partitioner on the annotations as written in the file
@@ -43,17 +44,20 @@ def main() -> None:
     import spmdlang
     from spmdlang.shard_search import Plan, autoshard, batch_only
 
-    files = [Path(f) for f in args.files] or sorted((ROOT / "programs").glob("*.spmd")) + [
-        ROOT / "benchmarks" / "transformer_stack.spmd"]
+    files = [(Path(f), None) for f in args.files] or [(p, None) for p in sorted((ROOT / "programs").glob("*.spmd"))] + [
+        (ROOT / "programs" / "stack_scan.spmd", {"L": 48}), (ROOT / "benchmarks" / "transformer_stack.spmd", None),
+        (ROOT / "benchmarks" / "train_stack.spmd", None)]
     rows = []
-    for path in files:
+    for path, consts in files:
         text = path.read_text()
         t0 = time.perf_counter()
-        result = autoshard(batch_only(text, str(path)), filename=str(path))
+        result = autoshard(batch_only(text, str(path)), filename=str(path), consts=consts)
         total = time.perf_counter() - t0
-        hand = spmdlang.compile(str(path))
+        hand = spmdlang.compile(str(path), consts=consts)
         mine = result.compiled
-        row = {"program": path.name, "solver": result.solver, "solve_s": round(result.solve_s, 2),
+        name = path.name + ("".join(f" {k}={v}" for k, v in consts.items()) if consts else "")
+        row = {"program": name, "solver": result.solver, "solve_s": round(result.solve_s, 2),
+               "solve_cpu_s": round(result.solve_cpu_s, 2),
                "autoshard_s": round(total, 2), "variables": result.problem["variables"],
                "hand": Plan("hand", "", hand).totals(), "autoshard": result.chosen.totals(),
                "chosen": result.chosen.label}
@@ -64,7 +68,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()
-    print("| program | plan | collectives | bytes/device | modelled time (us) | solve (s) |")
+    print("| program | plan | collectives | bytes/device | modelled time (us) | solve (s) wall / CPU |")
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:
         for plan in ("hand", "autoshard", "xla"):
@@ -74,7 +78,7 @@ def main() -> None:
             n = x.get("hlo_collectives", x.get("collectives"))
             b = x.get("hlo_bytes", x.get("bytes_per_device"))
             t = f"{x['modelled_time_us']:.1f}" if "modelled_time_us" in x else ""
-            s = f"{r['solve_s']:.2f}" if plan == "autoshard" else ""
+            s = f"{r['solve_s']:.2f} / {r['solve_cpu_s']:.2f}" if plan == "autoshard" else ""
             print(f"| {r['program']} | {plan} | {n} | {b:,} | {t} | {s} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

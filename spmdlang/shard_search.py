@@ -70,6 +70,7 @@ class Autoshard:
     solve_s: float
     problem: dict
     budget: int | None
+    solve_cpu_s: float = 0.0
 
     @property
     def compiled(self) -> Compiled:
@@ -85,7 +86,8 @@ class Autoshard:
                                   "bytes_per_device": int(round(x.bytes_per_device)), "line": x.line, "op": x.op,
                                   "reason": x.reason} for x in self.chosen.collectives]
         return {"mesh": {"axes": dict(self.compiled.mesh.axes)}, "solver": self.solver,
-                "solve_s": round(self.solve_s, 4), "problem": self.problem,
+                "solve_s": round(self.solve_s, 4), "solve_cpu_s": round(self.solve_cpu_s, 4),
+                "problem": self.problem,
                 "memory_per_device": self.budget, "chosen": chosen, "as_written": plan_json(self.as_written),
                 "runners_up": [plan_json(p) for p in self.runners_up], "source": self.source}
 
@@ -112,26 +114,26 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     from .search import ilp
 
     base = compile(text, mesh=mesh, consts=consts, entry=entry, filename=filename)
-    loop = next((op for op in base.program.ops if op.regions), None)
-    if loop is not None:  # the search's strategies and costs are per op; a loop body is not searched yet
-        raise SpmdError("autoshard does not search programs with a `loop` yet; annotate it by hand, or "
-                        "unroll the loop with `for` to search it", loop.span)
     module, source = parse(text, filename)
     func = _entry(module, entry)
     written = Plan("as written", _with_overrides(text, module, mesh, consts, base), base)
 
     if method in ("auto", "ilp") and ilp.have_solver():
         import scipy.optimize  # noqa: F401  (imported before the clock starts: seconds on a busy machine)
-    clock = [0.0]
+    clock = [0.0, 0.0]  # wall, CPU (of this process: the machine may be shared)
 
     def timed(f, *a, **k):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             return f(*a, **k)
         finally:
             clock[0] += time.perf_counter() - t0
+            clock[1] += time.process_time() - c0
 
-    prob = timed(ilp.build, base.canonical)
+    # under a memory budget a parameter may be stored more finely split than its one user reads it
+    # (ZeRO: gathered before use); without one that only adds a reshard, and the parameter takes
+    # its user's layout
+    prob = timed(ilp.build, base.canonical, attach_params=budget is None)
     if method == "auto":
         method = "ilp" if ilp.have_solver() and prob.size <= ilp.MAX_ILP_VARIABLES else "greedy"
     solve = ilp.solve_ilp if method == "ilp" else ilp.solve_greedy
@@ -177,7 +179,7 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     others = [p for p in plans if p is not chosen]
     problem = {"units": len(prob.units), "groups": len(prob.groups), "edges": len(prob.edges),
                "variables": prob.size}
-    return Autoshard(chosen.source, chosen, written, others, method, solve_s, problem, budget)
+    return Autoshard(chosen.source, chosen, written, others, method, solve_s, problem, budget, clock[1])
 
 
 def _where(source: Source, func: A.FuncDef) -> Span:
@@ -278,7 +280,7 @@ def _assignments(stmts) -> list[A.Assign]:
     for s in stmts:
         if isinstance(s, A.Assign):
             out.append(s)
-        elif isinstance(s, A.For):
+        elif isinstance(s, (A.For, A.Loop)):
             out.extend(_assignments(s.body))
     return out
 
@@ -287,21 +289,28 @@ def _key(span: Span | None):
     return None if span is None else (span.line, span.col, span.end_line, span.end_col)
 
 
-def _assigned_values(prog, func) -> dict:
+def _assigned_values(prog, func, others=()) -> dict:
     """id(Assign) -> the value it assigns, for the entry function's assignments: inside `for`
     bodies by the span of the assigned expression (the last op emitted for it: every iteration is
     one statement of the source), at the top level by name (values take the entry function's
     names; the k-th assignment to a name is its k-th value)."""
     by_span = {}
     by_name: dict = {}
-    for op in prog.ops:
+    from .ir.core import all_ops
+
+    for op in all_ops(prog.ops):
         for r in op.results:
             if r.name:
                 by_name.setdefault(r.name, []).append(r)
         k = _key(op.span)
-        if k is not None and len(op.results) == 1:
+        if k is not None and len(op.results) == 1 and not op.backward:
             by_span[k] = op.result
     out = {}
+    for f in others:  # another function's assignments (inlined: by span, the last call's value)
+        for s in _assignments(f.body):
+            v = by_span.get(_key(s.value.span))
+            if v is not None:
+                out[id(s)] = v
     for s in _assignments_in_loops(func.body):
         v = by_span.get(_key(s.value.span))
         if v is not None:
@@ -321,7 +330,7 @@ def _assignments_in_loops(stmts, inside: bool = False) -> list[A.Assign]:
     for s in stmts:
         if isinstance(s, A.Assign) and inside:
             out.append(s)
-        elif isinstance(s, A.For):
+        elif isinstance(s, (A.For, A.Loop)):
             out.extend(_assignments_in_loops(s.body, True))
     return out
 
@@ -332,9 +341,9 @@ def _spec(s) -> str:
     return str(Sharding(s.dims))
 
 
-def _spec_edits(t: _Text, func, prob, sol, prog) -> dict:
+def _spec_edits(t: _Text, func, prob, sol, prog, results=True) -> dict:
     """Insert a spec on every parameter and result of `func` that has none; returns name -> spec of
-    every parameter."""
+    every parameter. results: True (the search's layouts), False (none), or a list of specs."""
     params = {}
     by_name = {p.name: p for p in prog.params}
     for p in func.params:
@@ -344,49 +353,81 @@ def _spec_edits(t: _Text, func, prob, sol, prog) -> dict:
         if p.spec is None:
             t.insert(t.span(p.type.span)[1], " " + params[p.name])
     for i, r in enumerate(func.results):
-        if r.spec is None and i < len(prog.results):
-            t.insert(t.span(r.type.span)[1], " " + _spec(prob.value_sharding(prog.results[i].value, sol)))
+        if r.spec is None and i < len(prog.results) and results is not False:
+            spec = _spec(prob.value_sharding(prog.results[i].value, sol)) if results is True else results[i]
+            t.insert(t.span(r.type.span)[1], " " + spec)
     return params
 
 
 def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, label) -> Plan:
     """Write solution `sol` into the source: first the parameter and result specs, then shard()
-    where propagation from those does not reach the chosen layout of an assignment."""
-    from .ir import registry
-
+    where propagation from those does not reach the chosen layout of an assignment. Each variant is
+    compiled; the one with the least modelled step time is the plan."""
     prog = base.canonical
+
+    def write(results, wrap: bool):
+        t = _Text(text)
+        params = _spec_edits(t, func, prob, sol, prog, results=results)
+        constraints = _rewrap(t, func, others, chosen, got, prob, sol, c1) if wrap else []
+        return _with_overrides(text, module, mesh, consts, base, t), params, constraints
+
+    def candidate(results, wrap: bool):
+        source, params, constraints = write(results, wrap)
+        try:
+            c = compile(source, filename=filename, entry=entry)
+            c.spmd  # noqa: B018  (partition now: a plan that cannot be partitioned is not a candidate)
+        except SpmdError:
+            return None
+        return Plan(label, source, c, sol.cost, params, constraints)
+
     t = _Text(text)
     params = _spec_edits(t, func, prob, sol, prog)
     first = _with_overrides(text, module, mesh, consts, base, t)
     c1 = compile(first, filename=filename, entry=entry)
-    p1 = Plan(label, first, c1, sol.cost, params, [])
+    plans = [Plan(label, first, c1, sol.cost, params, [])]
     # the assignments whose chosen layout propagation does not reproduce
-    chosen_values = _assigned_values(prog, func)
-    got_values = _assigned_values(c1.canonical, func)
-    t = _Text(text)
-    _spec_edits(t, func, prob, sol, prog)
+    others = [f for f in module.funcs if f is not func]
+    chosen = _assigned_values(prog, func, others)
+    got = _assigned_values(c1.canonical, func, others)
+    wrapped = bool(_rewrap(_Text(text), func, others, chosen, got, prob, sol, c1))
+    if wrapped:
+        p = candidate(True, True)
+        if p is not None:
+            plans.insert(0, p)
+    # a result's layout propagates backwards, into a backward pass that no assignment names (a
+    # weight update laid out as the search stores it pulls its split into the gradient): the same
+    # plan with the results laid out as propagation lays them out from the rest, written in
+    for wrap in ([True, False] if wrapped else [False]):
+        source, _, _ = write(False, wrap)
+        try:
+            free = compile(source, filename=filename, entry=entry)
+            specs = [_spec(free.propagation.shardings[r.value]) for r in free.program.results]
+        except SpmdError:
+            continue
+        p = candidate(specs, wrap)
+        if p is not None:
+            plans.append(p)
+    rank = {id(p): i for i, p in enumerate(plans)}
+    return min(plans, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
+
+
+def _rewrap(t: _Text, func, others, chosen: dict, got: dict, prob, sol, c1) -> list:
+    """shard() around the assignments whose chosen layout propagation (in c1) does not reproduce."""
+    from .ir import registry
+
     constraints = []
-    for s in _assignments(func.body):
-        v, got = chosen_values.get(id(s)), got_values.get(id(s))
-        if v is None or got is None or got.type != v.type or v not in prob.producer:
+    for s in [s for f in [func] + others for s in _assignments(f.body)]:
+        v, g = chosen.get(id(s)), got.get(id(s))
+        if v is None or g is None or g.type != v.type or v not in prob.producer:
             continue
         unit, j = prob.producer[v]
         if hasattr(unit, "kind") and registry.get(unit.kind).constraint:
             continue
         want = _spec(prob.sharding(unit, sol, j))
-        if want != _spec(c1.propagation.shardings[got]):
+        if want != _spec(c1.propagation.shardings[g]):
             t.wrap(s.value, "shard(", f", {want})")
             constraints.append({"line": s.span.line, "name": s.target, "sharding": want})
-    if not constraints:
-        return p1
-    second = _with_overrides(text, module, mesh, consts, base, t)
-    try:
-        c2 = compile(second, filename=filename, entry=entry)
-        c2.spmd  # noqa: B018  (partition now: a plan that cannot be partitioned is not a candidate)
-    except SpmdError:
-        return p1
-    p2 = Plan(label, second, c2, sol.cost, params, constraints)
-    return min((p2, p1), key=lambda p: p.totals()["modelled_time_us"])
+    return constraints
 
 
 # ---------------------------------------------------------------------------------- stripping

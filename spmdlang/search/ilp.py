@@ -42,17 +42,28 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir import registry
-from ..ir.core import Program, Value
+from ..ir.core import LOOP, Loop, Program, Value, walk
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import itemsize
-from ..partition.cost import FLOPS_PER_BYTE, comm_cost
+from ..partition.cost import FLOPS_PER_BYTE, LATENCY_BYTES, PLANNING, latency_steps
 from ..partition.factors import PASS, REDUCTION, FactorRule, project, unproject
 from ..partition.reshard import plan_reshard
 
 MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
 MAX_STRATEGIES = 32  # per unit: the replicated one and the most sharded
+TIE_DEPTH = 4  # identical layers: ops alike this many producers up (see _signatures)
 TIME_LIMIT_S = 120.0  # a safety net only: the answer must not depend on the machine's speed
 MIP_REL_GAP = 1e-3  # stop within 0.1% of the optimum's bound
+# what one latency step of a collective costs in the search, in link bytes: the physical alpha * beta
+# of the planning machine (tpu-v4: 1 us * 45 GB/s = 45,000 bytes), so that the objective is the
+# modelled step time (partition.cost.step_time_us) in bytes. (The reshard planner's own
+# LATENCY_BYTES is a tie-breaker; with it the search would trade ten small collectives for
+# a few bytes, and the compiled plan would model slower than the one it replaced.)
+PHYSICAL_LATENCY_BYTES = PLANNING.latency_us * PLANNING.bandwidth_gbps * 1e3
+
+
+def _comm(steps, latency_bytes: float) -> float:
+    return sum(s.bytes + latency_bytes * latency_steps(s.kind, s.group) for s in steps)
 
 
 @dataclass(frozen=True)
@@ -229,6 +240,14 @@ def param_views(p, mesh: Mesh) -> list[View]:
     return out
 
 
+@dataclass(eq=False)
+class _BodyParam:
+    """A loop's index or one of its carries, as a unit of the search (laid out like a parameter)."""
+
+    value: Value
+    sharding: None = None
+
+
 def _follower_view(op, rule: FactorRule, main: int, src: Sharding, mesh: Mesh) -> View:
     """An elementwise op in the layout of its main operand's producer (pending sums settled)."""
     dims = src.dims
@@ -248,6 +267,30 @@ def _attached_view(op, rule: FactorRule, want: Sharding, mesh: Mesh) -> View:
 # ---------------------------------------------------------------------------------- the graph
 
 
+def _signatures(units, producer, rules, depth: int) -> dict:
+    """unit -> an id shared by the ops that are the same op of identical layers: the same source
+    position, kind, types and factor rule, and so are their operands' producers, `depth` levels
+    up (a parameter or a loop's carry is only itself). The same function called on different
+    weights (one Adam update for a column-split and a row-split weight, the two layer norms of a
+    block) is not one layer; the k-th op of layers 2..L of an unrolled stack is."""
+    ids: dict = {}
+    cur = {}
+    for n, u in enumerate(units):
+        k = _op_key(u, rules[u]) if u in rules else None
+        cur[u] = ids.setdefault(k if k is not None else ("unit", n), len(ids))
+    for _ in range(depth):
+        nxt = {}
+        for u in units:
+            if u in rules:
+                k = (cur[u], tuple((cur[producer[v][0]], producer[v][1]) if v in producer else None
+                                   for v in u.operands))
+                nxt[u] = ids.setdefault(k, len(ids))
+            else:
+                nxt[u] = cur[u]
+        cur = nxt
+    return {u: cur[u] for u in units if u in rules and _op_key(u, rules[u]) is not None}
+
+
 def _op_key(op, rule):
     s = op.span
     if s is None:
@@ -257,7 +300,7 @@ def _op_key(op, rule):
 
 
 def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True,
-          attach_params: bool = True) -> Problem:
+          attach_params: bool = True, latency_bytes: float = PHYSICAL_LATENCY_BYTES) -> Problem:
     from ..partition.propagate import op_rule
 
     mesh = prog.mesh
@@ -265,26 +308,57 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     units: list = []
     views: dict = {}
     root_of: dict = {}
+    trips_of: dict = {}  # unit -> how many times it runs (the product of the enclosing loops' trips)
     for p in prog.params:
         units.append(p)
         producer[p.value] = (p, 0)
         views[p] = param_views(p, mesh)
         root_of[p] = p
+        trips_of[p] = 1
     rules = {}
-    for op in prog.ops:
+    ops: list = []  # every op, loop bodies included, loops themselves not
+    carries: list = []  # (carry unit, (initial value, next value), (trips at entry, trips of the back edge))
+    for op, trips in walk(prog.ops):
+        if op.kind == LOOP:
+            # a loop body is solved once: its ops are units like any other, their costs times the
+            # trip count; each carry is one unit with one layout at entry, in the body and at exit
+            # (as the partitioner carries it), its initial value resharded once and its next value
+            # once per iteration; a capture is read in its outer layout
+            loop = Loop(op)
+            idx = _BodyParam(loop.index)
+            units.append(idx)
+            producer[loop.index] = (idx, 0)
+            views[idx] = [View((), (Sharding.replicated(loop.index.type.rank),), 0.0)]
+            root_of[idx] = idx
+            trips_of[idx] = trips
+            for cap, outer in zip(loop.capture_params, loop.captures):
+                producer[cap] = producer[outer]
+            for init, carry, nxt, res in zip(loop.inits, loop.carries, loop.body.results, op.results):
+                u = _BodyParam(carry)
+                units.append(u)
+                producer[carry] = producer[res] = (u, 0)
+                views[u] = [View((v.outs[0], v.outs[0]), v.outs, 0.0) for v in param_views(u, mesh)]
+                root_of[u] = u
+                trips_of[u] = trips
+                carries.append((u, (init, nxt), (trips, trips * loop.trips)))
+            continue
+        ops.append(op)
         units.append(op)
+        trips_of[op] = trips
         rules[op] = op_rule(op)
         for j, r in enumerate(op.results):
             producer[r] = (op, j)
+    params = set(prog.params)
+    consumers = [(op, op.operands, (trips_of[op],) * len(op.operands)) for op in ops] + carries
     # attached: a broadcast (or other layout op) of parameters or of nothing, used once, is laid out
     # as its one user wants it
     users: dict = {}
-    for op in prog.ops:
-        for i, v in enumerate(op.operands):
-            users.setdefault(v, []).append((op, i))
+    for u, operands, _w in consumers:
+        for i, v in enumerate(operands):
+            users.setdefault(v, []).append((u, i))
     returned = {r.value for r in prog.results}
     attached: dict = {}
-    for op in prog.ops:
+    for op in ops:
         opdef = registry.get(op.kind)
         if (merge_elementwise and opdef.family in ("layout", "create") and len(op.results) == 1
                 and op.result not in returned and len(users.get(op.result, [])) == 1
@@ -300,7 +374,7 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
                 root_of[p] = None
     # followers: elementwise ops adopt their main producer's strategy
     main_of: dict = {}
-    for op in prog.ops:
+    for op in ops:
         if op in attached:
             root_of[op] = None
             continue
@@ -322,10 +396,11 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     groups: list[Group] = []
     group_of: dict = {}
     by_key: dict = {}
+    sigs = _signatures(units, producer, rules, TIE_DEPTH) if tie_layers else {}
     for u in units:
         if root_of[u] is not u:
             continue  # a follower, or attached
-        key = _op_key(u, rules[u]) if (tie_layers and not hasattr(u, "value")) else None
+        key = sigs.get(u)
         if key is not None and key in by_key:
             g = by_key[key]
         else:
@@ -335,10 +410,10 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
                 by_key[key] = g
         groups[g].roots.append(u)
         group_of[u] = g
-    for op in prog.ops:
+    for op in ops:
         if root_of[op] is not None and root_of[op] is not op:
             group_of[op] = group_of[root_of[op]]
-    for op in reversed(prog.ops):
+    for op in reversed(ops):
         if op in attached:
             group_of[op] = group_of[attached[op][0]]
     for p, (user, _i) in attached_params.items():
@@ -346,7 +421,7 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     # views per unit, indexed by its group's strategy (program order: a follower's main producer first)
     followed: dict = {}  # identical followers of identical producers share one list
     interned: dict = {}
-    for op in prog.ops:
+    for op in ops:
         if op in attached:
             continue
         if op in main_of:
@@ -362,7 +437,7 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         else:
             views[op] = op_views(op, rules[op], mesh)
         views[op] = interned.setdefault(tuple(views[op]), views[op])  # equal lists: one object
-    for op in reversed(prog.ops):
+    for op in reversed(ops):
         if op in attached:
             user, i = attached[op]
             k = (_op_key(op, rules[op]), id(views[user]), i) if tie_layers else None
@@ -385,8 +460,8 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     for u in units:
         g = groups[group_of[u]]
         for s, v in enumerate(views[u]):
-            g.node_cost[s] += v.work
-        if hasattr(u, "value"):
+            g.node_cost[s] += v.work * trips_of[u]
+        if u in params:
             t = u.value.type
             nbytes = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, mesh)) for v in views[u]]
             g.param_bytes = [a + b for a, b in zip(g.param_bytes, nbytes)] if g.param_bytes else nbytes
@@ -406,33 +481,39 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     smalls: dict = {}
     for g in groups:
         g.node_cost = np.asarray(g.node_cost, dtype=float)
-    for op in prog.ops:
+    for op, operands, weights in consumers:
         gb = group_of[op]
-        for i, v in enumerate(op.operands):
+        for i, (v, w) in enumerate(zip(operands, weights)):
             if v not in producer:
                 continue
             src_unit, j = producer[v]
             ga = group_of[src_unit]
             shape, isz = v.type.shape, itemsize(v.type.dtype)
+            # a gradient leaving the backward pass (an optimizer update, a returned gradient): its
+            # settling reduction is independent of the others, and the compiler combines them into
+            # one collective per group of axes (partition.combine): its latency is not this edge's
+            lat = latency_bytes
+            if getattr(src_unit, "backward", False) and not getattr(op, "backward", True):
+                lat = LATENCY_BYTES
             if ga == gb:  # inside a group: only each strategy against itself
                 g = groups[ga]
                 outs, reqs = views[src_unit], views[op]
-                dk = (id(outs), j, id(reqs), i, "diag")
+                dk = (id(outs), j, id(reqs), i, "diag", lat)
                 if dk not in smalls:
-                    smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache)
-                                            for s in range(g.n)]), outs, reqs)
-                g.node_cost = np.asarray(g.node_cost) + smalls[dk][0]
+                    smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache,
+                                                       lat) for s in range(g.n)]), outs, reqs)
+                g.node_cost = np.asarray(g.node_cost) + w * smalls[dk][0]
                 continue
-            sk = (id(views[src_unit]), j, id(views[op]), i)
+            sk = (id(views[src_unit]), j, id(views[op]), i, lat)
             if sk not in smalls:
                 ia, da = classes([x.outs[j] for x in views[src_unit]], (id(views[src_unit]), j, "out"))
                 ib, db = classes([x.reqs[i] for x in views[op]], (id(views[op]), i, "req"))
                 small = np.empty((len(da), len(db)))
                 for x, src in enumerate(da):
                     for y, dst in enumerate(db):
-                        small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache)
+                        small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache, lat)
                 smalls[sk] = (small[np.ix_(ia, ib)], views[src_unit], views[op])
-            full = smalls[sk][0]
+            full = smalls[sk][0] * w if w != 1 else smalls[sk][0]
             key = (ga, gb) if ga < gb else (gb, ga)
             if ga > gb:
                 full = full.T
@@ -449,21 +530,22 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         for s, v in enumerate(views[unit]):
             out = v.outs[j]
             if out.partial:
-                g.node_cost[s] += comm_cost(plan_reshard(r.value.type.shape, itemsize(r.value.type.dtype), mesh,
-                                                         out, Sharding(out.dims)))
+                g.node_cost[s] += _comm(plan_reshard(r.value.type.shape, itemsize(r.value.type.dtype), mesh,
+                                                     out, Sharding(out.dims)), latency_bytes)
     prob = Problem(prog, mesh, views, group_of, groups, edges, constant, units)
     prob.producer = producer
     return prob
 
 
-def _edge_cost(shape, isz: int, mesh: Mesh, src: Sharding, dst: Sharding, cache: dict) -> float:
+def _edge_cost(shape, isz: int, mesh: Mesh, src: Sharding, dst: Sharding, cache: dict,
+               latency_bytes: float) -> float:
     """The reshard planner's cost from `src` to `dst`; a split that only grows (each dim's axes
     extend its current ones, no pending sum) is a local slice and costs nothing."""
     if not src.partial and all(w[: len(h)] == h for h, w in zip(src.dims, dst.dims)):
         return 0.0
-    key = (shape, isz, src, dst)
+    key = (shape, isz, src, dst, latency_bytes)
     if key not in cache:
-        cache[key] = comm_cost(plan_reshard(shape, isz, mesh, src, dst))
+        cache[key] = _comm(plan_reshard(shape, isz, mesh, src, dst), latency_bytes)
     return cache[key]
 
 
@@ -493,6 +575,93 @@ def _classes(rows):
     return list(seen.items())
 
 
+def _eliminate(prob: Problem, keep: set):
+    """Exact reductions before the integer program (dynamic programming on the graph): a group
+    with one neighbour folds into it (the neighbour's cost per strategy gains this group's best
+    answer to it), a group with two neighbours becomes one edge between them (the best middle
+    strategy for each pair); groups in `keep` (parameters under a memory budget or an exclusion)
+    stay. Chains of ops, a layer's elementwise tails and a training step's optimizer updates go
+    away. Returns (node costs of the groups left, edges left, constant, the eliminations in order:
+    replay them backwards to recover the eliminated groups' strategies)."""
+    node = {gi: np.asarray(g.node_cost, dtype=float) for gi, g in enumerate(prob.groups)}
+    edges = {k: np.asarray(m, dtype=float) for k, m in prob.edges.items()}
+    nbrs: dict = {gi: set() for gi in node}
+    for a, b in edges:
+        nbrs[a].add(b)
+        nbrs[b].add(a)
+    const = prob.constant
+    steps = []
+
+    def oriented(g, h):  # the matrix of edge g-h as [g strategy, h strategy]
+        return edges[(g, h)] if (g, h) in edges else edges[(h, g)].T
+
+    def add_edge(g, h, m):
+        if (g, h) in edges:
+            edges[(g, h)] = edges[(g, h)] + m
+        elif (h, g) in edges:
+            edges[(h, g)] = edges[(h, g)] + m.T
+        else:
+            edges[(g, h) if g < h else (h, g)] = m if g < h else m.T
+            nbrs[g].add(h)
+            nbrs[h].add(g)
+
+    def drop(g):
+        for h in sorted(nbrs[g]):
+            edges.pop((g, h), None)
+            edges.pop((h, g), None)
+            nbrs[h].discard(g)
+        del nbrs[g], node[g]
+
+    def separate():
+        """An edge whose cost is a cost of one end plus a cost of the other is two node costs."""
+        for (a, b), m in sorted(edges.items()):
+            d = m - m[:, :1]
+            if np.allclose(d, d[:1, :], rtol=0, atol=1e-6):
+                node[a] = node[a] + m[:, 0]
+                node[b] = node[b] + d[0, :]
+                del edges[(a, b)]
+                nbrs[a].discard(b)
+                nbrs[b].discard(a)
+
+    separate()
+    changed = True
+    while changed:
+        changed = False
+        for g in sorted(node):
+            if g in keep or g not in node:
+                continue
+            near = sorted(nbrs[g])
+            if len(node[g]) == 1 and near:  # one strategy: its edges are costs of its neighbours'
+                for h in near:
+                    node[h] = node[h] + oriented(h, g)[:, 0]
+                const += float(node[g][0])
+                steps.append((g, (), 0))
+            elif len(near) == 0:
+                const += float(node[g].min())
+                steps.append((g, (), int(np.argmin(node[g]))))
+            elif len(near) == 1:
+                (h,) = near
+                t = oriented(h, g) + node[g][None, :]
+                node[h] = node[h] + t.min(axis=1)
+                steps.append((g, (h,), t.argmin(axis=1)))
+            elif len(near) == 2:
+                h1, h2 = near
+                t = oriented(h1, g)[:, :, None] + node[g][None, :, None] + oriented(g, h2)[None, :, :]
+                if t.size > 1 << 16:
+                    continue
+                steps.append((g, (h1, h2), t.argmin(axis=1)))
+                best = t.min(axis=1)
+                drop(g)
+                add_edge(h1, h2, best)
+                changed = True
+                continue
+            else:
+                continue
+            drop(g)
+            changed = True
+    return node, edges, const, steps
+
+
 def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit: int | None = None,
               time_limit: float = TIME_LIMIT_S):
     """The optimum of the integer program; `exclude`: parameter layouts already taken (each a
@@ -503,15 +672,19 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit
     from scipy.sparse import coo_matrix
 
     t0 = time.perf_counter()
-    offset = []
+    pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
+    keep = set(pgroups) if (budget is not None or exclude) else set()
+    node, edges, const, steps = _eliminate(prob, keep)
+    left = sorted(node)
+    offset = {}
     n = 0
-    for g in prob.groups:
-        offset.append(n)
-        n += g.n
+    for gi in left:
+        offset[gi] = n
+        n += len(node[gi])
     c = [0.0] * n
-    for gi, g in enumerate(prob.groups):
-        for s in range(g.n):
-            c[offset[gi] + s] = g.node_cost[s]
+    for gi in left:
+        for s, x in enumerate(node[gi]):
+            c[offset[gi] + s] = float(x)
     integrality = [1] * n
     rows, cols, vals, lo, hi = [], [], [], [], []
     r = 0
@@ -526,10 +699,9 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit
         hi.append(high)
         r += 1
 
-    for gi, g in enumerate(prob.groups):
-        add_row([(offset[gi] + s, 1.0) for s in range(g.n)], 1.0, 1.0)
-    const = prob.constant
-    for (a, b), m in sorted(prob.edges.items()):
+    for gi in left:
+        add_row([(offset[gi] + s, 1.0) for s in range(len(node[gi]))], 1.0, 1.0)
+    for (a, b), m in sorted(edges.items()):
         if float(m.max() - m.min()) < 1e-9:
             const += float(m.flat[0])
             continue
@@ -548,23 +720,25 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit
             add_row([(first + ri * nc + ci, 1.0) for ri in range(len(row_classes))]
                     + [(offset[b] + s, -1.0) for s in idx], 0, 0)
     if budget is not None:
-        entries = [(offset[gi] + s, g.param_bytes[s]) for gi, g in enumerate(prob.groups) if g.param_bytes
-                   for s in range(g.n)]
+        entries = [(offset[gi] + s, prob.groups[gi].param_bytes[s]) for gi in pgroups
+                   for s in range(prob.groups[gi].n)]
         add_row(entries, -np.inf, float(budget))
-    pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
     for taken in exclude:
         add_row([(offset[gi] + taken[gi], 1.0) for gi in pgroups], -np.inf, len(pgroups) - 1)
-    a = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
-    res = milp(np.array(c), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
-               integrality=np.array(integrality), bounds=Bounds(np.zeros(n), np.ones(n)),
-               options={"time_limit": time_limit, "presolve": True, "mip_rel_gap": MIP_REL_GAP,
-                        **({"node_limit": node_limit} if node_limit is not None else {})})
-    if res.x is None:  # infeasible, or no plan found in the time limit
-        return None
     choice = {}
-    for gi, g in enumerate(prob.groups):
-        xs = res.x[offset[gi]: offset[gi] + g.n]
-        choice[gi] = int(np.argmax(xs))
+    if n:
+        a = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
+        res = milp(np.array(c), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
+                   integrality=np.array(integrality), bounds=Bounds(np.zeros(n), np.ones(n)),
+                   options={"time_limit": time_limit, "presolve": True, "mip_rel_gap": MIP_REL_GAP,
+                            **({"node_limit": node_limit} if node_limit is not None else {})})
+        if res.x is None:  # infeasible, or no plan found in the time limit
+            return None
+        for gi in left:
+            choice[gi] = int(np.argmax(res.x[offset[gi]: offset[gi] + len(node[gi])]))
+    for g, near, arg in reversed(steps):
+        choice[g] = int(arg if not near else arg[tuple(choice[h] for h in near)])
+    choice = {gi: choice[gi] for gi in range(len(prob.groups))}
     return Solution(choice, prob.evaluate(choice), "ilp", time.perf_counter() - t0)
 
 
