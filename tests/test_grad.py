@@ -16,6 +16,7 @@ import re
 import numpy as np
 import progen
 import pytest
+from gradcheck import check_finite_differences
 
 import spmdlang
 from spmdlang.backend_ref.interp import run_global
@@ -250,22 +251,8 @@ def finite_difference_check(seed: int, points: int = 3, eps: float = 1e-6) -> No
     outs = c.run(inputs, backend="ref")
     m = re.search(r"argnums=\[([\d, ]+)\]", src)
     argnums = [int(x) for x in m.group(1).split(",")]
-    grads = outs[-len(argnums):]
-    names = [p.name for p in loss.program.params]
-    rng = np.random.default_rng(seed)
-    for i, g in zip(argnums, grads):
-        x = inputs[names[i]]
-        for _ in range(points):
-            if x.size == 0:
-                break
-            k = tuple(int(rng.integers(0, n)) for n in x.shape)
-            hi, lo = dict(inputs), dict(inputs)
-            hi[names[i]], lo[names[i]] = x.copy(), x.copy()
-            hi[names[i]][k] += eps
-            lo[names[i]][k] -= eps
-            fd = (loss.run(hi, backend="ref")[0] - loss.run(lo, backend="ref")[0]) / (2 * eps)
-            assert abs(fd - g[k]) <= 1e-5 * (1 + abs(fd)), (
-                f"seed {seed}: d loss / d {names[i]}{list(k)}: finite differences {fd}, grad {g[k]}\n{src}")
+    check_finite_differences(loss, inputs, argnums, outs[-len(argnums):], np.random.default_rng(seed), points, eps,
+                             context=f"seed {seed}:\n{src}\n")
 
 
 @pytest.mark.parametrize("seed", range(40))

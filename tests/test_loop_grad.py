@@ -17,6 +17,7 @@ from spmdlang.ir.core import LOOP, Loop, all_ops
 
 sys.path.insert(0, str(Path(__file__).parent))
 import progen  # noqa: E402
+from gradcheck import check_finite_differences  # noqa: E402
 
 # carry only, a captured weight, a stacked weight w[l], dynamic_slice / dynamic_update_slice
 # at the index, a nested loop, a zero-trip loop, and an integer carry
@@ -109,20 +110,10 @@ def test_grad_through_loop_matches_finite_differences(name):
     # value_and_grad's weights come back updated (w - 0.1 g), grad's as they are
     vg = "value_and_grad" in src
     got = outs[1:] if vg else outs
-    rng = np.random.default_rng(0)
-    eps = 1e-6
-    for i, g in zip(argnums, got):
-        x = inputs[names[i]]
-        if vg and f"{names[i]} - 0.1 * g" in src:
-            g = (x - g) / 0.1
-        for _ in range(4):
-            k = tuple(int(rng.integers(0, n)) for n in x.shape)
-            hi, lo = dict(inputs), dict(inputs)
-            hi[names[i]], lo[names[i]] = x.copy(), x.copy()
-            hi[names[i]][k] += eps
-            lo[names[i]][k] -= eps
-            fd = (loss.run(hi, backend="ref")[0] - loss.run(lo, backend="ref")[0]) / (2 * eps)
-            assert abs(fd - g[k]) <= 1e-6 * (1 + abs(fd)), (name, names[i], k, fd, g[k])
+    grads = [(inputs[names[i]] - g) / 0.1 if vg and f"{names[i]} - 0.1 * g" in src else g
+             for i, g in zip(argnums, got)]
+    check_finite_differences(loss, inputs, argnums, grads, np.random.default_rng(0), points=4, rtol=1e-6,
+                             context=f"{name}: ")
 
 
 def test_the_reverse_loop_is_backward_and_the_forward_runs_once():
@@ -275,18 +266,8 @@ def _random_fd(seed: int, eps: float = 1e-6) -> bool:
     inputs = c.random_inputs(seed)
     outs = c.run(inputs, backend="ref")
     argnums = [int(x) for x in re.search(r"argnums=\[([\d, ]+)\]", src).group(1).split(",")]
-    names = [p.name for p in loss.program.params]
-    rng = np.random.default_rng(seed)
-    for i, g in zip(argnums, outs[-len(argnums):]):
-        x = inputs[names[i]]
-        for _ in range(3 if x.size else 0):
-            k = tuple(int(rng.integers(0, n)) for n in x.shape)
-            hi, lo = dict(inputs), dict(inputs)
-            hi[names[i]], lo[names[i]] = x.copy(), x.copy()
-            hi[names[i]][k] += eps
-            lo[names[i]][k] -= eps
-            fd = (loss.run(hi, backend="ref")[0] - loss.run(lo, backend="ref")[0]) / (2 * eps)
-            assert abs(fd - g[k]) <= 1e-5 * (1 + abs(fd)), (seed, names[i], k, fd, g[k], src)
+    check_finite_differences(loss, inputs, argnums, outs[-len(argnums):], np.random.default_rng(seed),
+                             context=f"seed {seed}:\n{src}\n")
     return True
 
 
