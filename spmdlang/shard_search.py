@@ -471,12 +471,47 @@ def strip_annotations(text: str, keep: dict[str, str] | None = None, filename: s
     return t.result()
 
 
+def _grad_args(func: A.FuncDef) -> tuple[set[str], set[str]]:
+    """Names passed to a grad or value_and_grad call in `func`: (at a differentiated position,
+    `argnums`, default [0]: a training step's weights; at the others: its batch, labels, ...)."""
+    out: set[str] = set()
+    data: set[str] = set()
+
+    def walk(node):
+        if isinstance(node, A.Call) and node.func in ("grad", "value_and_grad"):
+            nums = [0]
+            for kw in node.kwargs:
+                if kw.name == "argnums" and isinstance(kw.value, (A.ListLit, A.TupleLit)):
+                    nums = [i.value for i in kw.value.items if isinstance(i, A.IntLit)]
+                elif kw.name == "argnums" and isinstance(kw.value, A.IntLit):
+                    nums = [kw.value.value]
+            args = node.args[1:]  # args[0] is the function
+            for i, a in enumerate(args):
+                if isinstance(a, A.Name):
+                    (out if i in nums else data).add(a.id)
+        if isinstance(node, A.Node):
+            for v in vars(node).values():
+                walk(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v)
+
+    walk(func.body)
+    return out, data - out
+
+
 def batch_only(text: str, filename: str = "<input>", entry: str | None = None) -> str:
     """The program with every annotation of its entry function removed except the first split dim
-    of its first parameter (the batch input): what the benchmarks give autoshard to start from."""
+    of its batch input: what the benchmarks give autoshard to start from. The batch input is the
+    first split parameter that a grad call takes but does not differentiate (a training step's
+    data), else the first split parameter no grad call differentiates (a training step's weights
+    and optimizer state are what the search is to choose)."""
     module, _source = parse(text, filename)
     func = _entry(module, entry)
-    p = func.params[0]
+    weights, data = _grad_args(func)
+    split = [q for q in func.params if q.spec is not None and any(e.axes and e.axes != ("_",) for e in q.spec.entries)]
+    p = next((q for q in split if q.name in data), None) or next((q for q in split if q.name not in weights),
+                                                                  func.params[0])
     entries, done = [], False
     for e in (p.spec.entries if p.spec is not None else []):
         if e.axes and e.axes != ("_",) and not done:
