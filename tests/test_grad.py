@@ -16,18 +16,14 @@ import re
 import numpy as np
 import progen
 import pytest
+import test_vjp as TV
 from gradcheck import check_finite_differences
 
 import spmdlang
-from spmdlang.backend_ref.interp import run_global
 from spmdlang.errors import SpmdError
 from spmdlang.inputs import random_inputs
 from spmdlang.ir import registry
 from spmdlang.ir import types as T
-from spmdlang.ir.autodiff import Differentiator, backward_pass
-from spmdlang.ir.builder import Builder
-from spmdlang.ir.core import Param, Program, Result, Value
-from spmdlang.ir.mesh import Mesh
 from spmdlang.ir.registry import Grad
 from spmdlang.ir.types import TensorType
 
@@ -85,8 +81,6 @@ def _vjp_case(name, types_text, attrs, seed):
 
 
 def _vjp_case_x64(jax, name, types_text, attrs, seed):
-    import jax.numpy as jnp
-
     opdef = registry.get(name)
     rng = np.random.default_rng(seed)
     types = [_f64(_parse_type(t)) for t in types_text]
@@ -94,43 +88,12 @@ def _vjp_case_x64(jax, name, types_text, attrs, seed):
     if name in ("take", "take_along_axis", "scatter_add"):
         n_axis = types[0].shape[attrs["axis"]]
     arrays = [_sample(rng, name, i, t, n_axis) for i, t in enumerate(types)]
-    params = [Value(t, f"x{i}") for i, t in enumerate(types)]
-    b = Builder()
-    outs = b.emit_op(name, params, dict(attrs))
-    fl = [i for i, t in enumerate(types) if T.is_float(t.dtype)]
-    cts_np = [rng.standard_normal(r.type.shape).astype(np.float64) if T.is_float(r.type.dtype) else None
-              for r in outs]
-    ct_params = [Value(r.type, f"ct{k}") for k, r in enumerate(outs)]
-    d = Differentiator(b)
-    seeds = [(r, c) for r, c, a in zip(outs, ct_params, cts_np) if a is not None]
-    got = backward_pass(d, list(b.ops), [params[i] for i in fl], seeds)
-    results = [g if g is not None else None for g in got]
-    prog_results = [Result(g, None) for g in results if g is not None]
-    prog = Program("vjp", Mesh.make({"x": 1}), tuple(Param(v, v.name, None) for v in params + ct_params),
-                   tuple(b.ops), tuple(prog_results))
-    inputs = {f"x{i}": a for i, a in enumerate(arrays)}
-    inputs.update({f"ct{k}": (a if a is not None else np.zeros(r.type.shape, T.np_dtype(r.type.dtype)))
-                   for k, (a, r) in enumerate(zip(cts_np, outs))})
-    ours = iter(run_global(prog, inputs))
-    ours = [next(ours) if g is not None else np.zeros(types[i].shape) for g, i in zip(results, fl)]
-
-    names = [f"a{i}" for i in range(len(types))]
-    text = opdef.jax(names, attrs, [r.type for r in outs])
-    fn = eval(f"lambda {', '.join(names)}: {text}", {"jax": jax, "jnp": jnp, "np": np, "float": float})  # noqa: S307
-
-    def f(*diff):
-        full = list(arrays)
-        for i, v in zip(fl, diff):
-            full[i] = v
-        out = fn(*full)
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-    _, pullback = jax.vjp(jax.jit(f), *[jnp.asarray(arrays[i]) for i in fl])
-    ct_j = tuple(jnp.asarray(c) if c is not None else np.zeros(r.type.shape, jax.dtypes.float0)
-                 for c, r in zip(cts_np, outs))
-    want = pullback(ct_j)
-    for i, a, w in zip(fl, ours, want):
-        np.testing.assert_allclose(a, np.asarray(w), rtol=1e-9, atol=1e-9,
+    result_types = opdef.infer_types(types, TV._frozen(attrs))
+    cts = [rng.standard_normal(t.shape).astype(np.float64) if T.is_float(t.dtype) else None for t in result_types]
+    ours, _ = TV.ours(name, arrays, attrs, cts)
+    want = TV.jax_vjp(TV.emission(name, attrs, result_types), arrays, cts, result_types)
+    for i in (i for i, t in enumerate(types) if T.is_float(t.dtype)):
+        np.testing.assert_allclose(ours[i], want[i], rtol=1e-9, atol=1e-9,
                                    err_msg=f"{name} operand {i} {types_text} {dict(attrs)}")
 
 
