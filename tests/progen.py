@@ -908,16 +908,21 @@ class Generator:
 
     # ------------------------------------------------------------------ the program
 
-    def program(self) -> str:
+    def _draw(self, first_dtype) -> tuple[str, str]:
+        """(the mesh line, the drawn statements): a first parameter (its dtype drawn by
+        `first_dtype()` after its shape), maybe a second f32 one, then min_ops..max_ops steps."""
         mesh = self.mesh()
-        first = self.param(self.shape(), self.ch.choice(["f32"] * 6 + ["i32", "bf16"]))
-        self.pool.append(first)
+        shape = self.shape()
+        self.pool.append(self.param(shape, first_dtype()))
         if self.ch.chance(0.3):
             self.pool.append(self.param(self.shape(), "f32"))
         for _ in range(self.ch.int(self.min_ops, self.max_ops)):
             self.step()
+        return mesh, "\n".join(self.lines)
+
+    def program(self) -> str:
+        mesh, body = self._draw(lambda: self.ch.choice(["f32"] * 6 + ["i32", "bf16"]))
         # return the last value and maybe other values nothing used (so no op is dead code)
-        body = "\n".join(self.lines)
         def after_definition(name: str) -> str:  # the body after `name = ...` (or `a, name = ...`)
             m = re.search(rf"^  [\w, ]*\b{name}\b[\w, ]* = ", body, re.M)
             return body[m.end():]
@@ -939,14 +944,7 @@ class Generator:
         """A program that differentiates (make the generator with grad=True): the drawn statements
         become `loss`, a function of every parameter returning sum(tanh(v)) of its last f32 value, and
         main returns value_and_grad (or grad) of it with respect to some f32 parameters."""
-        mesh = self.mesh()
-        first = self.param(self.shape(), "f32")
-        self.pool.append(first)
-        if self.ch.chance(0.3):
-            self.pool.append(self.param(self.shape(), "f32"))
-        for _ in range(self.ch.int(self.min_ops, self.max_ops)):
-            self.step()
-        body = "\n".join(self.lines)
+        mesh, body = self._draw(lambda: "f32")
         f32 = [v for v in self.pool if v.dtype == "f32"]
         # the loss sums what nothing else uses (the last f32 value and up to two dead ends)
         unused = [v for v in f32[:-1] if v.name.startswith("v")
