@@ -26,7 +26,7 @@ from ..ir.simplify import cse, dead_code, with_regions
 
 def _key(op: Op) -> tuple:
     # XLA's compiled module splits a tuple all-reduce of mixed element types into one per type
-    if op.kind in ("reduce_scatter", "all_gather"):
+    if op.kind in _FUSED:
         return op.kind, tuple(op.attrs["axes"]), op.attrs["group"], op.operands[0].type.dtype
     return op.kind, tuple(op.attrs["axes"]), op.attrs["reduce"], op.operands[0].type.dtype
 
@@ -82,6 +82,11 @@ def _fused_all_gather(group: list[Op]) -> tuple[list[Op], Op]:
     return b.ops, collective
 
 
+# the collectives that combine by flattening their members side by side (all_reduces combine as
+# one variadic op instead): kind -> the builder of the combined collective
+_FUSED = {"reduce_scatter": _fused_reduce_scatter, "all_gather": _fused_all_gather}
+
+
 def _combine(prog: Program, ledger):
     """Combine in the program and, each on its own, in every loop body (an all_reduce never
     leaves or enters a loop here); the ledger follows, in program order."""
@@ -119,7 +124,7 @@ def _combine_ops(prog_ops, ledger):
 
     def combinable(op) -> bool:
         # a product all-reduce runs as an all_gather per operand in jax: nothing to combine
-        if op.kind in ("reduce_scatter", "all_gather"):
+        if op.kind in _FUSED:
             return True
         return op.kind == "all_reduce" and op.attrs["reduce"] != "prod"
 
@@ -173,9 +178,8 @@ def _combine_ops(prog_ops, ledger):
             group.sort(key=lambda o: index[o])
             if len(group) == 1:
                 ops.append(group[0])
-            elif group[0].kind in ("reduce_scatter", "all_gather"):
-                fuse = _fused_reduce_scatter if group[0].kind == "reduce_scatter" else _fused_all_gather
-                fused, op = fuse(group)
+            elif group[0].kind in _FUSED:
+                fused, op = _FUSED[group[0].kind](group)
                 merged[op] = group
                 extra += len(fused) - 1
                 ops.extend(fused)
