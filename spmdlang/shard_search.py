@@ -471,6 +471,15 @@ def strip_annotations(text: str, keep: dict[str, str] | None = None, filename: s
     return t.result()
 
 
+def _int(node) -> int | None:
+    """An integer literal's value (negative ones included), else None."""
+    if isinstance(node, A.IntLit):
+        return node.value
+    if isinstance(node, A.Neg) and isinstance(node.operand, A.IntLit):
+        return -node.operand.value
+    return None
+
+
 def _grad_args(func: A.FuncDef) -> tuple[set[str], set[str]]:
     """Names passed to a grad or value_and_grad call in `func`: (at a differentiated position,
     `argnums`, default [0]: a training step's weights; at the others: its batch, labels, ...)."""
@@ -479,13 +488,12 @@ def _grad_args(func: A.FuncDef) -> tuple[set[str], set[str]]:
 
     def walk(node):
         if isinstance(node, A.Call) and node.func in ("grad", "value_and_grad"):
+            args = node.args[1:]  # args[0] is the function
             nums = [0]
             for kw in node.kwargs:
-                if kw.name == "argnums" and isinstance(kw.value, (A.ListLit, A.TupleLit)):
-                    nums = [i.value for i in kw.value.items if isinstance(i, A.IntLit)]
-                elif kw.name == "argnums" and isinstance(kw.value, A.IntLit):
-                    nums = [kw.value.value]
-            args = node.args[1:]  # args[0] is the function
+                if kw.name == "argnums":
+                    items = kw.value.items if isinstance(kw.value, (A.ListLit, A.TupleLit)) else [kw.value]
+                    nums = [_int(i) % len(args) for i in items if _int(i) is not None and args]
             for i, a in enumerate(args):
                 if isinstance(a, A.Name):
                     (out if i in nums else data).add(a.id)
