@@ -27,16 +27,32 @@ class UsageError(Exception):
 # ---------------------------------------------------------------------------------- argument parsing
 
 
-def _assignments(text: str, what: str) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _int(text: str) -> int | None:
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _number(text: str) -> int | float | None:
+    """An integer, or a finite float as Python writes one (1e-3, .5, -2.0)."""
+    if _int(text) is not None:
+        return int(text)
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _assignments(text: str, what: str, parse=_int, expects="NAME=INT[,NAME=INT...]") -> dict[str, int | float]:
+    out: dict[str, int | float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = part.partition("=")
         name, value = name.strip(), value.strip()
-        if not eq or not name or not value.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"{what} expects NAME=INT[,NAME=INT...], got '{part}'")
+        number = parse(value) if eq and name and value else None
+        if number is None:
+            raise argparse.ArgumentTypeError(f"{what} expects {expects}, got '{part}'")
         if name in out:
             raise argparse.ArgumentTypeError(f"{what} names '{name}' twice")
-        out[name] = int(value)
+        out[name] = number
     return out
 
 
@@ -49,7 +65,7 @@ def _mesh_arg(text):
 
 
 def _set_arg(text):
-    return _assignments(text, "--set")
+    return _assignments(text, "--set", _number, "NAME=INT or NAME=FLOAT (finite), comma-separated")
 
 
 def _count(minimum: int):
@@ -98,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("file", metavar="FILE", help="a .spmd program, or - to read it from standard input")
     common.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
                         help="override the file's mesh axis sizes")
-    common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=INT,...", dest="consts",
-                        help="override integer consts")
+    common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=VALUE,...", dest="consts",
+                        help="override consts: an integer for an integer const, a number for a float const")
     common.add_argument("--entry", metavar="NAME", help="the entry function (default: main)")
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("--verify", action="store_true",

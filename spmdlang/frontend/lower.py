@@ -8,6 +8,7 @@ User functions are inlined at each call; `for` loops over `range` are unrolled.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import OverrideError, Source, Span, SpmdError
@@ -34,7 +35,7 @@ class Lowerer:
         self.source = source
         self.mesh_override = dict(mesh_override or {})
         self.const_override = dict(const_override or {})
-        self.consts: dict[str, int] = {}
+        self.consts: dict[str, int | float] = {}
         self.funcs: dict[str, A.FuncDef] = {}
         self.mesh: Mesh | None = None
         self.b = Builder()
@@ -77,17 +78,17 @@ class Lowerer:
         return prog
 
     def _lower_consts(self):
+        """Consts in order, each an int or a float; an override replaces its value, an integer
+        const's with an integer, a float const's with any number."""
         for c in self.module.consts:
             if c.name in self.consts:
                 raise SpmdError(f"const '{c.name}' is defined twice", c.span)
+            value = self.static(c.value, {})
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SpmdError(f"const '{c.name}' must be an integer or a float, got {describe(value)}", c.value.span)
             if c.name in self.const_override:
-                value = self.const_override[c.name]
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise OverrideError(f"--set {c.name}={value!r}: consts are integers", c.span)
-                self.consts[c.name] = value
-                continue
-            self.consts[c.name] = _check_static_int(self.static(c.value, {}), c.value.span,
-                                                    f"const '{c.name}'")
+                value = _const_override(c, value, self.const_override[c.name])
+            self.consts[c.name] = value
 
     def _lower_mesh(self):
         meshes = self.module.meshes
@@ -309,7 +310,10 @@ class Lowerer:
                             + did_you_mean(t.dtype, T.DTYPES), t.dtype_span or t.span)
         dims = []
         for d in t.dims:
-            n = _check_static_int(self.static(d, {}), d.span, "a dimension")
+            n = self.static(d, {})
+            if isinstance(d, A.Name) and isinstance(n, float) and d.id in self.consts:
+                raise SpmdError(f"a dimension must be a static integer; '{d.id}' is a float const ({n})", d.span)
+            n = _check_static_int(n, d.span, "a dimension")
             if n < 0:
                 raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
             dims.append(n)
@@ -782,6 +786,19 @@ def _fold(kind, a, b, span):
         }[kind]()
     except (ZeroDivisionError, OverflowError) as e:
         raise SpmdError(f"constant arithmetic failed: {e}", span) from None
+
+
+def _const_override(c: A.ConstDecl, declared: int | float, value) -> int | float:
+    """--set / consts= for const `c`: an integer const takes an integer, a float const any finite
+    number (as a float)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(declared, int):
+        if not number or not isinstance(value, int):
+            raise OverrideError(f"--set {c.name}={value!r}: '{c.name}' is an integer const; give an integer", c.span)
+        return value
+    if not number or not math.isfinite(value):
+        raise OverrideError(f"--set {c.name}={value!r}: '{c.name}' is a float const; give a finite number", c.span)
+    return float(value)
 
 
 def lower(module: A.Module, source: Source, mesh=None, consts=None, entry=None) -> Program:

@@ -14,7 +14,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import elementwise_rule
-from .registry import Family, Grad, PartialMode, check, no_flops, register, set_vjp
+from .registry import Family, Grad, PartialMode, Takes, check, no_flops, register, set_vjp
 
 
 def _same_shape(types) -> tuple[int, ...]:
@@ -90,16 +90,20 @@ def _template(text):
 
 _UNARY_EXAMPLE = (("f32[4, 8]",), {})
 
+# gelu is the builtin gelu(x, approximate=true), gelu_erf its approximate=false: no builtin of their own
+_NOT_BUILTINS = {"gelu", "gelu_erf"}
+
 for _name, (_fn, _jax, _doc) in _FLOAT_UNARY.items():
     register(_name, doc=_doc, infer=_unary_infer(_name, {"float"}), numpy=_unary_numpy(_fn),
-             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE)
+             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE,
+             builtin=None if _name in _NOT_BUILTINS else Takes.float)
 for _name, (_fn, _jax, _doc) in _NUMERIC_UNARY.items():
     register(_name, doc=_doc, infer=_unary_infer(_name, {"float", "int"}), numpy=_unary_numpy(_fn),
              rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE,
-             partial=PartialMode.additive if _name == "neg" else None)
+             partial=PartialMode.additive if _name == "neg" else None, builtin=Takes.numeric)
 register("logical_not", doc="boolean not", infer=_unary_infer("logical_not", {"bool"}), numpy=np.logical_not,
          rule=_elementwise_rule, jax=_template("jnp.logical_not({0})"), family=Family.elementwise,
-         example=(("bool[4, 8]",), {}))
+         example=(("bool[4, 8]",), {}), builtin=Takes.bool)
 
 
 def _cast_infer(operands, attrs):
@@ -204,16 +208,21 @@ def _arith_jax(name, text):
 
 _BINARY_EXAMPLE = (("f32[4, 8]", "f32[4, 8]"), {})
 
+# the arithmetic the language writes as operators (a + b, a // b) is no builtin of its own name
+_ARITH_BUILTINS = {"maximum", "minimum", "pow"}
+
 for _name, (_fn, _jax, _partial, _doc) in _ARITH.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int"}), numpy=_arith_numpy(_name, _fn),
              rule=_elementwise_rule, jax=_arith_jax(_name, _jax), family=Family.elementwise,
-             partial=_partial, partial_operands=(0,) if _name == "div" else None, example=_BINARY_EXAMPLE)
+             partial=_partial, partial_operands=(0,) if _name == "div" else None, example=_BINARY_EXAMPLE,
+             builtin=Takes.numeric if _name in _ARITH_BUILTINS else None)
 for _name, (_fn, _jax, _doc) in _COMPARE.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int", "bool"}, "bool"), numpy=_fn,
              rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_BINARY_EXAMPLE)
 for _name, (_fn, _jax, _doc) in _LOGICAL.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"bool"}), numpy=_fn, rule=_elementwise_rule,
-             jax=_template(_jax), family=Family.elementwise, example=(("bool[4, 8]", "bool[4, 8]"), {}))
+             jax=_template(_jax), family=Family.elementwise, example=(("bool[4, 8]", "bool[4, 8]"), {}),
+             builtin=Takes.bool)
 
 
 def _select_infer(operands, attrs):
