@@ -158,6 +158,26 @@ def all_ops(ops):
         yield op
 
 
+def rewrite_regions(op: Op, fn) -> Op:
+    """The one walk into loop bodies that rewriting passes share: `op` with each region's ops
+    replaced by fn(region), which returns the new ops, or (ops, results). A region whose ops and
+    results are all the same objects is kept, and so is `op` when no region changed (passes
+    compare by identity to tell what they rewrote)."""
+    if not op.regions:
+        return op
+    regions = []
+    for r in op.regions:
+        got = fn(r)
+        ops, results = got if isinstance(got, tuple) else (got, r.results)
+        results = tuple(results)
+        same = (len(ops) == len(r.ops) and all(a is b for a, b in zip(ops, r.ops))
+                and len(results) == len(r.results) and all(a is b for a, b in zip(results, r.results)))
+        regions.append(r if same else r.replace(ops=tuple(ops), results=results))
+    if all(a is b for a, b in zip(regions, op.regions)):
+        return op
+    return op.replace(regions=tuple(regions))
+
+
 def region_values(ops):
     """Every value defined by `ops`: each op's results, then its regions' params and values."""
     for op in all_ops(ops):

@@ -21,8 +21,9 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from ..ir.collectives import CollectiveKind, combine_key, spec
-from ..ir.core import Op, Program, all_ops
-from ..ir.simplify import cse, dead_code, with_regions
+from ..ir.core import Op, Program, all_ops, rewrite_regions
+from ..ir.simplify import cse, dead_code
+from .ledger import remapped
 
 
 def _combine(prog: Program, ledger):
@@ -33,9 +34,9 @@ def _combine(prog: Program, ledger):
     def region(r):
         nonlocal new_ledger
         ops, new_ledger = _combine_ops(tuple(r.ops), new_ledger)
-        return r.replace(ops=tuple(ops))
+        return ops
 
-    ops, new_ledger = _combine_ops(tuple(with_regions(op, region) for op in prog.ops), new_ledger)
+    ops, new_ledger = _combine_ops(tuple(rewrite_regions(op, region) for op in prog.ops), new_ledger)
     order = {op: i for i, op in enumerate(all_ops(ops))}
     new_ledger.sort(key=lambda c: order.get(c.local_op, -1))
     return prog.replace(ops=tuple(ops)), new_ledger
@@ -146,15 +147,7 @@ def finish(spmd):
     """CSE, dead code, then all_reduce combining, on a partition.spmd.SpmdProgram."""
     prog, repl = cse(spmd.program)
     prog = dead_code(prog)
-    live = set(all_ops(prog.ops))
-    ledger = []
-    for c in spmd.ledger:
-        op = repl.get(c.local_op, c.local_op)
-        while op in repl:
-            op = repl[op]
-        if op in live and all(e.local_op is not op for e in ledger):
-            ledger.append(replace(c, local_op=op))
-    prog, ledger = _combine(prog, ledger)
+    prog, ledger = _combine(prog, remapped(spmd.ledger, repl, set(all_ops(prog.ops))))
     notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}
     return replace(spmd, program=prog, ledger=ledger, notes=notes)
 
