@@ -206,6 +206,7 @@ def _validate(op: OpDef) -> None:
 
 def register(name: str, **fields) -> OpDef:
     """Add an entry to the table; OpTableError if it is incomplete or the name is taken."""
+    name = str(name)  # a CollectiveKind registers under its plain name
     if name in OPS:
         raise OpTableError(f"op {name!r} registered twice")
     for key, enum in (("family", Family), ("stage", Stage), ("reduce_kind", ReduceKind), ("builtin", Takes)):

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from ..errors import Span
 from ..ir import registry
 from ..ir.builder import Builder
+from ..ir.collectives import CollectiveKind, combine_key, spec, step_combine_key
 from ..ir.core import LOOP, Loop, Op, Param, Program, Region, Result, Value, all_ops, make_loop
 from ..ir.mesh import Mesh, Sharding
+from ..ir.names import OpName
 from ..ir.types import TensorType, is_float, itemsize
 from .cost import FLOPS_PER_BYTE, PLANNING, comm_cost, step_bytes, step_cost
 from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
@@ -38,7 +40,7 @@ _MAX_CANDIDATES = 512
 class Collective:
     """One entry of the communication ledger."""
 
-    kind: str
+    kind: CollectiveKind
     axes: tuple[str, ...]
     bytes_per_device: float
     line: int | None
@@ -129,7 +131,7 @@ class Partitioner:
         if self.frames and v in self.frames[-1].outer:
             return self.hoisted(v, want, why)
         made = self.producer.get(v)
-        if made is not None and made.kind == "full" and not want.partial:  # a constant: made again, not moved
+        if made is not None and made.kind == OpName.FULL and not want.partial:  # a constant: made again, not moved
             out = self.emit("full", dtype=v.type.dtype, shape=tuple(want.local_shape(v.type.shape, self.mesh)),
                             value=made.attrs["value"])
             self.cache[key] = out
@@ -266,7 +268,7 @@ class Partitioner:
         device of each group over those axes, zeros elsewhere (a zero constant already is one)."""
         x = self.reshard(v, s.with_partial(()), "into the loop")
         producer = self.producer.get(v)
-        if producer is not None and producer.kind == "full" and producer.attrs["value"] == 0:
+        if producer is not None and producer.kind == OpName.FULL and producer.attrs["value"] == 0:
             return x
         first = self.emit("eq", self.axis_index(s.partial), self.emit("full", dtype="i32", shape=(), value=0))
         zero = self.emit("full", dtype=x.type.dtype, shape=(), value=_zero(x.type.dtype))
@@ -277,35 +279,12 @@ class Partitioner:
         for st in steps:
             after = st.after.local_shape(shape, self.mesh)
             k = self.mesh.group_size(st.axes)
-            if st.kind == "shard_slice":
-                x = self.emit("shard_slice", x, self.axis_index(st.axes), dim=st.dim, size=after[st.dim], group=k)
+            if not st.is_collective:
+                x = self.emit(OpName.SHARD_SLICE, x, self.axis_index(st.axes), dim=st.dim, size=after[st.dim],
+                              group=k)
                 self.cache[(v, st.after.closed())] = x
                 continue
-            if st.kind == "all_gather":
-                x = self.emit("all_gather", x, axes=st.axes, dim=st.dim, group=k)
-                col = self.b.ops[-1]
-                x = self.trim(x, st.dim, after[st.dim])
-            elif st.kind == "all_reduce":
-                x = self.emit("all_reduce", x, axes=st.axes, reduce=st.reduce)
-                col = self.b.ops[-1]
-            elif st.kind == "reduce_scatter":
-                x = self.pad_to(x, st.dim, k * after[st.dim])
-                x = self.emit("reduce_scatter", x, axes=st.axes, dim=st.dim, group=k)
-                col = self.b.ops[-1]
-            elif st.kind == "all_to_all" and st.moves:
-                x, col = self.all_to_all_dims(x, st.moves, st.axes, k)
-            elif st.kind == "all_to_all":
-                x = self.pad_to(x, st.dim, k * after[st.dim])
-                x = self.emit("all_to_all", x, axes=st.axes, split_dim=st.dim, concat_dim=st.dim2, group=k)
-                col = self.b.ops[-1]
-                x = self.trim(x, st.dim2, after[st.dim2])
-            elif st.kind == "collective_permute":
-                rule = ("relayout", st.axes, st.before.dims, st.after.dims)
-                x = self.emit("collective_permute", x, axes=st.axes,
-                              sizes=tuple(self.mesh.axis_size(a) for a in st.axes), rule=rule)
-                col = self.b.ops[-1]
-            else:  # pragma: no cover
-                raise AssertionError(st.kind)
+            x, col = spec(st.kind).emit(self, x, st, k, after)
             assert x.type.shape == after, (st, x.type, after)
             self.cache[(v, st.after.closed())] = x
             # what the emitted collective really sends (padding included), not the plan's estimate
@@ -316,43 +295,10 @@ class Partitioner:
                      backward=made is not None and made.backward)
         return x
 
-    def all_to_all_dims(self, x: Value, moves, axes, k: int):
-        """One all_to_all moving several splits at once, each (split dim j, concat dim d, its
-        axes): split every j into (k_i, rest), bring the k_i to the front as one dim of k (group
-        index order: the moves' axes in turn, major first), exchange along it, then put each k_i
-        back on the major side of its d. Returns (result, the collective op)."""
-        shape = x.type.shape
-        ks = [self.mesh.group_size(a) for _, _, a in moves]
-        split = {j: i for i, (j, _, _) in enumerate(moves)}
-        concat = {d: i for i, (_, d, _) in enumerate(moves)}
-        expanded, pos = [], {}
-        for t, n in enumerate(shape):
-            if t in split:
-                pos[("k", split[t])] = len(expanded)
-                expanded.append(ks[split[t]])
-                n //= ks[split[t]]
-            pos[t] = len(expanded)
-            expanded.append(n)
-        front = [pos[("k", i)] for i in range(len(moves))]
-        rest = [i for i in range(len(expanded)) if i not in front]
-        y = self.emit("reshape", x, shape=tuple(expanded))
-        y = self.emit("transpose", y, perm=tuple(front + rest))
-        rest_shape = [expanded[i] for i in rest]
-        y = self.emit("reshape", y, shape=(k, *rest_shape))
-        y = self.emit("all_to_all", y, axes=tuple(axes), split_dim=0, concat_dim=0, group=k)
-        col = self.b.ops[-1]
-        y = self.emit("reshape", y, shape=(*ks, *rest_shape))
-        # dims now: the k_i (0..m-1), then the original dims in order (split ones shrunk)
-        m = len(moves)
-        perm, final = [], []
-        for t in range(len(shape)):
-            if t in concat:
-                perm.append(concat[t])
-            perm.append(m + t)
-            n = rest_shape[t] * (ks[concat[t]] if t in concat else 1)
-            final.append(n)
-        y = self.emit("transpose", y, perm=tuple(perm))
-        return self.emit("reshape", y, shape=tuple(final)), col
+    @property
+    def last_op(self) -> Op:
+        """The op emitted last."""
+        return self.b.ops[-1]
 
     def describe(self, v: Value) -> str:
         """A global value as a reader of `explain` knows it: its source name, else the op making it."""
@@ -367,10 +313,10 @@ class Partitioner:
     def log(self, kind, axes, nbytes, reduce, reason, local_op, backward=False):
         """`backward`: the collective moves a value of the backward pass (a gradient settled for
         its update counts as backward even though the update is a forward op)."""
-        if kind == "all_reduce" and reduce == "prod":
-            # jax has no product all-reduce: it runs as an all_gather and a local product
-            kind = "all_gather"
-            nbytes = step_bytes("all_gather", self.mesh.group_size(axes), local_op.operands[0].type.nbytes)
+        runs = spec(kind).actual(local_op.attrs)
+        if runs != kind:  # jax has no product all-reduce: it runs as an all_gather and a local product
+            kind = runs
+            nbytes = step_bytes(runs, self.mesh.group_size(axes), local_op.operands[0].type.nbytes)
         op = self.current
         line = op.span.line if op is not None and op.span else None
         self.ledger.append(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
@@ -380,12 +326,13 @@ class Partitioner:
         self.logged_at.append(op if not self.frames else None)
         self.notes[local_op] = reason
 
-    def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
+    def collective(self, kind: CollectiveKind, x: Value, reason: str, **attrs) -> Value:
         """Emit one collective for a custom partitioning step and log it in the ledger."""
+        kind = CollectiveKind(kind)
         axes = tuple(attrs["axes"])
         k = self.mesh.group_size(axes)
         size = x.type.nbytes
-        if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        if "group" in spec(kind).attrs:
             attrs.setdefault("group", k)
         out = self.emit(kind, x, **attrs)
         self.log(kind, axes, step_bytes(kind, k, size), attrs.get("reduce", "sum"), reason, self.b.ops[-1])
@@ -513,11 +460,8 @@ class Partitioner:
             anc[op] = bits
         present = [(op, key) for op, key in self.settle_wanted if op in index]
         for c, g in zip(self.ledger, self.logged_at):
-            if g in index and c.trip_count == 1 and c.local_op is not None and c.kind in ("all_reduce",
-                                                                                       "reduce_scatter"):
-                x = c.local_op
-                extra = x.attrs["group"] if c.kind == "reduce_scatter" else x.attrs["reduce"]
-                present.append((g, (c.kind, tuple(x.attrs["axes"]), extra, x.operands[0].type.dtype)))
+            if g in index and c.trip_count == 1 and c.local_op is not None and spec(c.kind).settles:
+                present.append((g, combine_key(c.local_op)))
         out = set()
         for op, key in self.settle_wanted:
             if op not in index:
@@ -562,7 +506,7 @@ class Partitioner:
             if op in self.settle:  # the second plan of the step: settle here, in a combined reduction
                 return settling[1:4]
             if _whole_step(settling) < _whole_step(best):
-                self.settle_wanted.append((op, _settle_key(settling[4][1], op.result.type.dtype)))
+                self.settle_wanted.append((op, step_combine_key(settling[4][1], op.result.type.dtype)))
         return best[1:4]
 
     def trial(self, op: Op, target: Sharding, layouts: dict[Value, Sharding],
@@ -718,14 +662,9 @@ def _settlement(steps: list[Step], partial, reduce: str) -> Step | None:
     if not partial or reduce != "sum" or len(collectives) != 1:
         return None
     (st,) = collectives
-    if st.kind not in ("all_reduce", "reduce_scatter") or set(st.axes) != set(partial):
+    if not spec(st.kind).settles or set(st.axes) != set(partial):
         return None
     return st
-
-
-def _settle_key(st: Step, dtype: str) -> tuple:
-    """The combining key (partition.combine) of the collective a settlement step emits."""
-    return (st.kind, tuple(st.axes), st.group if st.kind == "reduce_scatter" else st.reduce, dtype)
 
 
 def _whole_step(plan) -> float:
@@ -745,10 +684,10 @@ def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
         if window is not None:
             out[window[0]] = (k, window[1])
             continue
-        if (op is None or op.kind not in ("add", "sub") or users.get(p, 0) != 1 or users.get(nxt, 0) != 1
+        if (op is None or op.kind not in (OpName.ADD, OpName.SUB) or users.get(p, 0) != 1 or users.get(nxt, 0) != 1
                 or p not in op.operands or not is_float(p.type.dtype) or op.operands[0] is op.operands[1]):
             continue
-        if op.kind == "sub" and op.operands[0] is not p:
+        if op.kind == OpName.SUB and op.operands[0] is not p:
             continue
         term = op.operands[1] if op.operands[0] is p else op.operands[0]
         if term.type.shape != p.type.shape:
@@ -760,15 +699,15 @@ def _accumulations(loop: Loop, users) -> dict[Op, tuple[int, Value]]:
 def _window_accumulation(p: Value, nxt: Value, op: Op | None, producer, users):
     """`acc = dynamic_update_slice(acc, dynamic_slice(acc, s) + t, s)` (a stacked weight's
     gradient, accumulated in its window by a reverse loop): (the add op, t), or None."""
-    if (op is None or op.kind != "dynamic_update_slice" or op.operands[0] is not p or not is_float(p.type.dtype)
+    if (op is None or op.kind != OpName.DYNAMIC_UPDATE_SLICE or op.operands[0] is not p or not is_float(p.type.dtype)
             or users.get(p, 0) != 2 or users.get(nxt, 0) != 1):
         return None
     add = producer.get(op.operands[1])
-    if add is None or add.kind != "add" or users.get(add.result, 0) != 1:
+    if add is None or add.kind != OpName.ADD or users.get(add.result, 0) != 1:
         return None
     for a, t in (add.operands, add.operands[::-1]):
         ds = producer.get(a)
-        if (ds is not None and ds.kind == "dynamic_slice" and ds.operands[0] is p and users.get(a, 0) == 1
+        if (ds is not None and ds.kind == OpName.DYNAMIC_SLICE and ds.operands[0] is p and users.get(a, 0) == 1
                 and ds.operands[1:] == op.operands[2:] and t is not a and t.type.shape == a.type.shape):
             return add, t
     return None
@@ -921,7 +860,7 @@ class OpContext:
         """A scalar constant."""
         return self._p.emit("full", dtype=dtype, shape=(), value=value)
 
-    def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value:
+    def collective(self, kind: CollectiveKind, x: Value, reason: str, **attrs) -> Value:
         """One collective over attrs["axes"], logged in the ledger with `reason` for this op."""
         return self._p.collective(kind, x, f"{reason} for {self.op.kind}", **attrs)
 
