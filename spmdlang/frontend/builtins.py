@@ -72,10 +72,12 @@ def builtin(name: str, *params: str, doc: str = ""):
 def _parse_default(text: str):
     if text in ("None", "true", "false"):
         return {"None": None, "true": True, "false": False}[text]
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
 
 
 # ---------------------------------------------------------------------------------- argument binding

@@ -19,6 +19,7 @@ from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.types import TensorType
 from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from . import ast as A
+from . import nn as _nn  # noqa: F401  (registers jax.nn's activations as builtins)
 from .builtins import BUILTINS, call_builtin, dynamic_window
 from .values import LOOP_INDICES, Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
 from .values import static_int as _check_static_int
