@@ -14,7 +14,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
-from .create import shard_ids
+from .create import jax_clamped_ids, shard_ids
 from .reduce import _fill
 from .registry import Family, Grad, check, no_flops, operand_flops, register, set_vjp
 
@@ -147,8 +147,8 @@ def _taa_partition(ctx):
 register("take_along_axis", doc="x's elements at `ids` along `axis` (numpy's take_along_axis, ids clamped)",
          example=(("f32[8, 16]", "i32[8, 3]"), {"axis": 1}), infer=_taa_infer, numpy=_taa_numpy, rule=_taa_rule,
          partition=_taa_partition, flops=no_flops, family=Family.gather,
-         jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, jnp.clip({a[1]}, 0, None), axis={attrs['axis']}, "
-                                    f"mode='clip')"))
+         jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, {jax_clamped_ids(a[0], a[1], attrs['axis'])}, "
+                                    f"axis={attrs['axis']}, mode='clip')"))
 
 
 # ---------------------------------------------------------------------------------- sort / argsort
