@@ -17,7 +17,7 @@ from ..ir.core import Value
 from ..ir.types import TensorType
 from ..ops.contract import conv_attrs, conv_output_size, parse_einsum
 from . import ast as A
-from .values import Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
+from .values import WEAK, Dtype, StaticType, describe, did_you_mean, float_for, is_weak, loop_index_note, scalar_value
 
 _REQUIRED = object()
 
@@ -226,11 +226,15 @@ def _unary(name):
         prim = name
         if name == "gelu" and not args["approximate"]:
             prim = "gelu_erf"
+        weak = is_weak(x)  # of a literal (or a value computed from literals only): weakly typed, as in jax
         if not isinstance(x, Value):
             x = ctx.materialize(x, args.span("x"), "f32" if prim in _FLOAT_ONLY else None)
         if prim in _FLOAT_ONLY and T.is_int(x.type.dtype):
             x = ctx.cast(x, float_for(x.type.dtype), span)  # numpy computes float functions of ints in floats
-        return ctx.b.emit(prim, x, span=span)
+        out = ctx.b.emit(prim, x, span=span)
+        if weak and T.kind(out.type.dtype) != "bool":
+            WEAK.add(out)
+        return out
 
     return lower
 
