@@ -20,7 +20,7 @@ from ..ir.registry import Named, Takes
 from ..ir.types import TensorType
 from ..ops.contract import conv_attrs, conv_output_size, parse_einsum
 from . import ast as A
-from .values import Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
+from .values import WEAK, Dtype, StaticType, describe, did_you_mean, float_for, is_weak, loop_index_note, scalar_value
 
 _REQUIRED = object()
 
@@ -234,11 +234,15 @@ def _elementwise(name, takes: Takes, prim=None):
     """The builtin `name(x)` of one op of the table; ints go to floats for a float-only op, as numpy."""
     def lower(ctx, span, args):
         x = args["x"]
+        weak = is_weak(x)  # of a literal (or a value computed from literals only): weakly typed, as in jax
         if not isinstance(x, Value):
             x = ctx.materialize(x, args.span("x"), "f32" if takes == Takes.float else None)
         if takes == Takes.float and T.is_int(x.type.dtype):
             x = ctx.cast(x, float_for(x.type.dtype), span)  # numpy computes float functions of ints in floats
-        return ctx.b.emit(prim or name, x, span=span)
+        out = ctx.b.emit(prim or name, x, span=span)
+        if weak and T.kind(out.type.dtype) != "bool":
+            WEAK.add(out)
+        return out
 
     return lower
 
@@ -758,7 +762,23 @@ def _starts(ctx, args, x: Value, name: str) -> list:
                 raise SpmdError(f"{name}: start {i} must be an integer scalar, got {s.type}", where)
         elif isinstance(s, bool) or not isinstance(s, int):
             raise SpmdError(f"{name}: start {i} must be an integer scalar, got {describe(s)}", where)
+        elif not -2**63 <= s < 2**63:
+            raise SpmdError(f"{name}: start {i} ({_short_int(s)}) does not fit in 64 bits", where)
     return starts
+
+
+def _short_int(n: int) -> str:
+    text = str(n)
+    return text if len(text) <= 24 else f"{text[:3]}...({len(text)} digits)"
+
+
+def _start_value(ctx, s: Value, n: int, m: int, span) -> Value:
+    """A value start as the i32 the IR's window ops take: a wider start is clamped into [0, n - m]
+    in its own width first, so that 2^32 + 1 is past the end, not 1 (as jax.lax clamps an i64 start)."""
+    if T.itemsize(s.type.dtype) > 4:
+        lo, hi = ctx.materialize(0, span, s.type.dtype), ctx.materialize(n - m, span, s.type.dtype)
+        s = ctx.b.emit("minimum", ctx.b.emit("maximum", s, lo, span=span), hi, span=span)
+    return ctx.cast(s, "i32", span)
 
 
 def dynamic_window(ctx, x: Value, starts, sizes, span) -> Value:
@@ -770,7 +790,8 @@ def dynamic_window(ctx, x: Value, starts, sizes, span) -> Value:
     dynamic = [isinstance(s, Value) and m < n for s, n, m in zip(starts, shape, sizes)]
     out = x
     if any(dynamic):
-        ops = [ctx.cast(s, "i32", span) if dyn else ctx.materialize(0, span, "i32") for s, dyn in zip(starts, dynamic)]
+        ops = [_start_value(ctx, s, n, m, span) if dyn else ctx.materialize(0, span, "i32")
+               for s, dyn, n, m in zip(starts, dynamic, shape, sizes)]
         out = ctx.b.emit("dynamic_slice", x, *ops, span=span,
                          sizes=tuple(m if dyn else n for m, n, dyn in zip(sizes, shape, dynamic)))
     lo, hi = [0] * x.type.rank, list(out.type.shape)
@@ -811,7 +832,8 @@ def _dynamic_update_slice(ctx, span, args):
         raise SpmdError(f"dynamic_update_slice: the update is {upd.type.dtype} but x is {x.type.dtype}; cast it",
                         args.span("update"))
     starts = _starts(ctx, args, x, "dynamic_update_slice")
-    ops = [ctx.cast(s, "i32", span) if isinstance(s, Value) else ctx.materialize(s, span, "i32") for s in starts]
+    ops = [_start_value(ctx, s, n, m, span) if isinstance(s, Value) else ctx.materialize(min(max(s, 0), n - m), span, "i32")
+           for s, n, m in zip(starts, x.type.shape, upd.type.shape)]
     return ctx.b.emit("dynamic_update_slice", x, upd, *ops, span=span)
 
 
@@ -842,7 +864,10 @@ def _seed(ctx, args) -> Value:
         return ctx.materialize(seed - 2**32 if seed >= 2**31 else seed, args.span("seed"), "i32")
     if seed.type.rank != 0 or not T.is_int(seed.type.dtype):
         raise SpmdError(f"the seed must be an integer scalar, got {seed.type}", args.span("seed"))
-    return ctx.cast(seed, "i32", args.span("seed"))
+    if seed.type.dtype != "i32":  # narrowing would draw 2^32 + 5 as 5, silently
+        raise SpmdError(f"the seed is a 32-bit integer, got {seed.type}: cast it to i32 (that keeps its low "
+                        "32 bits)", args.span("seed"))
+    return seed
 
 
 def _draw(ctx, span, seed: Value, shape, dist: str, dtype: str) -> Value:

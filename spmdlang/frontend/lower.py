@@ -22,6 +22,7 @@ from . import ast as A
 from . import nn as _nn  # noqa: F401  (registers jax.nn's activations as builtins)
 from .builtins import BUILTINS, call_builtin, dynamic_window
 from .values import LOOP_INDICES, Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
+from .values import WEAK, is_weak
 from .values import static_int as _check_static_int
 
 # Unrolling and inlining happen at compile time; past these limits (spmdlang.limits) a program is a
@@ -466,7 +467,10 @@ class Lowerer:
         if isinstance(x, Value):
             if x.type.dtype == "bool":
                 raise SpmdError("cannot negate a bool tensor; use logical_not", node.span)
-            return self.b.emit("neg", x, span=node.span)
+            out = self.b.emit("neg", x, span=node.span)
+            if x in WEAK:
+                WEAK.add(out)
+            return out
         if isinstance(x, (int, float)) and not isinstance(x, bool):
             return -x
         raise SpmdError(f"cannot negate {describe(x)}", node.span)
@@ -654,13 +658,17 @@ class Lowerer:
         for v, sp in zip(values, spans):
             if not isinstance(v, (Value, int, float, bool)):
                 raise SpmdError(f"expected a tensor or a number, got {describe(v)}", sp)
+        strong = [v for v in tensors if v not in WEAK] or tensors  # weak values count as literals
         if tensors:
-            dt = tensors[0].type.dtype
-            for t in tensors[1:]:
+            dt = strong[0].type.dtype
+            for t in strong[1:]:
                 dt = T.promote(dt, t.type.dtype)
-            if any(isinstance(v, float) and not isinstance(v, bool) for v in values) and not T.is_float(dt):
+            weak = [v for v in values if is_weak(v) and not any(v is t for t in strong)]
+            kinds = {("float" if isinstance(v, float) else "int") if not isinstance(v, Value) else T.kind(v.type.dtype)
+                     for v in weak}
+            if "float" in kinds and not T.is_float(dt):
                 dt = float_for(dt)  # a float literal meets an int tensor: promote, as jax's weak floats do
-            elif any(type(v) is int for v in values) and dt == "bool":
+            elif "int" in kinds and dt == "bool":
                 dt = "i32"  # likewise an int literal meets a bool tensor (numpy: True * 2 == 2)
         else:
             dt = "f32" if any(isinstance(v, float) for v in values) else (
@@ -691,7 +699,10 @@ class Lowerer:
             values = [self.cast(v, float_for(dt), span) for v in values]  # true division, as numpy
         if kind in ("logical_and", "logical_or") and dt != "bool":
             raise SpmdError(f"{kind} needs bool operands", span)
-        return self.b.emit(kind, *values, span=span)
+        out = self.b.emit(kind, *values, span=span)
+        if is_weak(a) and is_weak(b) and T.kind(out.type.dtype) != "bool":
+            WEAK.add(out)  # computed from literals only: stays weak, as in jax (comparisons do not)
+        return out
 
     def matmul(self, a, b, node) -> Value:
         for v, sp in ((a, node.left.span), (b, node.right.span)):
