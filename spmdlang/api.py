@@ -11,7 +11,7 @@ from .errors import OverrideError, Source, Span, SpmdError
 from .frontend.lower import lower
 from .frontend.parse import parse
 from .inputs import check_inputs, random_inputs
-from .ir.core import Program
+from .ir.core import Program, result_names
 from .ir.printer import print_program
 
 BACKENDS = ("ref", "sim", "jax", "xla")
@@ -158,7 +158,7 @@ class Compiled:
         sh = self.propagation.shardings
         prog = self.canonical  # after CSE, whose names point at the values propagation saw
         out = {name: sh[v] for name, v, _span in prog.names}
-        out.update({f"return{i}": sh[r.value] for i, r in enumerate(prog.results)})
+        out.update({n: sh[r.value] for n, r in zip(result_names(prog), prog.results)})
         return out
 
     def check_report(self) -> dict:

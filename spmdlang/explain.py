@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .ir.printer import Namer
+from .ir.core import result_names
 
 
 def mesh_json(mesh) -> dict:
@@ -16,7 +17,7 @@ def value_rows(c) -> list[dict]:
     names = Namer.for_program(prog).names
     rows = []
     entries = [(name, v, span) for name, v, span in prog.names]
-    entries += [(f"return{i}", r.value, r.span) for i, r in enumerate(prog.results)]
+    entries += [(n, r.value, r.span) for n, r in zip(result_names(prog), prog.results)]
     produced = c.spmd.produced
     for name, v, span in entries:
         partial = list(produced[v].partial) if v in produced else []
@@ -149,7 +150,7 @@ def find_value(c, name: str):
     from .ir.printer import Namer
 
     values = {n: v for n, v, _ in c.canonical.names}
-    values.update({f"return{i}": r.value for i, r in enumerate(c.canonical.results)})
+    values.update(dict(zip(result_names(c.canonical), (r.value for r in c.canonical.results))))
     if name in values:
         return values[name]
     raw = {n: v for v, n in Namer.for_program(c.canonical).names.items()}

@@ -17,7 +17,7 @@ from ..ir.core import Value
 from ..ir.types import TensorType
 from ..ops.contract import conv_attrs, conv_output_size, parse_einsum
 from . import ast as A
-from .values import Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
+from .values import Dtype, StaticType, StructValue, describe, did_you_mean, float_for, loop_index_note, scalar_value
 
 _REQUIRED = object()
 
@@ -106,6 +106,10 @@ def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
             if default is _REQUIRED:
                 raise SpmdError(f"{b.name}() is missing argument '{pname}'", node.span)
             values[pname] = default
+    if any(isinstance(v, StructValue) for v in values.values()):  # leafwise (frontend/structs.py)
+        from .structs import leafwise_builtin
+
+        return leafwise_builtin(ctx, b, node, values, spans)
     return b.lower(ctx, node.span, Args(values, spans, node))
 
 
@@ -117,7 +121,7 @@ def _eval_arg(ctx, b: Builtin, kind: str, node, env, pname):
         return node
     v = ctx.expr(node, env)
     if kind in ("tensor", "any"):
-        if kind == "tensor" and not isinstance(v, (Value, int, float, bool)):
+        if kind == "tensor" and not isinstance(v, (Value, int, float, bool, StructValue)):
             raise SpmdError(f"{where} must be a tensor, got {describe(v)}", node.span)
         return v
     if kind == "tensors":
