@@ -212,7 +212,8 @@ def render_diff(console, report) -> None:
         if r.get("upstream_disagreement"):
             ok = "[yellow]MISMATCH: upstream disagreement[/yellow]"
         err = "failed to compile" if r.get("error") else f"{r['max_abs_err']:.3g}"
-        t.add_row(r["backend"], str(r["output"]), err, ok)
+        name = r.get("name", "")
+        t.add_row(r["backend"], f"{r['output']} ({name})" if "." in name else str(r["output"]), err, ok)
     console.print(t)
     for r in {r["backend"]: r for r in report["results"] if r.get("error")}.values():
         console.print(f"{r['backend']}: {r['error']}", markup=False)
