@@ -15,6 +15,7 @@ import sys
 
 from .api import BACKENDS
 from .errors import OverrideError, SpmdError
+from .ir.core import result_names
 from .outfile import OutputPathError, OutputWriteError, write_output
 
 TARGETS = ("ir", "spmd", "jax", "xla")
@@ -302,15 +303,15 @@ def _inputs(c, args):
     return c.random_inputs(args.seed)
 
 
-def _nonfinite_notes(outs) -> list[str]:
+def _nonfinite_notes(outs, names) -> list[str]:
     import numpy as np
 
     notes = []
-    for i, a in enumerate(outs):
+    for name, a in zip(names, outs):
         if a.size and (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
             bad = int(np.count_nonzero(~np.isfinite(np.asarray(a, dtype=np.float64))))
             if bad:
-                notes.append(f"out{i} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
+                notes.append(f"{name} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
                              f"of {a.size}")
     return notes
 
@@ -327,11 +328,12 @@ def cmd_run(args) -> int:
         import io
 
         buf = io.BytesIO()
-        np.savez(buf, **{f"out{i}": a for i, a in enumerate(outs)})
+        np.savez(buf, **dict(zip(result_names(c.program, "out"), outs)))  # out0, out1.emb (a struct's leaves)
         write_output(args.output, buf.getvalue())
-    notes = _nonfinite_notes(outs)
-    summary = [{"output": i, "type": str(r.value.type), "shape": list(a.shape), "dtype": str(a.dtype),
-                "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
+    notes = _nonfinite_notes(outs, result_names(c.program, "out"))
+    names = result_names(c.program, "out")
+    summary = [{"output": i, "name": names[i], "type": str(r.value.type), "shape": list(a.shape),
+                "dtype": str(a.dtype), "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
                for i, (r, a) in enumerate(zip(c.program.results, outs))]
     to_stdout = args.output != "-"  # with `-o -` the results' bytes own stdout; the summary goes to stderr
     if args.json:
@@ -342,7 +344,7 @@ def cmd_run(args) -> int:
         return 0
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
+        con.print(f"[bold]{s['name']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:

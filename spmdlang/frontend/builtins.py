@@ -20,7 +20,8 @@ from ..ir.registry import Named, Takes
 from ..ir.types import TensorType
 from ..ops.contract import conv_attrs, conv_output_size, parse_einsum
 from . import ast as A
-from .values import WEAK, Dtype, StaticType, describe, did_you_mean, float_for, is_weak, loop_index_note, scalar_value
+from .values import WEAK, Dtype, StaticType, StructValue, describe, did_you_mean, float_for, is_weak, loop_index_note
+from .values import scalar_value
 
 _REQUIRED = object()
 
@@ -129,6 +130,10 @@ def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
             if default is _REQUIRED:
                 raise SpmdError(f"{b.name}() is missing argument '{pname}'", node.span)
             values[pname] = default
+    if any(isinstance(v, StructValue) for v in values.values()):  # leafwise (frontend/structs.py)
+        from .structs import leafwise_builtin
+
+        return leafwise_builtin(ctx, b, node, values, spans)
     return b.lower(ctx, node.span, Args(values, spans, node))
 
 
@@ -147,7 +152,7 @@ class _Check:
 
 
 _CHECKS = {
-    Kind.tensor: _Check(lambda v: isinstance(v, (Value, int, float, bool)), "a tensor, got {got}"),
+    Kind.tensor: _Check(lambda v: isinstance(v, (Value, int, float, bool, StructValue)), "a tensor, got {got}"),
     Kind.tensors: _Check(lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, Value) for x in v),
                          "a non-empty list of tensors, e.g. [a, b]"),
     Kind.int: _Check(_static_int, "a static integer, got {got}"),
