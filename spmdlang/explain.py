@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .ir.printer import Namer
 from .ir.core import result_names
+from .ir.printer import Namer
 
 
 def mesh_json(mesh) -> dict:

@@ -20,8 +20,18 @@ from ..ir.registry import Named, Takes
 from ..ir.types import TensorType
 from ..ops.contract import conv_attrs, conv_output_size, parse_einsum
 from . import ast as A
-from .values import WEAK, Dtype, StaticType, StructValue, describe, did_you_mean, float_for, is_weak, loop_index_note
-from .values import scalar_value
+from .values import (
+    WEAK,
+    Dtype,
+    StaticType,
+    StructValue,
+    describe,
+    did_you_mean,
+    float_for,
+    is_weak,
+    loop_index_note,
+    scalar_value,
+)
 
 _REQUIRED = object()
 
@@ -260,12 +270,14 @@ def _binary(name):
 
 
 # the ops of the table that are builtins of their own name (OpDef.builtin): exp(x), maximum(a, b), ...
+ELEMENTWISE_BUILTINS: list[str] = []  # their names (structs map them over leaves)
 for _op in registry.OPS.values():
     if _op.builtin is not None:  # elementwise, with no attributes (registry._validate)
         if len(_op.example[0]) == 1:
             builtin(_op.name, "x:tensor")(_elementwise(_op.name, _op.builtin))
         else:
             builtin(_op.name, "a:tensor", "b:tensor")(_binary(_op.name))
+        ELEMENTWISE_BUILTINS.append(_op.name)
 
 
 @builtin("gelu", "x:tensor", "approximate:bool=true",

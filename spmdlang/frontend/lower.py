@@ -20,10 +20,23 @@ from ..ir.types import TensorType
 from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from . import ast as A
 from . import nn as _nn  # noqa: F401  (registers jax.nn's activations as builtins)
-from .builtins import BUILTINS, call_builtin, dynamic_window
 from . import structs as S
-from .values import LOOP_INDICES, Dtype, StaticType, StructType, StructValue, describe, did_you_mean, float_for, is_value
-from .values import WEAK, is_weak, loop_index_note, scalar_value
+from .builtins import BUILTINS, call_builtin, dynamic_window
+from .values import (
+    LOOP_INDICES,
+    WEAK,
+    Dtype,
+    StaticType,
+    StructType,
+    StructValue,
+    describe,
+    did_you_mean,
+    float_for,
+    is_value,
+    is_weak,
+    loop_index_note,
+    scalar_value,
+)
 from .values import static_int as _check_static_int
 
 # Unrolling and inlining happen at compile time; past these limits (spmdlang.limits) a program is a
