@@ -16,7 +16,7 @@ import re
 
 from ..ir import registry
 from ..ir import types as T
-from ..ir.core import LOOP, Loop, Program, Value
+from ..ir.core import LOOP, Loop, Program, Value, all_ops
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.printer import Namer
 from ..partition import permute
@@ -125,6 +125,9 @@ def _imports(prog: Program) -> list[str]:
              "from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P"]
     if uses64:
         lines.append('jax.config.update("jax_enable_x64", True)')
+    ops = [*all_ops(prog.ops), *(op for g in prog.grads for op in all_ops(g.forward))]
+    if any(op.kind.startswith("random_draw") for op in ops):
+        lines.append('jax.config.update("jax_threefry_partitionable", True)  # the bits jax.random draws by default')
     return lines
 
 
@@ -139,7 +142,8 @@ def _script(prog: Program) -> list[str]:
         f'        jax.config.update("jax_num_cpu_devices", {n})  # only used where there is no accelerator',
         "    rng = np.random.default_rng(0)",
         "    ins = [rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else",
-        "           (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5)",
+        "           (rng.integers(0, 2**32 if np.dtype(d) == np.uint32 else 16, size=s).astype(d)",
+        "            if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5)",
         "           for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
         "    for i, out in enumerate(run(*ins)):",
         '        print(f"out{i}: {out.dtype}{list(out.shape)}")',
