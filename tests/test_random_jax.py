@@ -112,7 +112,8 @@ def test_the_xla_baseline_calls_jax_random_and_agrees():
 def test_random_bits_of_any_shape_on_an_uneven_mesh(shape):
     dims = ", ".join(map(str, shape))
     spec = ", ".join("(p, q)" if i == 0 else "_" for i in range(len(shape)))
-    c = spmdlang.compile(f"mesh [p=2, q=2]\nfunc main(key: u32[2]) -> (u32[{dims}] {{{spec}}}, f32[{dims}] {{{spec}}}) {{\n"
+    c = spmdlang.compile(f"mesh [p=2, q=2]\n"
+                         f"func main(key: u32[2]) -> (u32[{dims}] {{{spec}}}, f32[{dims}] {{{spec}}}) {{\n"
                          f"  return random_bits(key, u32[{dims}]), uniform(fold_in(key, 3), f32[{dims}])\n}}\n")
     key = np.array([12345, 678], np.uint32)
     want = [jax.random.bits(key, shape), jax.random.uniform(jax.random.fold_in(key, 3), shape)]

@@ -142,8 +142,7 @@ def _script(prog: Program) -> list[str]:
         f'        jax.config.update("jax_num_cpu_devices", {n})  # only used where there is no accelerator',
         "    rng = np.random.default_rng(0)",
         "    ins = [rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else",
-        "           (rng.integers(0, 2**32 if np.dtype(d) == np.uint32 else 16, size=s).astype(d)",
-        "            if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5)",
+        "           (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5)",
         "           for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
         "    for i, out in enumerate(run(*ins)):",
         '        print(f"out{i}: {out.dtype}{list(out.shape)}")',
@@ -361,7 +360,8 @@ def emit_shard_map(spmd) -> str:
     lines += ["", ""]
     lines.append(inspect.getsource(permute.mesh_order_pairs).rstrip())
     lines.append("")
-    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops()).splitlines()
+    used = {op.kind for op in all_ops(prog.ops)}  # the helpers this program calls
+    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops() if op.name in used).splitlines()
     lines += ["", "", f"def body({', '.join(params)}):", '    """The per-partition program: local shapes."""']
     lines += _body(prog, namer)
     lines.append(f"    return ({', '.join(pyname(namer, r.value) for r in prog.results)},)")

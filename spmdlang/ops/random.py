@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import types as T
-from ..ir.types import TensorType
 from ..ir.mesh import Sharding
+from ..ir.types import TensorType
 from ..partition.factors import PASS, REPLICATE, RuleBuilder, elementwise_rule
 from .registry import Family, Grad, Stage, check, register, set_vjp
 
