@@ -13,13 +13,16 @@ from .ir.core import Program
 
 
 def random_inputs(prog: Program, seed: int = 0) -> dict[str, np.ndarray]:
-    """Floats standard normal, ints uniform in [0, 16), bools a fair coin; in parameter order."""
+    """Floats standard normal, ints uniform in [0, 16), u32 (keys, bits) uniform over all 2**32
+    values, bools a fair coin; in parameter order, from one stream."""
     rng = np.random.default_rng(seed)
     out = {}
     for p in prog.params:
         t = p.value.type
         if T.is_float(t.dtype):
             a = rng.standard_normal(t.shape)
+        elif t.dtype == "u32":
+            a = rng.integers(0, 2**32, size=t.shape)
         elif T.is_int(t.dtype):
             a = rng.integers(0, 16, size=t.shape)
         else:

@@ -143,30 +143,6 @@ def all_reduce(x, axes, reduce):
     return extreme(x)
 
 
-def all_to_all(x, axes, split_dim, concat_dim):
-    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
-    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
-    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
-    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
-
-
-def shard_slice(x, idx, *, dim, size, group):
-    """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
-    if x.shape[dim] < size * group:
-        widths = [(0, 0)] * x.ndim
-        widths[dim] = (0, size * group - x.shape[dim])
-        x = jnp.pad(x, widths)
-    return jax.lax.dynamic_slice_in_dim(x, idx * size, size, axis=dim)
-
-
-def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
-    """Keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value."""
-    shape = [1] * x.ndim
-    shape[dim] = x.shape[dim]
-    pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
-    return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
-
-
 def body(x, w1, b1, w2, b2):
     """The per-partition program: local shapes."""
     t0 = jnp.einsum("mk,kn->mn", x, w1)  # line 26
