@@ -615,6 +615,7 @@ def test_where_takes_a_condition_of_any_dtype_as_jnp_where(k, n, spec, dtype):
 
 
 def test_where_takes_a_number_as_condition():
-    src = "mesh [p=2]\nfunc main(a: f32[4] {p}, b: f32[4]) -> (f32[4], f32[4]) {\n  return where(2, a, b), where(0.0, a, b)\n}\n"
+    src = ("mesh [p=2]\nfunc main(a: f32[4] {p}, b: f32[4]) -> (f32[4], f32[4]) {\n"
+           "  return where(2, a, b), where(0.0, a, b)\n}\n")
     a, b = np.arange(4, dtype=f32), -np.arange(4, dtype=f32)
     run_sharded(src, {"a": a, "b": b}, (a, b))

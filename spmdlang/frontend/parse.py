@@ -101,8 +101,9 @@ def _end_of_text(text: str) -> tuple[int, int]:
 
 def _unclosed_brace(text: str) -> tuple[int, int] | None:
     """The `{` (line, col) that is never closed in `text`; None when every brace is closed. A `}`
-    that starts its line closes the brace opened on a line indented as it is: braces opened on more indented lines in between are the
-    ones left open (the usual way a `}` goes missing), the first of them reported."""
+    that starts its line closes the brace opened on a line indented as it is: braces opened on more
+    indented lines in between are the ones left open (the usual way a `}` goes missing), the first
+    of them reported."""
     opens: list[tuple[int, int, int]] = []  # (line, col, indentation of the opening line)
     lost: tuple[int, int] | None = None
     for n, raw in enumerate(text.split("\n"), start=1):
