@@ -324,9 +324,11 @@ def cmd_run(args) -> int:
             doc["notes"] = notes
         print(json.dumps(doc), file=sys.stdout if to_stdout else sys.stderr)
         return 0
+    from rich.text import Text
+
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
+        con.print(Text.assemble((f"out{s['output']}", "bold"), f": {s['type']}  (backend {args.backend})"))
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:
