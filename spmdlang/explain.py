@@ -59,6 +59,10 @@ def _table_class():
             """Would rich cut a cell: the columns wider than the width (the right edge is cropped),
             or a column that may not wrap narrower than its longest cell?"""
             room = options.max_width - self._extra_width  # the edges and the separators
+            box = self.box
+            if box and self.show_edge and not "".join(getattr(box, f"{k}_right") for k in (
+                    "top", "head", "head_row", "mid", "row", "foot_row", "foot", "bottom")).strip():
+                room += 1  # a blank right edge may fall off the line: nothing is lost
             widths = self._calculate_column_widths(console, options.update_width(room))
             if sum(widths) > room:
                 return True
