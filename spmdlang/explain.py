@@ -287,7 +287,9 @@ def render_bench(console, r: dict) -> None:
         line += f" (rounds {r['ratio_min']:.3f} .. {r['ratio_max']:.3f}, +-{r['ratio_spread'] * 100:.0f}%)"
         if r["ratio_spread"] > 0.05:
             line += "; spread over 5%: the machine is busy or the program too small to time"
-    console.print(line + f"; spmdlang compile {r['compile_s'] * 1e3:.1f} ms")
+    console.print(line)
+    console.print(f"spmdlang compile {r['compile_s'] * 1e3:.1f} ms (afresh from the source: parse .. jax module "
+                  "source; jax's jit of it is the 'jit compile' row)")
 
 
 # ---------------------------------------------------------------------------------- explain --xla
