@@ -228,8 +228,10 @@ class Compiled:
             report["notes"] = notes
         return report
 
-    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        return random_inputs(self.program, seed)
+    def random_inputs(self, seed: int = 0, int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+        """Seeded inputs (inputs.random_inputs): an integer parameter used as ids is drawn over the
+        dim it indexes, other integers in [0, 16); `int_range=(lo, hi)` draws every one in [lo, hi)."""
+        return random_inputs(self.program, seed, int_range)
 
     def check_inputs(self, inputs: dict, origin: str = "inputs") -> dict[str, np.ndarray]:
         return check_inputs(self.program, inputs, origin)

@@ -65,6 +65,21 @@ def _count(minimum: int):
     return parse
 
 
+def _int_range_arg(text):
+    lo, comma, hi = text.partition(",")
+    try:
+        lo, hi = int(lo), int(hi)
+    except ValueError:
+        lo = hi = None
+    if not comma or lo is None or lo >= hi:
+        raise argparse.ArgumentTypeError(f"expected LO,HI with integers LO < HI (draws in [LO, HI)), got '{text}'")
+    return lo, hi
+
+
+_INT_RANGE_HELP = ("random integer inputs in [LO, HI) (default: a parameter used as ids over the dim it indexes, "
+                   "other integers in [0, 16))")
+
+
 def _positive_float(text):
     try:
         v = float(text)
@@ -128,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "module; xla: the XLA-GSPMD baseline")
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
     r.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    r.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ... ('-': stdout)")
     r.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
@@ -139,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="run the jax/xla backends across N local processes, as on N hosts (default 1)")
     d.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    d.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     d.add_argument("--rtol", type=_positive_float, default=None, metavar="R",
                    help="relative tolerance (default: by the narrowest float the program uses, f32 1e-4)")
     d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
@@ -158,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "beside our estimates")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
     b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    b.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
                    help="timed calls of each side per round, after warm-up (default 20)")
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
@@ -283,7 +301,7 @@ def _inputs(c, args):
         from .inputs import load_npz
 
         return c.check_inputs(load_npz(args.inputs, c.program), origin=args.inputs)
-    return c.random_inputs(args.seed)
+    return c.random_inputs(args.seed, int_range=args.int_range)
 
 
 def _nonfinite_notes(outs) -> list[str]:
@@ -388,7 +406,8 @@ def cmd_bench(args) -> int:
     from .backend_jax.bench import bench
     from .explain import render_bench
 
-    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
+    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds,
+                   int_range=args.int_range)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

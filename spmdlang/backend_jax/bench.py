@@ -56,14 +56,14 @@ def fresh_compile_s(c) -> float:
     return time.perf_counter() - t0
 
 
-def measure(c, seed: int = 0, repeat: int = 20, progress=None, rounds: int = 5) -> dict:
+def measure(c, seed: int = 0, repeat: int = 20, progress=None, rounds: int = 5, int_range=None) -> dict:
     """Time and inspect both sides; `progress(step_text)` is called as the work advances."""
     from .hlo import collectives
 
     step = progress or (lambda text: None)
     step("compiling with spmdlang")
     compile_s = fresh_compile_s(c)
-    inputs = c.random_inputs(seed)
+    inputs = c.random_inputs(seed, int_range=int_range)
     arrays = [inputs[p.name] for p in c.program.params]
     out = {"compile_s": compile_s, "compile_includes": COMPILE_INCLUDES}
     compiled, args = [], []
@@ -98,14 +98,15 @@ def measure(c, seed: int = 0, repeat: int = 20, progress=None, rounds: int = 5) 
     return out
 
 
-def bench(c, seed: int = 0, repeat: int = 20, progress: bool = True, rounds: int = 5) -> dict:
+def bench(c, seed: int = 0, repeat: int = 20, progress: bool = True, rounds: int = 5, int_range=None) -> dict:
     """Run `measure` with a progress display on stderr (none when `progress` is False)."""
     if not progress:
-        return measure(c, seed, repeat, rounds=rounds)
+        return measure(c, seed, repeat, rounds=rounds, int_range=int_range)
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("compiling", total=None)
-        return measure(c, seed, repeat, lambda text: bar.update(task, description=text), rounds=rounds)
+        return measure(c, seed, repeat, lambda text: bar.update(task, description=text), rounds=rounds,
+                       int_range=int_range)
