@@ -82,6 +82,21 @@ def _count(minimum: int):
     return parse
 
 
+def _int_range_arg(text):
+    lo, comma, hi = text.partition(",")
+    try:
+        lo, hi = int(lo), int(hi)
+    except ValueError:
+        lo = hi = None
+    if not comma or lo is None or lo >= hi:
+        raise argparse.ArgumentTypeError(f"expected LO,HI with integers LO < HI (draws in [LO, HI)), got '{text}'")
+    return lo, hi
+
+
+_INT_RANGE_HELP = ("random integer inputs in [LO, HI) (default: a parameter used as ids over the dim it indexes, "
+                   "other integers in [0, 16))")
+
+
 def _positive_float(text):
     try:
         v = float(text)
@@ -145,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "module; xla: the XLA-GSPMD baseline")
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
     r.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    r.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ... ('-': stdout)")
     r.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
@@ -156,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="run the jax/xla backends across N local processes, as on N hosts (default 1)")
     d.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    d.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     d.add_argument("--rtol", type=_positive_float, default=None, metavar="R",
                    help="relative tolerance (default: by the narrowest float the program uses, f32 1e-4)")
     d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
@@ -175,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "beside our estimates")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
     b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    b.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
                    help="timed calls of each side per round, after warm-up (default 20)")
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
@@ -300,7 +318,7 @@ def _inputs(c, args):
         from .inputs import load_npz
 
         return c.check_inputs(load_npz(args.inputs, c.program), origin=args.inputs)
-    return c.random_inputs(args.seed)
+    return c.random_inputs(args.seed, int_range=args.int_range)
 
 
 def _nonfinite_notes(outs, names) -> list[str]:
@@ -342,9 +360,11 @@ def cmd_run(args) -> int:
             doc["notes"] = notes
         print(json.dumps(doc), file=sys.stdout if to_stdout else sys.stderr)
         return 0
+    from rich.text import Text
+
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]{s['name']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
+        con.print(Text.assemble((s["name"], "bold"), f": {s['type']}  (backend {args.backend})"))
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:
@@ -404,7 +424,8 @@ def cmd_bench(args) -> int:
     from .backend_jax.bench import bench
     from .explain import render_bench
 
-    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
+    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds,
+                   int_range=args.int_range)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -298,8 +298,10 @@ def _clip(ctx, span, args):
 @builtin("where", "cond:tensor", "a:tensor", "b:tensor")
 def _where(ctx, span, args):
     c = args["cond"]
-    if not isinstance(c, Value) and not isinstance(c, bool):
-        raise SpmdError(f"where: the condition must be bool, got {describe(c)}", args.span("cond"))
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        c = bool(c != 0)  # as jnp.where: any dtype, nonzero (NaN included) is true
+    if isinstance(c, Value) and c.type.dtype != "bool":
+        c = ctx.binary("ne", c, 0, args.span("cond"))
     (a, b), dt, shape = ctx.unify([args["a"], args["b"]], [args.span("a"), args.span("b")], span)
     c = c if isinstance(c, Value) else ctx.materialize(c, args.span("cond"))
     shape = ctx.broadcast_shapes([c.type.shape, shape], span)
