@@ -142,7 +142,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     mesh = _mesh_of(mesh, leaves)
     specs = _leaf_specs(args, in_specs, leaves)
     closed, out_shape = _trace(fn, args, mesh)
-    out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+    out_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     jaxpr = closed.jaxpr
 
     for v in [*jaxpr.invars, *jaxpr.outvars]:
@@ -205,6 +205,9 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     top = [t.constant(np.asarray(c), None) for c in closed.consts]
     results = t.run(jaxpr, top, arg_refs)
     result_texts = [t.value(r) for r in results]
+    for text, (path, _) in zip(result_texts, out_paths):  # a result no line named: after its key path
+        if not body.hinted(text):
+            body.hint(text, N.path_name("out", path))
     result_types = [type_text(v.aval) for v in jaxpr.outvars]
     if not result_texts:
         raise ImportError_(f"{fn_name} returns nothing: a .spmd function needs a result")

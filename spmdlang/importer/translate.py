@@ -96,6 +96,10 @@ class Body:
         if m and int(m.group(1)) not in self.fixed:
             self.hints[int(m.group(1))] = name
 
+    def hinted(self, text: str) -> bool:
+        m = _PLACEHOLDER.fullmatch(text)
+        return not m or int(m.group(1)) in self.hints or int(m.group(1)) in self.fixed
+
     def render(self, taken: set[str]) -> list[str]:
         chosen: dict[int, str] = dict(self.fixed)
         used = set(taken) | set(self.fixed.values())
@@ -185,7 +189,7 @@ class Translator:
 
         def read(a) -> Ref:
             if isinstance(a, jcore.Literal):
-                val = np.asarray(a.val)
+                val = np.asarray(a.val, dtype=a.aval.dtype)
                 if val.shape == ():
                     return Ref(literal_text(val.item(), dtype_name(val.dtype, self.where)),
                                dtype_name(val.dtype, self.where), (), val.item())
@@ -219,7 +223,7 @@ class Translator:
         text = N.frame_comment(frame)
         if text and text != self.last_comment:
             self.body.lines.append(f"{self.indent}# {text}")
-        self.last_comment = text
+            self.last_comment = text
 
     def closed(self, closed_jaxpr, args: list[Ref]) -> list[Ref]:
         consts = [self.constant(c, None) for c in closed_jaxpr.consts]
