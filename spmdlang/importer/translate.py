@@ -135,14 +135,24 @@ class Translator:
         self.frame = None
         self.where = None
         self.last_comment = None
+        self.pending = None  # the comment naming the user's line of the next statement
         self.iotas: dict[str, int] = {}  # placeholder of an iota -> its axis (sort's argsort operand)
 
     # ------------------------------------------------------------------ emission
 
     def emit(self, expr: str, aval=None, hint: str | None = None) -> str:
         name = self.body.new(hint)
-        self.body.lines.append(f"{self.indent}{name} = {expr}")
+        self.line(f"{self.indent}{name} = {expr}")
         return name
+
+    def line(self, text: str) -> None:
+        """A line of the body, under the comment of the user's line it came from (if new)."""
+        if self.pending is not None:
+            if self.pending != self.last_comment:
+                self.body.lines.append(f"{self.indent}# {self.pending}")
+                self.last_comment = self.pending
+            self.pending = None
+        self.body.lines.append(text)
 
     def ref(self, name: str, aval) -> Ref:
         return Ref(name, dtype_name(aval.dtype, self.where), tuple(int(d) for d in aval.shape))
@@ -150,11 +160,14 @@ class Translator:
     def fail(self, message: str):
         raise ImportError_(message, self.where)
 
-    def constant(self, value, aval_dtype, where=None) -> Ref:
-        """A constant array: `full(type, v)` once per distinct (type, value), or a parameter."""
+    def constant(self, value, aval_dtype, where=None, materialize: bool = False) -> Ref:
+        """A constant array: `full(type, v)` once per distinct (type, value), or a parameter. A
+        scalar is a literal Ref (written where it is used) unless `materialize`."""
         arr = np.asarray(value)
         dt = dtype_name(arr.dtype, where or self.where)
         shape = tuple(arr.shape)
+        if shape == () and not materialize and not (arr.dtype.kind == "f" and np.isnan(arr)):
+            return Ref(literal_text(arr.item(), dt), dt, (), arr.item())
         if arr.size and np.all(arr == arr.flat[0]) | (np.isnan(arr).all() if arr.dtype.kind == "f" else False):
             v = arr.flat[0]
             key = (dt, shape, repr(v.item()))
@@ -172,7 +185,7 @@ class Translator:
     def value(self, r: Ref) -> str:
         """A Ref as a value operand (a literal materialized as a named constant)."""
         if r.is_literal:
-            return self.constant(np.asarray(r.literal, dtype=_np_dtype(r.dtype)), None).text
+            return self.constant(np.asarray(r.literal, dtype=_np_dtype(r.dtype)), None, materialize=True).text
         return r.text
 
     # ------------------------------------------------------------------ jaxprs
@@ -221,9 +234,8 @@ class Translator:
 
     def comment(self, frame):
         text = N.frame_comment(frame)
-        if text and text != self.last_comment:
-            self.body.lines.append(f"{self.indent}# {text}")
-            self.last_comment = text
+        if text:
+            self.pending = text
 
     def closed(self, closed_jaxpr, args: list[Ref]) -> list[Ref]:
         consts = [self.constant(c, None) for c in closed_jaxpr.consts]
@@ -467,8 +479,10 @@ def _clamp(t, eqn, ins):
 def _convert(t, eqn, ins):
     dt = dtype_name(eqn.params["new_dtype"], t.where)
     x = ins[0]
+    if x.is_literal:
+        return t.constant(np.asarray(x.literal, dtype=_np_dtype(x.dtype)).astype(_np_dtype(dt)), None)
     if x.dtype == dt:
-        return x if not x.is_literal else Ref(t.value(x), x.dtype, x.shape)
+        return x
     if dt == "bool":
         return t.put(eqn, f"{t.value(x)} != 0")
     return t.put(eqn, f"cast({t.value(x)}, {dt})")
@@ -476,7 +490,7 @@ def _convert(t, eqn, ins):
 
 @prim("copy", "copy_p", "optimization_barrier")
 def _copy(t, eqn, ins):
-    return [r if not r.is_literal else Ref(t.value(r), r.dtype, r.shape) for r in ins]
+    return list(ins)
 
 
 @prim("reduce_precision")
@@ -693,7 +707,7 @@ def _top_k(t, eqn, ins):
     if axis not in (-1, len(x.shape) - 1):
         t.fail("jax primitive 'top_k' along an axis other than the last has no spmdlang equivalent")
     a, b = t.body.new(), t.body.new()
-    t.body.lines.append(f"{t.indent}{a}, {b} = top_k({t.value(x)}, {int(eqn.params['k'])})")
+    t.line(f"{t.indent}{a}, {b} = top_k({t.value(x)}, {int(eqn.params['k'])})")
     return [t.ref(a, t.out(eqn, 0)), t.ref(b, t.out(eqn, 1))]
 
 
@@ -1006,16 +1020,16 @@ def _scan(t, eqn, ins):
     carries = []
     for r in init:
         c = t.body.new("carry")
-        t.body.lines.append(f"{t.indent}{c} = {t.value(r)}")
+        t.line(f"{t.indent}{c} = {t.value(r)}")
         carries.append(Ref(c, r.dtype, r.shape))
     ys = []
     for k, aval in enumerate(ys_avals):
         y = t.body.new("stacked")
-        t.body.lines.append(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval.shape)}")
+        t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval.shape)}")
         ys.append(Ref(y, dtype_name(aval.dtype, t.where), tuple(aval.shape)))
     loopvar = t.body.new(fixed=f"i{t.loops}")
     t.loops += 1
-    t.body.lines.append(f"{t.indent}loop {loopvar} in range({n}) {{")
+    t.line(f"{t.indent}loop {loopvar} in range({n}) {{")
     outer = t.indent
     t.indent += "  "
     index = loopvar
@@ -1029,7 +1043,7 @@ def _scan(t, eqn, ins):
     new_carry, new_ys = outs[:ncarry], outs[ncarry:]
     for y, r in zip(ys, new_ys):
         starts = ", ".join([index] + ["0"] * len(r.shape))
-        t.body.lines.append(f"{t.indent}{y.text} = dynamic_update_slice({y.text}, "
+        t.line(f"{t.indent}{y.text} = dynamic_update_slice({y.text}, "
                             f"expand_dims({t.value(r)}, 0), [{starts}])")
     # every new carry is read before any is written (a body may swap its carries)
     staged = []
@@ -1040,9 +1054,9 @@ def _scan(t, eqn, ins):
         staged.append((c, v))
     for c, v in staged:
         if c.text != v:
-            t.body.lines.append(f"{t.indent}{c.text} = {v}")
+            t.line(f"{t.indent}{c.text} = {v}")
     t.indent = outer
-    t.body.lines.append(f"{t.indent}}}")
+    t.line(f"{t.indent}}}")
     return [*carries, *ys]
 
 
@@ -1061,11 +1075,11 @@ def _while(t, eqn, ins):
     carries = []
     for r in init:
         c = t.body.new("carry")
-        t.body.lines.append(f"{t.indent}{c} = {t.value(r)}")
+        t.line(f"{t.indent}{c} = {t.value(r)}")
         carries.append(Ref(c, r.dtype, r.shape))
     loopvar = t.body.new(fixed=f"i{t.loops}")
     t.loops += 1
-    t.body.lines.append(f"{t.indent}loop {loopvar} in range({max(stop - start, 0)}) {{")
+    t.line(f"{t.indent}loop {loopvar} in range({max(stop - start, 0)}) {{")
     outer = t.indent
     t.indent += "  "
     outs = t.closed(body, [*bconsts, *carries])
@@ -1077,9 +1091,9 @@ def _while(t, eqn, ins):
         staged.append((c, v))
     for c, v in staged:
         if c.text != v:
-            t.body.lines.append(f"{t.indent}{c.text} = {v}")
+            t.line(f"{t.indent}{c.text} = {v}")
     t.indent = outer
-    t.body.lines.append(f"{t.indent}}}")
+    t.line(f"{t.indent}}}")
     return carries
 
 
