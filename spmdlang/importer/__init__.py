@@ -192,8 +192,8 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
         pname = unique(f"const{len(consts)}")
         dt = dtype_name(arr.dtype, where)
         shape = ", ".join(str(d) for d in arr.shape)
-        const_params.append(f"{pname}: {dt}[{shape}]  # a constant of the traced function "
-                            f"({arr.size} elements): imp.flatten passes it")
+        const_params.append(f"# {pname}: a constant of the traced function ({arr.size} elements), "
+                            f"a parameter here: imp.flatten passes it\n{pname}: {dt}[{shape}]")
         consts[pname] = np.array(arr)
         ref = Ref(body.new(fixed=pname), dt, tuple(arr.shape))
         consts_by_key[len(const_cache)] = consts[pname]
@@ -229,12 +229,5 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
 def _join_params(params: list[str]) -> str:
     if not params:
         return ""
-    out = []
-    for i, p in enumerate(params):
-        if "#" in p:
-            decl, _, comment = p.partition("#")
-            sep = "," if i < len(params) - 1 else ""
-            out.append(f"{decl.rstrip()}{sep}  #{comment}")
-        else:
-            out.append(p + ("," if i < len(params) - 1 else ""))
-    return "\n          ".join(out)
+    out = [p + ("," if i < len(params) - 1 else "") for i, p in enumerate(params)]
+    return "\n          ".join(line for p in out for line in p.split("\n"))

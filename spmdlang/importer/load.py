@@ -57,6 +57,7 @@ def import_target(target: str, mesh: dict | None = None):
     try:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses (flax's modules) look their module up while it loads
         try:
             spec.loader.exec_module(module)
         except Exception as e:  # noqa: BLE001  (the user's module failed: say where)

@@ -435,6 +435,11 @@ def _integer_pow(t, eqn, ins):
     return t.put(eqn, f"{x} ** {y}")
 
 
+@prim("erfc")
+def _erfc(t, eqn, ins):
+    return t.put(eqn, f"1.0 - erf({t.value(ins[0])})")
+
+
 @prim("exp2")
 def _exp2(t, eqn, ins):
     return t.put(eqn, f"2.0 ** {t.value(ins[0])}")
@@ -798,20 +803,26 @@ def _pool(kind):
         spatial = [d for d in range(rank) if d not in free]
         if not spatial:
             return x
-        # the pool builtins work over [N, spatial..., C]: N the first free dim, C the last
-        if rank < 3 or spatial[0] == 0 or spatial[-1] == rank - 1 or spatial != list(range(1, rank - 1)):
-            t.fail(f"jax primitive '{eqn.primitive.name}' over a window that is not the middle dims of "
-                   "[N, spatial..., C] has no spmdlang equivalent")
+        # the pool builtins work over [N, spatial..., C]: two free dims, moved first and last
+        if len(free) != 2:
+            t.fail(f"jax primitive '{eqn.primitive.name}' over a window that leaves other than two dims whole "
+                   "has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C])")
+        perm = [free[0], *spatial, free[1]]
         win, st, pad = [window[d] for d in spatial], [strides[d] for d in spatial], [padding[d] for d in spatial]
         v = t.value(x)
+        if perm != list(range(rank)):
+            v = t.emit(f"transpose({v}, {_ints(perm)})")
         if kind == "max":
-            return t.put(eqn, f"max_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad})")
-        if kind == "min":
-            return t.put(eqn, f"-max_pool(-{v}, {_ints(win)}, stride={_ints(st)}, padding={pad})")
-        size = int(np.prod(win))
-        if x.dtype not in _FLOATS:
-            t.fail(f"jax primitive '{eqn.primitive.name}' summing integers has no spmdlang equivalent")
-        return t.put(eqn, f"avg_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad}) * {size}.0")
+            expr = f"max_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
+        elif kind == "min":
+            expr = f"-max_pool(-{v}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
+        else:
+            if x.dtype not in _FLOATS:
+                t.fail(f"jax primitive '{eqn.primitive.name}' summing integers has no spmdlang equivalent")
+            expr = f"avg_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad}) * {int(np.prod(win))}.0"
+        if perm != list(range(rank)):
+            expr = f"transpose({t.emit(expr)}, {_ints([perm.index(d) for d in range(rank)])})"
+        return t.put(eqn, expr)
 
     return write
 
@@ -945,7 +956,7 @@ def _scatter_add(t, eqn, ins):
 
 # ----------------------------------------------------------------------------- calls and control
 
-@prim("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "remat", "checkpoint", "custom_lin")
+@prim("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "remat", "remat2", "checkpoint")
 def _call(t, eqn, ins):
     p = eqn.params
     key = next(k for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in p)
