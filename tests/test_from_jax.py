@@ -381,3 +381,13 @@ def test_random_jax_programs(seed):
     args = (f32(6, 5), f32(6, 5), f32(5, 5) * 0.5)
     check(fn, *args, backends=("ref", "sim"), mesh={"data": 2, "model": 2},
           in_specs=(P("data"), P("data"), P(None, "model")), rtol=2e-4, atol=2e-4)
+
+
+def test_docs_example_runs():
+    """docs/from_jax.md's flax example (also the README's) runs as written."""
+    import re
+
+    text = (ROOT / "docs" / "from_jax.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(example.strip().splitlines()) < 40
+    exec(compile(example, "docs/from_jax.md", "exec"), {"__name__": "docs_example"})

@@ -176,7 +176,11 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
         text = body.new(fixed=pname)
         aval = var.aval
         stext = spec_text(spec, len(aval.shape))
-        params.append(f"{pname}: {type_text(aval)}" + (f" {stext}" if stext else ""))
+        try:
+            ttext = type_text(aval)
+        except ImportError_ as e:
+            raise ImportError_(f"argument {pname}: {e.message}", _def_span(fn)) from None
+        params.append(f"{pname}: {ttext}" + (f" {stext}" if stext else ""))
         param_names.append(pname)
         arg_refs.append(Ref(text, dtype_name(aval.dtype), tuple(aval.shape)))
 
@@ -224,6 +228,20 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     lines.append("}")
     source = "\n".join(lines) + "\n"
     return Imported(source, param_names, in_tree, out_tree, consts, name or f"{fn_name}.spmd")
+
+
+def _def_span(fn):
+    """The span of fn's `def` line, for errors about its arguments."""
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        path = inspect.getsourcefile(fn)
+    except (OSError, TypeError):
+        return None
+    from ..errors import Source, Span
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return Span(Source(path, text), start, len(lines[0]) - len(lines[0].lstrip()) + 1)
 
 
 def _join_params(params: list[str]) -> str:

@@ -15,7 +15,7 @@ from ..errors import SpmdError
 from . import names as N
 
 _DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32", "bool": "bool",
-          "float64": "f64", "int64": "i64", "uint32": "u32"}
+          "float64": "f64", "int64": "i64"}
 _FLOATS = {"f32", "bf16", "f16", "f64"}
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _PLACEHOLDER = re.compile("\x00([0-9]+)\x00")
