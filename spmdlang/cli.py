@@ -15,6 +15,7 @@ import sys
 
 from .api import BACKENDS
 from .errors import OverrideError, SpmdError
+from .ir.core import result_names
 from .outfile import OutputPathError, OutputWriteError, write_output
 
 TARGETS = ("ir", "spmd", "jax", "xla")
@@ -27,16 +28,32 @@ class UsageError(Exception):
 # ---------------------------------------------------------------------------------- argument parsing
 
 
-def _assignments(text: str, what: str) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _int(text: str) -> int | None:
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _number(text: str) -> int | float | None:
+    """An integer, or a finite float as Python writes one (1e-3, .5, -2.0)."""
+    if _int(text) is not None:
+        return int(text)
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _assignments(text: str, what: str, parse=_int, expects="NAME=INT[,NAME=INT...]") -> dict[str, int | float]:
+    out: dict[str, int | float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = part.partition("=")
         name, value = name.strip(), value.strip()
-        if not eq or not name or not value.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"{what} expects NAME=INT[,NAME=INT...], got '{part}'")
+        number = parse(value) if eq and name and value else None
+        if number is None:
+            raise argparse.ArgumentTypeError(f"{what} expects {expects}, got '{part}'")
         if name in out:
             raise argparse.ArgumentTypeError(f"{what} names '{name}' twice")
-        out[name] = int(value)
+        out[name] = number
     return out
 
 
@@ -49,7 +66,7 @@ def _mesh_arg(text):
 
 
 def _set_arg(text):
-    return _assignments(text, "--set")
+    return _assignments(text, "--set", _number, "NAME=INT or NAME=FLOAT (finite), comma-separated")
 
 
 def _count(minimum: int):
@@ -98,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("file", metavar="FILE", help="a .spmd program, or - to read it from standard input")
     common.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
                         help="override the file's mesh axis sizes")
-    common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=INT,...", dest="consts",
-                        help="override integer consts")
+    common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=VALUE,...", dest="consts",
+                        help="override consts: an integer for an integer const, a number for a float const")
     common.add_argument("--entry", metavar="NAME", help="the entry function (default: main)")
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("--verify", action="store_true",
@@ -296,15 +313,15 @@ def _inputs(c, args):
     return c.random_inputs(args.seed)
 
 
-def _nonfinite_notes(outs) -> list[str]:
+def _nonfinite_notes(outs, names) -> list[str]:
     import numpy as np
 
     notes = []
-    for i, a in enumerate(outs):
+    for name, a in zip(names, outs):
         if a.size and (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
             bad = int(np.count_nonzero(~np.isfinite(np.asarray(a, dtype=np.float64))))
             if bad:
-                notes.append(f"out{i} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
+                notes.append(f"{name} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
                              f"of {a.size}")
     return notes
 
@@ -321,11 +338,12 @@ def cmd_run(args) -> int:
         import io
 
         buf = io.BytesIO()
-        np.savez(buf, **{f"out{i}": a for i, a in enumerate(outs)})
+        np.savez(buf, **dict(zip(result_names(c.program, "out"), outs)))  # out0, out1.emb (a struct's leaves)
         write_output(args.output, buf.getvalue())
-    notes = _nonfinite_notes(outs)
-    summary = [{"output": i, "type": str(r.value.type), "shape": list(a.shape), "dtype": str(a.dtype),
-                "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
+    notes = _nonfinite_notes(outs, result_names(c.program, "out"))
+    names = result_names(c.program, "out")
+    summary = [{"output": i, "name": names[i], "type": str(r.value.type), "shape": list(a.shape),
+                "dtype": str(a.dtype), "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
                for i, (r, a) in enumerate(zip(c.program.results, outs))]
     to_stdout = args.output != "-"  # with `-o -` the results' bytes own stdout; the summary goes to stderr
     if args.json:
@@ -336,7 +354,7 @@ def cmd_run(args) -> int:
         return 0
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
+        con.print(f"[bold]{s['name']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:

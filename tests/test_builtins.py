@@ -187,6 +187,8 @@ _UNARY_F = [
     ("log1p", np.log1p, (3, 5)),
     ("expm1", np.expm1, None),
     ("square", np.square, None),
+    ("softplus", lambda x: np.logaddexp(x, 0), None),
+    ("relu6", lambda x: np.minimum(np.maximum(x, 0), 6), None),
 ]
 
 
@@ -240,6 +242,12 @@ def _unary_cases():
                     tol=(1e-6, 0)))
     out.append(Case("expm1-tiny", "x: f32[3]", "expm1(x)", lambda x: np.expm1(x), {"x": lambda r: [1e-10, 0, -1e-7]},
                     tol=(1e-6, 0)))
+    out.append(Case("relu6-large", "x: f32[6]", "relu6(x)", lambda x: np.minimum(np.maximum(x, 0), 6),
+                    {"x": lambda r: [-7, 0, 3, 6, 8, np.inf]}))
+    out.append(Case("softplus-large", "x: f32[6]", "softplus(x)", lambda x: np.logaddexp(x, 0).astype(f32),
+                    {"x": lambda r: [-np.inf, -100, -20, 0, 20, 100]}, tol=(1e-6, 0)))
+    out.append(Case("relu6-i32", "x: i32[5]", "relu6(x)", lambda x: np.clip(x, 0, 6).astype(f32),
+                    {"x": lambda r: [-3, 0, 4, 6, 9]}))
     out.append(Case("clip", "x: f32[3, 5]", "clip(x, -0.5, 0.5)", lambda x: np.clip(x, -0.5, 0.5)))
     out.append(Case("clip-tensor-bounds", "x: f32[3, 5], lo: f32[5], hi: f32[3, 1]", "clip(x, lo, hi)",
                     lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi)))
