@@ -208,6 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-o", dest="output", metavar="OUT.spmd",
                    help="write the annotated program here (default: standard output, the report on "
                    "standard error)")
+    im = sub.add_parser("import", help="trace a jax function and write the equivalent .spmd program",
+                        description="Trace FUNCTION of FILE.py with jax and write the equivalent .spmd program. "
+                        "FILE.py defines FUNCTION, FUNCTION_args() returning the example arguments, and may "
+                        "define FUNCTION_specs() (in_specs: PartitionSpecs, a pytree prefix of the arguments) "
+                        "and MESH ({axis: size}). The program is compiled before it is written; nothing is "
+                        "written if anything fails.")
+    im.add_argument("target", metavar="FILE.py:FUNCTION", help="the jax function to import")
+    im.add_argument("-o", dest="output", metavar="OUT.spmd", help="write here (default: standard output)")
+    im.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
+                    help="the mesh (default: FILE.py's MESH, else the arguments' shardings' mesh, else data=1)")
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return p
@@ -463,6 +473,21 @@ def cmd_autoshard(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    from .importer.load import TargetError, import_target
+
+    try:
+        imp = import_target(args.target, args.mesh or None)
+    except TargetError as e:
+        raise UsageError(str(e)) from None
+    imp.compile()  # a program that does not compile is not written
+    if args.output and args.output != "-":
+        write_output(args.output, imp.source.encode())
+    else:
+        sys.stdout.write(imp.source)
+    return 0
+
+
 def cmd_ops(args) -> int:
     from .oplist import ops_report, render_ops
 
@@ -472,7 +497,8 @@ def cmd_ops(args) -> int:
 
 
 COMMANDS = {"check": cmd_check, "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
-            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard}
+            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard,
+            "import": cmd_import}
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG}
