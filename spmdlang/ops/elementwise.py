@@ -56,6 +56,12 @@ _FLOAT_UNARY = {
     "cos": (np.cos, "jnp.cos({0})", "cosine"),
     "floor": (np.floor, "jnp.floor({0})", "round toward -inf"),
     "ceil": (np.ceil, "jnp.ceil({0})", "round toward +inf"),
+    # jax.nn's activations whose derivatives jax defines by custom rules (the others are
+    # compositions in frontend/nn.py)
+    "softplus": (lambda x: np.logaddexp(x, np.zeros((), x.dtype)), "jax.nn.softplus({0})",
+                 "log(1 + exp(x)), as jax.nn.softplus (logaddexp(x, 0))"),
+    "relu6": (lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)), np.asarray(6, x.dtype)),
+              "jax.nn.relu6({0})", "min(max(x, 0), 6), as jax.nn.relu6"),
 }
 _NUMERIC_UNARY = {
     "neg": (np.negative, "-{0}", "-x (linear: a pending sum passes through)"),
@@ -275,6 +281,14 @@ def _gelu_erf(d, ct, x, y):
     return d.mul(ct, d.emit("add", cdf, d.mul(x, _sqrt2pi_exp(d, x))))
 
 
+def _softplus(d, ct, x, y):
+    """jax's logaddexp rule (softplus is logaddexp(x, 0)): ct * exp(x - y), +inf replaced by 0."""
+    def finite(v):
+        return d.select(d.emit("eq", v, d.like(math.inf, v)), d.zeros(v.type), v)
+
+    return d.mul(ct, d.emit("exp", d.emit("sub", finite(x), finite(y))))
+
+
 _UNARY_VJP = {
     "exp": lambda d, ct, x, y: d.mul(ct, y),
     "log": lambda d, ct, x, y: d.emit("div", ct, x),
@@ -294,6 +308,10 @@ _UNARY_VJP = {
     # jax: select(x >= 0, g, -g); relu (a custom_jvp): select(x > 0, g, 0)
     "abs": lambda d, ct, x, y: d.select(d.emit("ge", x, d.like(0.0, x)), ct, d.neg(ct)),
     "relu": lambda d, ct, x, y: d.select(d.emit("gt", x, d.like(0.0, x)), ct, d.zeros(ct.type)),
+    "softplus": _softplus,
+    # jax.nn.relu6's custom_jvp: select((x > 0) & (x < 6), g, 0)
+    "relu6": lambda d, ct, x, y: d.select(d.emit("logical_and", d.emit("gt", x, d.like(0.0, x)),
+                                                 d.emit("lt", x, d.like(6.0, x))), ct, d.zeros(ct.type)),
     "square": lambda d, ct, x, y: d.mul(ct, d.mul(d.like(2.0, x), x)),
 }
 for _name in ("floor", "ceil", "sign", "logical_not"):
