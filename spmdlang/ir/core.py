@@ -178,6 +178,22 @@ def rewrite_regions(op: Op, fn) -> Op:
     return op.replace(regions=tuple(regions))
 
 
+def ancestry(ops) -> tuple[dict[Op, int], dict[Op, int]]:
+    """(op -> its index in `ops`, op -> its ancestors among `ops` as a bitset over those indices),
+    to tell which ops of a block are independent (a loop counts as one op)."""
+    index = {op: i for i, op in enumerate(ops)}
+    producer = {r: op for op in ops for r in op.results}
+    anc: dict[Op, int] = {}
+    for op in ops:
+        bits = 0
+        for v in op.operands:
+            if v in producer:
+                p = producer[v]
+                bits |= anc[p] | (1 << index[p])
+        anc[op] = bits
+    return index, anc
+
+
 def region_values(ops):
     """Every value defined by `ops`: each op's results, then its regions' params and values."""
     for op in all_ops(ops):
