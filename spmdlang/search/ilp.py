@@ -623,83 +623,93 @@ def _eliminate(prob: Problem, keep: set):
     stay. Chains of ops, a layer's elementwise tails and a training step's optimizer updates go
     away. Returns (node costs of the groups left, edges left, constant, the eliminations in order:
     replay them backwards to recover the eliminated groups' strategies)."""
-    node = {gi: np.asarray(g.node_cost, dtype=float) for gi, g in enumerate(prob.groups)}
-    edges = {k: np.asarray(m, dtype=float) for k, m in prob.edges.items()}
-    nbrs: dict = {gi: set() for gi in node}
-    for a, b in edges:
-        nbrs[a].add(b)
-        nbrs[b].add(a)
-    const = prob.constant
-    steps = []
+    e = _Elimination(prob)
+    e.separate()
+    changed = True
+    while changed:
+        changed = False
+        for g in sorted(e.node):
+            if g not in keep and g in e.node and e.eliminate(g):
+                changed = True
+    return e.node, e.edges, e.const, e.steps
 
-    def oriented(g, h):  # the matrix of edge g-h as [g strategy, h strategy]
-        return edges[(g, h)] if (g, h) in edges else edges[(h, g)].T
 
-    def add_edge(g, h, m):
+class _Elimination:
+    """The graph `_eliminate` reduces: node costs, edges, neighbours, and what it did so far."""
+
+    def __init__(self, prob: Problem):
+        self.node = {gi: np.asarray(g.node_cost, dtype=float) for gi, g in enumerate(prob.groups)}
+        self.edges = {k: np.asarray(m, dtype=float) for k, m in prob.edges.items()}
+        self.nbrs: dict = {gi: set() for gi in self.node}
+        for a, b in self.edges:
+            self.nbrs[a].add(b)
+            self.nbrs[b].add(a)
+        self.const = prob.constant
+        self.steps: list = []
+
+    def oriented(self, g, h):
+        """The matrix of edge g-h as [g strategy, h strategy]."""
+        return self.edges[(g, h)] if (g, h) in self.edges else self.edges[(h, g)].T
+
+    def add_edge(self, g, h, m) -> None:
+        edges = self.edges
         if (g, h) in edges:
             edges[(g, h)] = edges[(g, h)] + m
         elif (h, g) in edges:
             edges[(h, g)] = edges[(h, g)] + m.T
         else:
             edges[(g, h) if g < h else (h, g)] = m if g < h else m.T
-            nbrs[g].add(h)
-            nbrs[h].add(g)
+            self.nbrs[g].add(h)
+            self.nbrs[h].add(g)
 
-    def drop(g):
-        for h in sorted(nbrs[g]):
-            edges.pop((g, h), None)
-            edges.pop((h, g), None)
-            nbrs[h].discard(g)
-        del nbrs[g], node[g]
+    def drop(self, g) -> None:
+        for h in sorted(self.nbrs[g]):
+            self.edges.pop((g, h), None)
+            self.edges.pop((h, g), None)
+            self.nbrs[h].discard(g)
+        del self.nbrs[g], self.node[g]
 
-    def separate():
+    def separate(self) -> None:
         """An edge whose cost is a cost of one end plus a cost of the other is two node costs."""
-        for (a, b), m in sorted(edges.items()):
+        for (a, b), m in sorted(self.edges.items()):
             d = m - m[:, :1]
             if np.allclose(d, d[:1, :], rtol=0, atol=1e-6):
-                node[a] = node[a] + m[:, 0]
-                node[b] = node[b] + d[0, :]
-                del edges[(a, b)]
-                nbrs[a].discard(b)
-                nbrs[b].discard(a)
+                self.node[a] = self.node[a] + m[:, 0]
+                self.node[b] = self.node[b] + d[0, :]
+                del self.edges[(a, b)]
+                self.nbrs[a].discard(b)
+                self.nbrs[b].discard(a)
 
-    separate()
-    changed = True
-    while changed:
-        changed = False
-        for g in sorted(node):
-            if g in keep or g not in node:
-                continue
-            near = sorted(nbrs[g])
-            if len(node[g]) == 1 and near:  # one strategy: its edges are costs of its neighbours'
-                for h in near:
-                    node[h] = node[h] + oriented(h, g)[:, 0]
-                const += float(node[g][0])
-                steps.append((g, (), 0))
-            elif len(near) == 0:
-                const += float(node[g].min())
-                steps.append((g, (), int(np.argmin(node[g]))))
-            elif len(near) == 1:
-                (h,) = near
-                t = oriented(h, g) + node[g][None, :]
-                node[h] = node[h] + t.min(axis=1)
-                steps.append((g, (h,), t.argmin(axis=1)))
-            elif len(near) == 2:
-                h1, h2 = near
-                t = oriented(h1, g)[:, :, None] + node[g][None, :, None] + oriented(g, h2)[None, :, :]
-                if t.size > 1 << 16:
-                    continue
-                steps.append((g, (h1, h2), t.argmin(axis=1)))
-                best = t.min(axis=1)
-                drop(g)
-                add_edge(h1, h2, best)
-                changed = True
-                continue
-            else:
-                continue
-            drop(g)
-            changed = True
-    return node, edges, const, steps
+    def eliminate(self, g) -> bool:
+        """Fold group g into its neighbours if it has one strategy or at most two neighbours."""
+        node, near = self.node, sorted(self.nbrs[g])
+        if len(node[g]) == 1 and near:  # one strategy: its edges are costs of its neighbours'
+            for h in near:
+                node[h] = node[h] + self.oriented(h, g)[:, 0]
+            self.const += float(node[g][0])
+            self.steps.append((g, (), 0))
+        elif len(near) == 0:
+            self.const += float(node[g].min())
+            self.steps.append((g, (), int(np.argmin(node[g]))))
+        elif len(near) == 1:
+            (h,) = near
+            t = self.oriented(h, g) + node[g][None, :]
+            node[h] = node[h] + t.min(axis=1)
+            self.steps.append((g, (h,), t.argmin(axis=1)))
+        elif len(near) == 2:
+            h1, h2 = near
+            t = self.oriented(h1, g)[:, :, None] + node[g][None, :, None] + self.oriented(g, h2)[None, :, :]
+            if t.size > 1 << 16:
+                return False
+            self.steps.append((g, (h1, h2), t.argmin(axis=1)))
+            best = t.min(axis=1)
+            self.drop(g)
+            self.add_edge(h1, h2, best)
+            return True
+        else:
+            return False
+        self.drop(g)
+        return True
 
 
 def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit: int | None = None,
