@@ -155,11 +155,24 @@ def _combine_ops(prog_ops, ledger):
         if combinable(op):
             by_key.setdefault(_key(op), []).append(op)
 
+    # per key, how far into by_key[key] no op can join the pending group: while a group waits it
+    # only grows and `emitted` only grows, so an op that cannot join it never can (linear, not
+    # quadratic, in the reductions of one key); reset when the group is released
+    scanned: dict[tuple, int] = {}
+
     def _could_grow(key, group) -> bool:
         mask = 0
         for g in group:
             mask |= 1 << index[g]
-        return any(o not in emitted and o not in group and not (anc[o] & mask) for o in by_key[key])
+        members = set(group)
+        cands, i = by_key[key], scanned.get(key, 0)
+        while i < len(cands):
+            o = cands[i]
+            if o not in emitted and o not in members and not (anc[o] & mask):
+                break
+            i += 1
+        scanned[key] = i
+        return i < len(cands)
 
     by_id = {id(op): op for op in prog.ops}
     for op in prog.ops:
@@ -174,6 +187,7 @@ def _combine_ops(prog_ops, ledger):
         # stalled: release a group no later all_reduce could still join (one that does not depend
         # on it); if every group could still grow, the one the earliest waiting work needs
         key = min(pending, key=lambda k: (_could_grow(k, pending[k]), min(index[o] for o in pending[k])))
+        scanned.pop(key, None)
         for group in [pending.pop(key)]:
             group.sort(key=lambda o: index[o])
             if len(group) == 1:
@@ -210,12 +224,13 @@ def finish(spmd):
     prog, repl = cse(spmd.program)
     prog = dead_code(prog)
     live = set(all_ops(prog.ops))
-    ledger = []
+    ledger, seen = [], set()
     for c in spmd.ledger:
         op = repl.get(c.local_op, c.local_op)
         while op in repl:
             op = repl[op]
-        if op in live and all(e.local_op is not op for e in ledger):
+        if op in live and id(op) not in seen:
+            seen.add(id(op))
             ledger.append(replace(c, local_op=op))
     prog, ledger = _combine(prog, ledger)
     notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}

@@ -518,15 +518,23 @@ class Partitioner:
                 x = c.local_op
                 extra = x.attrs["group"] if c.kind == "reduce_scatter" else x.attrs["reduce"]
                 present.append((g, (c.kind, tuple(x.attrs["axes"]), extra, x.operands[0].type.dtype)))
+        # descendants too, and per key the reductions present as one bitset: an op can join one of
+        # them that is neither its ancestor nor its descendant (bit operations, not a scan of pairs)
+        desc: dict[Op, int] = {op: 0 for op in self.prog.ops}
+        for op in reversed(self.prog.ops):
+            below = desc[op] | (1 << index[op])
+            for v in op.operands:
+                if v in producer:
+                    desc[producer[v]] |= below
+        by_key: dict = {}
+        for g, k2 in present:
+            by_key[k2] = by_key.get(k2, 0) | (1 << index[g])
         out = set()
         for op, key in self.settle_wanted:
             if op not in index:
                 continue
-            for g, k2 in present:
-                if (k2 == key and g is not op and not anc[op] >> index[g] & 1
-                        and not anc[g] >> index[op] & 1):
-                    out.add(op)
-                    break
+            if by_key.get(key, 0) & ~(anc[op] | desc[op] | (1 << index[op])):
+                out.add(op)
         return out
 
     # ------------------------------------------------------------------ generic factor partitioning
