@@ -43,6 +43,8 @@ OPS = [
     ("argsort(x, 1)", lambda x: jnp.argsort(x, 1, stable=True).astype(jnp.int32), True),
     ("sort(x, 0)", lambda x: jnp.sort(x, 0), True),
     ("argsort(x, 0)", lambda x: jnp.argsort(x, 0, stable=True).astype(jnp.int32), True),
+    ("logsumexp(x, axis=1)", lambda x: jax.nn.logsumexp(x, axis=1), False),
+    ("softmax(x, axis=1)", lambda x: jax.nn.softmax(x, axis=1), False),
     ("top_k(x, 2)[0]", lambda x: jax.lax.top_k(x, 2)[0], True),
     ("top_k(x, 2)[1]", lambda x: jax.lax.top_k(x, 2)[1], True),
 ]
