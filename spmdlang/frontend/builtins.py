@@ -422,16 +422,17 @@ def _softmax(ctx, span, args):
 
 
 @builtin("logsumexp", "x:tensor", "axis:axes=-1", "keepdims:bool=false",
-         doc="max + log(sum(exp(x - max))), with a max of -inf treated as 0")
+         doc="max + log(sum(exp(x - max))), with a max of +-inf treated as 0 (jax.nn.logsumexp)")
 def _logsumexp(ctx, span, args):
     x = tensor(ctx, args, "x")
     if not T.is_float(x.type.dtype):
         x = ctx.cast(x, float_for(x.type.dtype), span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
     m = ctx.b.emit("reduce_max", x, span=span, axes=axes)
-    # rows that are all -inf would give -inf - -inf = nan; shift those by 0 instead
-    m = ctx.b.emit("select", ctx.binary("eq", m, float("-inf"), span), ctx.materialize(0.0, span, m.type.dtype),
-                   m, span=span)
+    # rows that are all -inf would give -inf - -inf = nan, rows holding +inf inf - inf = nan: shift
+    # those by 0 instead (-inf and inf, as jax.nn.logsumexp gives)
+    infinite = ctx.binary("eq", ctx.b.emit("abs", m, span=span), float("inf"), span)
+    m = ctx.b.emit("select", infinite, ctx.materialize(0.0, span, m.type.dtype), m, span=span)
     e = ctx.b.emit("exp", ctx.b.emit("sub", x, _expand_back(ctx, m, x.type.shape, axes, span), span=span), span=span)
     out = ctx.b.emit("add", ctx.b.emit("log", ctx.b.emit("reduce_sum", e, span=span, axes=axes), span=span), m,
                      span=span)
