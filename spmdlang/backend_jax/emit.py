@@ -203,7 +203,7 @@ def _script(prog: Program) -> list[str]:
         "    ins = [_tree_map(lambda s, d: rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else",
         "                    (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5),",
         "                    s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
-        "    for i, out in enumerate(_leaves(run(*ins))):",
+        "    for i, out in enumerate(_leaves(run(*ins), RESULT_SHAPES)):",
         '        print(f"out{i}: {out.dtype}{list(out.shape)}")',
     ]
 
@@ -228,11 +228,12 @@ def _tree_map(fn, like, *trees):
     return fn(like, *trees)
 
 
-def _leaves(trees):
-    """The leaves of a list of values (struct values: their fields depth-first, in declaration order)."""
+def _leaves(values, like):
+    """The leaves of a list of values shaped like `like` (GLOBAL_SHAPES or RESULT_SHAPES), a
+    struct's fields depth-first in declaration order (jax hands dicts back with sorted keys)."""
     out = []
-    for t in trees:
-        out.extend(_leaves(t.values()) if isinstance(t, dict) else [t])
+    for v, t in zip(values, like, strict=True):
+        _tree_map(lambda _, x: out.append(x), t, v)
     return out
 
 
