@@ -229,8 +229,10 @@ class Compiled:
             report["notes"] = notes
         return report
 
-    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        return random_inputs(self.program, seed)
+    def random_inputs(self, seed: int = 0, int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+        """Seeded inputs (inputs.random_inputs): an integer parameter used as ids is drawn over the
+        dim it indexes, other integers in [0, 16); `int_range=(lo, hi)` draws every one in [lo, hi)."""
+        return random_inputs(self.program, seed, int_range)
 
     def check_inputs(self, inputs: dict, origin: str = "inputs") -> dict[str, np.ndarray]:
         return check_inputs(self.program, inputs, origin)
@@ -349,7 +351,9 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
 def _compile_text(text, filename, mesh, consts, entry, verify, shard_weight_updates=None) -> Compiled:
     module, source = parse(text, filename)
     _check_overrides(module, source, mesh, consts, shard_weight_updates)
-    return Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
+    c = Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
+    c.compile_args = (text, filename, mesh, consts, entry, verify, shard_weight_updates)  # to compile afresh (bench)
+    return c
 
 
 def _check_overrides(module, source, mesh, consts, shard_weight_updates=None):

@@ -16,7 +16,7 @@ import re
 
 from ..ir import registry
 from ..ir import types as T
-from ..ir.core import LOOP, Boundary, Loop, Program, Value
+from ..ir.core import LOOP, Boundary, Loop, Program, Value, all_ops
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.printer import Namer
 from ..partition import permute
@@ -187,6 +187,9 @@ def _imports(prog: Program) -> list[str]:
              "from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P"]
     if uses64:
         lines.append('jax.config.update("jax_enable_x64", True)')
+    ops = [*all_ops(prog.ops), *(op for g in prog.grads for op in all_ops(g.forward))]
+    if any(op.kind.startswith("random_draw") for op in ops):
+        lines.append('jax.config.update("jax_threefry_partitionable", True)  # the bits jax.random draws by default')
     return lines
 
 
@@ -468,7 +471,8 @@ def emit_shard_map(spmd) -> str:
     lines += ["", ""]
     lines.append(inspect.getsource(permute.mesh_order_pairs).rstrip())
     lines.append("")
-    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops()).splitlines()
+    used = {op.kind for op in all_ops(prog.ops)}  # the helpers this program calls
+    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops() if op.name in used).splitlines()
     _, out_trees = _trees(gprog)
     args, unpack = _signature(gprog, namer, params)
     lines += ["", "", f"def body({', '.join(args)}):", '    """The per-partition program: local shapes."""']

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..errors import SpmdError
 from ..ir import types as T
 from ..ir.autodiff import Differentiator, backward_pass
-from ..ir.core import GradCall, Value
+from ..ir.core import GradCall
 from . import ast as A
 from . import structs as S
 from .values import StructType, StructValue, describe, did_you_mean

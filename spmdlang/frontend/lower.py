@@ -8,6 +8,7 @@ User functions are inlined at each call; `for` loops over `range` are unrolled.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import OverrideError, Source, Span, SpmdError
@@ -18,10 +19,24 @@ from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.types import TensorType
 from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from . import ast as A
-from .builtins import BUILTINS, call_builtin, dynamic_window
+from . import nn as _nn  # noqa: F401  (registers jax.nn's activations as builtins)
 from . import structs as S
-from .values import LOOP_INDICES, Dtype, StaticType, StructType, StructValue, describe, did_you_mean, float_for, is_value
-from .values import loop_index_note, scalar_value
+from .builtins import BUILTINS, call_builtin, dynamic_window
+from .values import (
+    LOOP_INDICES,
+    WEAK,
+    Dtype,
+    StaticType,
+    StructType,
+    StructValue,
+    describe,
+    did_you_mean,
+    float_for,
+    is_value,
+    is_weak,
+    loop_index_note,
+    scalar_value,
+)
 from .values import static_int as _check_static_int
 
 # Unrolling and inlining happen at compile time; past these limits (spmdlang.limits) a program is a
@@ -36,7 +51,7 @@ class Lowerer:
         self.source = source
         self.mesh_override = dict(mesh_override or {})
         self.const_override = dict(const_override or {})
-        self.consts: dict[str, int] = {}
+        self.consts: dict[str, int | float] = {}
         self.funcs: dict[str, A.FuncDef] = {}
         self.structs: dict[str, S.StructDef] = {}
         self.mesh: Mesh | None = None
@@ -86,17 +101,17 @@ class Lowerer:
         return prog
 
     def _lower_consts(self):
+        """Consts in order, each an int or a float; an override replaces its value, an integer
+        const's with an integer, a float const's with any number."""
         for c in self.module.consts:
             if c.name in self.consts:
                 raise SpmdError(f"const '{c.name}' is defined twice", c.span)
+            value = self.static(c.value, {})
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SpmdError(f"const '{c.name}' must be an integer or a float, got {describe(value)}", c.value.span)
             if c.name in self.const_override:
-                value = self.const_override[c.name]
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise OverrideError(f"--set {c.name}={value!r}: consts are integers", c.span)
-                self.consts[c.name] = value
-                continue
-            self.consts[c.name] = _check_static_int(self.static(c.value, {}), c.value.span,
-                                                    f"const '{c.name}'")
+                value = _const_override(c, value, self.const_override[c.name])
+            self.consts[c.name] = value
 
     def _lower_mesh(self):
         meshes = self.module.meshes
@@ -468,7 +483,10 @@ class Lowerer:
                                     "signature, and one in a result must appear in a parameter too", d.span)
                 dims.extend(bound[d.name])
                 continue
-            n = _check_static_int(self.static(d, {}), d.span, "a dimension")
+            n = self.static(d, {})
+            if isinstance(d, A.Name) and isinstance(n, float) and d.id in self.consts:
+                raise SpmdError(f"a dimension must be a static integer; '{d.id}' is a float const ({n})", d.span)
+            n = _check_static_int(n, d.span, "a dimension")
             if n < 0:
                 raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
             dims.append(n)
@@ -638,7 +656,10 @@ class Lowerer:
         if isinstance(x, Value):
             if x.type.dtype == "bool":
                 raise SpmdError("cannot negate a bool tensor; use logical_not", node.span)
-            return self.b.emit("neg", x, span=node.span)
+            out = self.b.emit("neg", x, span=node.span)
+            if x in WEAK:
+                WEAK.add(out)
+            return out
         if isinstance(x, (int, float)) and not isinstance(x, bool):
             return -x
         raise SpmdError(f"cannot negate {describe(x)}", node.span)
@@ -831,13 +852,17 @@ class Lowerer:
         for v, sp in zip(values, spans):
             if not isinstance(v, (Value, int, float, bool)):
                 raise SpmdError(f"expected a tensor or a number, got {describe(v)}", sp)
+        strong = [v for v in tensors if v not in WEAK] or tensors  # weak values count as literals
         if tensors:
-            dt = tensors[0].type.dtype
-            for t in tensors[1:]:
+            dt = strong[0].type.dtype
+            for t in strong[1:]:
                 dt = T.promote(dt, t.type.dtype)
-            if any(isinstance(v, float) and not isinstance(v, bool) for v in values) and not T.is_float(dt):
+            weak = [v for v in values if is_weak(v) and not any(v is t for t in strong)]
+            kinds = {("float" if isinstance(v, float) else "int") if not isinstance(v, Value) else T.kind(v.type.dtype)
+                     for v in weak}
+            if "float" in kinds and not T.is_float(dt):
                 dt = float_for(dt)  # a float literal meets an int tensor: promote, as jax's weak floats do
-            elif any(type(v) is int for v in values) and dt == "bool":
+            elif "int" in kinds and dt == "bool":
                 dt = "i32"  # likewise an int literal meets a bool tensor (numpy: True * 2 == 2)
         else:
             dt = "f32" if any(isinstance(v, float) for v in values) else (
@@ -871,7 +896,10 @@ class Lowerer:
             values = [self.cast(v, float_for(dt), span) for v in values]  # true division, as numpy
         if kind in ("logical_and", "logical_or") and dt != "bool":
             raise SpmdError(f"{kind} needs bool operands", span)
-        return self.b.emit(kind, *values, span=span)
+        out = self.b.emit(kind, *values, span=span)
+        if is_weak(a) and is_weak(b) and T.kind(out.type.dtype) != "bool":
+            WEAK.add(out)  # computed from literals only: stays weak, as in jax (comparisons do not)
+        return out
 
     def matmul(self, a, b, node) -> Value:
         for v, sp in ((a, node.left.span), (b, node.right.span)):
@@ -991,6 +1019,19 @@ def _fold(kind, a, b, span):
         }[kind]()
     except (ZeroDivisionError, OverflowError) as e:
         raise SpmdError(f"constant arithmetic failed: {e}", span) from None
+
+
+def _const_override(c: A.ConstDecl, declared: int | float, value) -> int | float:
+    """--set / consts= for const `c`: an integer const takes an integer, a float const any finite
+    number (as a float)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(declared, int):
+        if not number or not isinstance(value, int):
+            raise OverrideError(f"--set {c.name}={value!r}: '{c.name}' is an integer const; give an integer", c.span)
+        return value
+    if not number or not math.isfinite(value):
+        raise OverrideError(f"--set {c.name}={value!r}: '{c.name}' is a float const; give a finite number", c.span)
+    return float(value)
 
 
 def lower(module: A.Module, source: Source, mesh=None, consts=None, entry=None) -> Program:

@@ -16,12 +16,12 @@ from ..ir import types as T
 from ..ir.core import Value
 from ..ir.types import TensorType
 from . import ast as A
-from .builtins import _UNARY, BUILTINS, Args, builtin
+from .builtins import BUILTINS, ELEMENTWISE_BUILTINS, Args, builtin
 from .values import StructType, StructValue, describe, did_you_mean, is_value
 from .values import static_int as _static_int
 
 # elementwise builtins that map over a struct's leaves (a struct's leaf keeps its declared type)
-LEAFWISE = {*_UNARY, "gelu", "clip", "maximum", "minimum", "pow", "logical_and", "logical_or", "where",
+LEAFWISE = {*ELEMENTWISE_BUILTINS, "gelu", "clip", "maximum", "minimum", "pow", "logical_and", "logical_or", "where",
             "stop_gradient", "log_sigmoid", "softplus", "silu", "swish", "relu6", "hard_tanh", "leaky_relu",
             "elu", "celu", "selu"}
 

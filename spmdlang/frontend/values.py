@@ -77,6 +77,15 @@ def did_you_mean(name: str, options) -> str:
 # the index values of `loop` statements being lowered: a static use of one gets its own message
 LOOP_INDICES: weakref.WeakSet = weakref.WeakSet()
 
+# values computed only from Python literals (jax's weakly typed values, e.g. `abs(3) + 0.5`): they
+# meet a tensor as a literal would, taking its dtype (`pow(abs(3) + 0.5, x)` is bf16 for a bf16 x)
+WEAK: weakref.WeakSet = weakref.WeakSet()
+
+
+def is_weak(v) -> bool:
+    """A Python number, or a value computed only from them."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or (isinstance(v, Value) and v in WEAK)
+
 
 def loop_index_note(value) -> str:
     if isinstance(value, Value) and value in LOOP_INDICES:

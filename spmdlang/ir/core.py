@@ -158,10 +158,6 @@ def all_ops(ops):
         yield op
 
 
-def has_regions(ops) -> bool:
-    return any(op.regions for op in ops)
-
-
 def region_values(ops):
     """Every value defined by `ops`: each op's results, then its regions' params and values."""
     for op in all_ops(ops):

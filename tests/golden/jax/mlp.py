@@ -116,7 +116,20 @@ def all_reduce(x, axes, reduce):
 
     @jax.custom_jvp
     def extreme(x):
-        return collective(x, axes)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return collective(x, axes)
+        # XLA's all-reduce max/min on CPU drops NaN (docs/known_xla_issues.md #8), jnp.max keeps it:
+        # reduce integer keys that order floats totally instead, NaN made the winner (the largest
+        # for max, the smallest for min), and read the floats back.
+        wide = x.astype(jnp.float32) if x.dtype.itemsize < 4 else x
+        ints = jnp.int32 if wide.dtype.itemsize == 4 else jnp.int64
+        top = jnp.iinfo(ints).max
+        wide = jnp.where(jnp.isnan(wide), jnp.nan if reduce == "max" else -jnp.nan, wide)
+        bits = jax.lax.bitcast_convert_type(wide, ints)
+        key = jnp.where(bits < 0, bits ^ top, bits)  # sign-magnitude -> two's complement order
+        key = collective(key, axes)
+        out = jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ top, key), wide.dtype)
+        return out.astype(x.dtype)
 
     @extreme.defjvp
     def extreme_jvp(primals, tangents):
@@ -128,30 +141,6 @@ def all_reduce(x, axes, reduce):
         return y, jax.lax.psum(t * hit, axes) / jax.lax.psum(hit, axes)
 
     return extreme(x)
-
-
-def all_to_all(x, axes, split_dim, concat_dim):
-    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
-    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
-    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
-    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
-
-
-def shard_slice(x, idx, *, dim, size, group):
-    """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
-    if x.shape[dim] < size * group:
-        widths = [(0, 0)] * x.ndim
-        widths[dim] = (0, size * group - x.shape[dim])
-        x = jnp.pad(x, widths)
-    return jax.lax.dynamic_slice_in_dim(x, idx * size, size, axis=dim)
-
-
-def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
-    """Keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value."""
-    shape = [1] * x.ndim
-    shape[dim] = x.shape[dim]
-    pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
-    return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
 
 
 def body(x, w1, b1, w2, b2):
