@@ -203,9 +203,10 @@ def _script(prog: Program) -> list[str]:
         '    if "device_count" not in os.environ.get("XLA_FLAGS", ""):',
         f'        jax.config.update("jax_num_cpu_devices", {n})  # only used where there is no accelerator',
         "    rng = np.random.default_rng(0)",
-        "    ins = [_tree_map(lambda s, d: rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else",
-        "                    (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5),",
-        "                    s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
+        "    draw = lambda s, d: (rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else  # noqa: E731",
+        "                         rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else",
+        "                         rng.random(s) < 0.5)",
+        "    ins = [_tree_map(draw, s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
         "    for i, out in enumerate(_leaves(run(*ins), RESULT_SHAPES)):",
         '        print(f"out{i}: {out.dtype}{list(out.shape)}")',
     ]
@@ -225,7 +226,8 @@ def _tree_map(fn, like, *trees):
                 try:
                     parts.append(t[k])
                 except (KeyError, TypeError, IndexError):
-                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), got {type(t).__name__}") from None
+                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), "
+                                     f"got {type(t).__name__}") from None
             out[k] = _tree_map(fn, v, *parts)
         return out
     return fn(like, *trees)
@@ -478,7 +480,8 @@ def emit_shard_map(spmd) -> str:
     lines += ["", "", f"def body({', '.join(args)}):", '    """The per-partition program: local shapes."""']
     lines += unpack
     lines += _body(prog, namer)
-    lines.append(f"    return ({''.join(r + ', ' for r in _grouped([pyname(namer, r.value) for r in prog.results], out_trees))})")
+    results = _grouped([pyname(namer, r.value) for r in prog.results], out_trees)
+    lines.append(f"    return ({''.join(r + ', ' for r in results)})")
     lines += ["", ""]
     lines += _tables(gprog, spmd.in_shardings, spmd.out_shardings)
     lines += [

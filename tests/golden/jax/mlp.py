@@ -182,7 +182,8 @@ def _tree_map(fn, like, *trees):
                 try:
                     parts.append(t[k])
                 except (KeyError, TypeError, IndexError):
-                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), got {type(t).__name__}") from None
+                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), "
+                                     f"got {type(t).__name__}") from None
             out[k] = _tree_map(fn, v, *parts)
         return out
     return fn(like, *trees)
@@ -281,8 +282,9 @@ if __name__ == "__main__":
     if "device_count" not in os.environ.get("XLA_FLAGS", ""):
         jax.config.update("jax_num_cpu_devices", 8)  # only used where there is no accelerator
     rng = np.random.default_rng(0)
-    ins = [_tree_map(lambda s, d: rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else
-                    (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5),
-                    s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]
+    draw = lambda s, d: (rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else  # noqa: E731
+                         rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else
+                         rng.random(s) < 0.5)
+    ins = [_tree_map(draw, s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]
     for i, out in enumerate(_leaves(run(*ins), RESULT_SHAPES)):
         print(f"out{i}: {out.dtype}{list(out.shape)}")
