@@ -251,12 +251,13 @@ def _binary(name):
 
 
 # the ops of the table that are builtins of their own name (OpDef.builtin): exp(x), maximum(a, b), ...
-for _op in registry.OPS.values():
-    if _op.builtin is not None:  # elementwise, with no attributes (registry._validate)
-        if len(_op.example[0]) == 1:
-            builtin(_op.name, "x:tensor")(_elementwise(_op.name, _op.builtin))
-        else:
-            builtin(_op.name, "a:tensor", "b:tensor")(_binary(_op.name))
+# (elementwise, with no attributes: registry._validate)
+OP_BUILTINS = [op.name for op in registry.OPS.values() if op.builtin is not None]
+for _op in map(registry.get, OP_BUILTINS):
+    if len(_op.example[0]) == 1:
+        builtin(_op.name, "x:tensor")(_elementwise(_op.name, _op.builtin))
+    else:
+        builtin(_op.name, "a:tensor", "b:tensor")(_binary(_op.name))
 
 
 @builtin("gelu", "x:tensor", "approximate:bool=true",
