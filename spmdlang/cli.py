@@ -15,6 +15,7 @@ import sys
 
 from .api import BACKENDS
 from .errors import OverrideError, SpmdError
+from .ir.core import result_names
 from .outfile import OutputPathError, OutputWriteError, write_output
 
 TARGETS = ("ir", "spmd", "jax", "xla")
@@ -81,6 +82,21 @@ def _count(minimum: int):
     return parse
 
 
+def _int_range_arg(text):
+    lo, comma, hi = text.partition(",")
+    try:
+        lo, hi = int(lo), int(hi)
+    except ValueError:
+        lo = hi = None
+    if not comma or lo is None or lo >= hi:
+        raise argparse.ArgumentTypeError(f"expected LO,HI with integers LO < HI (draws in [LO, HI)), got '{text}'")
+    return lo, hi
+
+
+_INT_RANGE_HELP = ("random integer inputs in [LO, HI) (default: a parameter used as ids over the dim it indexes, "
+                   "other integers in [0, 16))")
+
+
 def _positive_float(text):
     try:
         v = float(text)
@@ -144,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "module; xla: the XLA-GSPMD baseline")
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
     r.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    r.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ... ('-': stdout)")
     r.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
@@ -155,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="run the jax/xla backends across N local processes, as on N hosts (default 1)")
     d.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    d.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     d.add_argument("--rtol", type=_positive_float, default=None, metavar="R",
                    help="relative tolerance (default: by the narrowest float the program uses, f32 1e-4)")
     d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
@@ -174,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "beside our estimates")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
     b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    b.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
                    help="timed calls of each side per round, after warm-up (default 20)")
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
@@ -189,6 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-o", dest="output", metavar="OUT.spmd",
                    help="write the annotated program here (default: standard output, the report on "
                    "standard error)")
+    im = sub.add_parser("import", help="trace a jax function and write the equivalent .spmd program",
+                        description="Trace FUNCTION of FILE.py with jax and write the equivalent .spmd program. "
+                        "FILE.py defines FUNCTION, FUNCTION_args() returning the example arguments, and may "
+                        "define FUNCTION_specs() (in_specs: PartitionSpecs, a pytree prefix of the arguments) "
+                        "and MESH ({axis: size}). The program is compiled before it is written; nothing is "
+                        "written if anything fails.")
+    im.add_argument("target", metavar="FILE.py:FUNCTION", help="the jax function to import")
+    im.add_argument("-o", dest="output", metavar="OUT.spmd", help="write here (default: standard output)")
+    im.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
+                    help="the mesh (default: FILE.py's MESH, else the arguments' shardings' mesh, else data=1)")
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return p
@@ -299,18 +328,18 @@ def _inputs(c, args):
         from .inputs import load_npz
 
         return c.check_inputs(load_npz(args.inputs, c.program), origin=args.inputs)
-    return c.random_inputs(args.seed)
+    return c.random_inputs(args.seed, int_range=args.int_range)
 
 
-def _nonfinite_notes(outs) -> list[str]:
+def _nonfinite_notes(outs, names) -> list[str]:
     import numpy as np
 
     notes = []
-    for i, a in enumerate(outs):
+    for name, a in zip(names, outs):
         if a.size and (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
             bad = int(np.count_nonzero(~np.isfinite(np.asarray(a, dtype=np.float64))))
             if bad:
-                notes.append(f"out{i} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
+                notes.append(f"{name} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
                              f"of {a.size}")
     return notes
 
@@ -327,11 +356,12 @@ def cmd_run(args) -> int:
         import io
 
         buf = io.BytesIO()
-        np.savez(buf, **{f"out{i}": a for i, a in enumerate(outs)})
+        np.savez(buf, **dict(zip(result_names(c.program, "out"), outs)))  # out0, out1.emb (a struct's leaves)
         write_output(args.output, buf.getvalue())
-    notes = _nonfinite_notes(outs)
-    summary = [{"output": i, "type": str(r.value.type), "shape": list(a.shape), "dtype": str(a.dtype),
-                "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
+    notes = _nonfinite_notes(outs, result_names(c.program, "out"))
+    names = result_names(c.program, "out")
+    summary = [{"output": i, "name": names[i], "type": str(r.value.type), "shape": list(a.shape),
+                "dtype": str(a.dtype), "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
                for i, (r, a) in enumerate(zip(c.program.results, outs))]
     to_stdout = args.output != "-"  # with `-o -` the results' bytes own stdout; the summary goes to stderr
     if args.json:
@@ -340,9 +370,11 @@ def cmd_run(args) -> int:
             doc["notes"] = notes
         print(json.dumps(doc), file=sys.stdout if to_stdout else sys.stderr)
         return 0
+    from rich.text import Text
+
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
+        con.print(Text.assemble((s["name"], "bold"), f": {s['type']}  (backend {args.backend})"))
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:
@@ -402,7 +434,8 @@ def cmd_bench(args) -> int:
     from .backend_jax.bench import bench
     from .explain import render_bench
 
-    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
+    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds,
+                   int_range=args.int_range)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -440,6 +473,21 @@ def cmd_autoshard(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    from .importer.load import TargetError, import_target
+
+    try:
+        imp = import_target(args.target, args.mesh or None)
+    except TargetError as e:
+        raise UsageError(str(e)) from None
+    imp.compile()  # a program that does not compile is not written
+    if args.output and args.output != "-":
+        write_output(args.output, imp.source.encode())
+    else:
+        sys.stdout.write(imp.source)
+    return 0
+
+
 def cmd_ops(args) -> int:
     from .oplist import ops_report, render_ops
 
@@ -449,7 +497,8 @@ def cmd_ops(args) -> int:
 
 
 COMMANDS = {"check": cmd_check, "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
-            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard}
+            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard,
+            "import": cmd_import}
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG}

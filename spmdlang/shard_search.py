@@ -85,11 +85,43 @@ class Autoshard:
         chosen["collectives"] = [{"kind": x.kind, "axes": list(x.axes),
                                   "bytes_per_device": int(round(x.bytes_per_device)), "line": x.line, "op": x.op,
                                   "reason": x.reason} for x in self.chosen.collectives]
+        chosen["layouts"] = self._layouts()
         return {"mesh": {"axes": dict(self.compiled.mesh.axes)}, "solver": self.solver,
                 "solve_s": round(self.solve_s, 4), "solve_cpu_s": round(self.solve_cpu_s, 4),
                 "problem": self.problem,
                 "memory_per_device": self.budget, "chosen": chosen, "as_written": plan_json(self.as_written),
-                "runners_up": [plan_json(p) for p in self.runners_up], "source": self.source}
+                "runners_up": [plan_json(p) for p in self.runners_up], "plans": self._distinct_plans(),
+                "source": self.source}
+
+    def _layouts(self) -> list[dict]:
+        """Every parameter of the entry in the chosen plan: its sharding, and whether the program
+        wrote it, autoshard chose it, or propagation inferred it (a parameter left unannotated)."""
+        written = {p.name: p.sharding for p in self.as_written.compiled.canonical.params}
+        c = self.chosen.compiled
+        return [{"name": p.name, "sharding": str(c.propagation.shardings[p.value]),
+                 "from": "as written" if written.get(p.name) is not None
+                 else "autoshard" if p.name in self.chosen.params else "propagation"}
+                for p in c.canonical.params]
+
+    def _distinct_plans(self) -> list[dict]:
+        """The candidates, one entry per distinct compiled plan (the same per-partition program
+        under several labels is one plan): the chosen first, then the runners-up, then the program
+        as written; `fits` says whether the peak fits the memory budget (None: no budget)."""
+        plans = [self.chosen, *self.runners_up]
+        if self.as_written is not self.chosen:
+            plans.append(self.as_written)
+        out: list[dict] = []
+        seen: dict[str, dict] = {}
+        for p in plans:
+            key = p.compiled.spmd_ir
+            if key in seen:
+                seen[key]["labels"].append(p.label)
+                continue
+            peak = p.totals()["peak_bytes_per_device"]
+            seen[key] = {"labels": [p.label], "chosen": p is self.chosen, "totals": p.totals(),
+                         "fits": None if self.budget is None else peak <= self.budget}
+            out.append(seen[key])
+        return out
 
 
 def autoshard(program: str, mesh: dict | None = None, consts: dict | None = None, entry: str | None = None,
@@ -544,9 +576,9 @@ def render_autoshard(console, report: dict) -> None:
     heading(console, f"autoshard  mesh [{mesh}]  solver {report['solver']}  {report['solve_s']:.2f} s  "
             f"({prob['groups']} groups of {prob['units']} values and ops, {prob['variables']:,} variables)")
     chosen = report["chosen"]
-    t = table("parameter", "sharding")
-    for name, spec in chosen["params"].items():
-        t.add_row(escape(name), escape(spec))
+    t = table("parameter", "sharding", "from")
+    for x in chosen["layouts"]:
+        t.add_row(escape(x["name"]), escape(x["sharding"]), x["from"])
     console.print(t)
     if chosen["constraints"]:
         t = table("line", "shard()", "sharding")
@@ -564,12 +596,14 @@ def render_autoshard(console, report: dict) -> None:
     else:
         console.print("the chosen plan needs no collectives")
     heading(console, "plans (modelled step time: collectives + local work, tpu-v4 preset)")
-    t = table("plan", "colls", "bytes", "peak mem", "time us")
-    for p in [chosen] + report["runners_up"] + [report["as_written"]]:
+    budget = report["memory_per_device"]
+    t = table("plan", "colls", "bytes", "peak mem", *(("fits budget",) if budget is not None else ()), "time us")
+    for p in report["plans"]:
         x = p["totals"]
-        label = p["label"] + (" (chosen)" if p is chosen else "")
+        label = " = ".join(p["labels"]) + (" (chosen)" if p["chosen"] else "")
+        fits = (("yes" if p["fits"] else "NO: over budget",) if budget is not None else ())
         t.add_row(escape(label), str(x["collectives"]), f"{x['bytes_per_device']:,}",
-                  f"{x['peak_bytes_per_device']:,}", f"{x['modelled_time_us']:.1f}")
+                  f"{x['peak_bytes_per_device']:,}", *fits, f"{x['modelled_time_us']:.1f}")
     console.print(t)
-    if report["memory_per_device"] is not None:
-        console.print(f"memory budget: {report['memory_per_device']:,} bytes per device")
+    if budget is not None:
+        console.print(f"memory budget: {budget:,} bytes per device")

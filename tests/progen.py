@@ -587,7 +587,32 @@ class Generator:
             return self.assign(f"dropout({a.name}, {rate}, {seed})", a.shape, "f32", a.exact)
         shape = self.shape()
         kind = "uniform" if r == 0 else "normal"
+        if self.ch.int(0, 1):  # version 3: jax.random's builtins with a key
+            return self.op_jax_random(seed)
         return self.assign(f"random_{kind}({seed}, {_ty('f32', shape)})", shape, "f32", kind == "uniform")
+
+    def op_jax_random(self, seed: str):
+        """A draw from a key (prng_key, random_split, fold_in); u32 bits meet the bitwise ops and
+        leave as i32 (the pool holds no u32)."""
+        key = self.ch.choice([f"prng_key({seed})", f"fold_in(prng_key({seed}), 5)",
+                              f"random_split(prng_key({seed}), 3)[2]"])
+        shape = self.shape()
+        r = self.ch.int(0, 4)
+        if r == 0:
+            a = self.pick(lambda v: v.dtype == "f32")
+            if a is not None:
+                rate = self.ch.choice(["0.1", "0.5"])  # x / keep rounds as XLA's may not: inexact
+                return self.assign(f"dropout({key}, {a.name}, {rate})", a.shape, "f32", False)
+        if r <= 1:
+            return self.assign(f"uniform({key}, {_ty('f32', shape)}, minval=-1.0, maxval=2.0)", shape, "f32", True)
+        if r == 2:
+            return self.assign(f"normal({key}, {_ty('f32', shape)})", shape, "f32", False)
+        if r == 3:
+            return self.assign(f"bernoulli({key}, 0.3, {_ty('bool', shape)})", shape, "bool", True)
+        bits = f"random_bits({key}, {_ty('u32', shape)})"
+        mixed = (f"bitwise_or(bitwise_and(right_shift({bits}, 7), bitwise_xor({bits}, 65535)), "
+                 f"left_shift({bits}, 20))")
+        return self.assign(f"cast(right_shift({mixed}, 1), i32)", shape, "i32", True)
 
     def op_top_k(self):
         a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")

@@ -118,7 +118,20 @@ def all_reduce(x, axes, reduce):
 
     @jax.custom_jvp
     def extreme(x):
-        return collective(x, axes)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return collective(x, axes)
+        # XLA's all-reduce max/min on CPU drops NaN (docs/known_xla_issues.md #8), jnp.max keeps it:
+        # reduce integer keys that order floats totally instead, NaN made the winner (the largest
+        # for max, the smallest for min), and read the floats back.
+        wide = x.astype(jnp.float32) if x.dtype.itemsize < 4 else x
+        ints = jnp.int32 if wide.dtype.itemsize == 4 else jnp.int64
+        top = jnp.iinfo(ints).max
+        wide = jnp.where(jnp.isnan(wide), jnp.nan if reduce == "max" else -jnp.nan, wide)
+        bits = jax.lax.bitcast_convert_type(wide, ints)
+        key = jnp.where(bits < 0, bits ^ top, bits)  # sign-magnitude -> two's complement order
+        key = collective(key, axes)
+        out = jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ top, key), wide.dtype)
+        return out.astype(x.dtype)
 
     @extreme.defjvp
     def extreme_jvp(primals, tangents):
