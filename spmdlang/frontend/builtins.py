@@ -1077,7 +1077,11 @@ def _pick_dropout(ctx, node: A.Call, env) -> Builtin:
         return BUILTINS["dropout"]
     if "seed" in names or not node.args:
         return _DROPOUT_SEED
-    first = ctx.expr(node.args[0], env)  # evaluated again by the call; the unused copy is dropped
+    arg = node.args[0]
+    if isinstance(arg, A.Name) and arg.id in env:
+        first = env[arg.id]
+    else:
+        first = ctx.expr(arg, env)  # evaluated again by the call; the unused copy is dropped
     return BUILTINS["dropout"] if isinstance(first, Value) and first.type == KEY else _DROPOUT_SEED
 
 
