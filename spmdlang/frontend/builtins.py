@@ -110,7 +110,8 @@ class Args:
         return self.spans.get(k, self.call.span)
 
 
-def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
+def call_builtin(ctx, b: Builtin, node: A.Call, env, on_struct=None) -> Any:
+    """Bind the call's arguments and lower it; with a struct argument, `on_struct` lowers it instead."""
     if b.pick is not None:
         b = b.pick(ctx, node, env)
     names = [p[0] for p in b.params]
@@ -143,10 +144,8 @@ def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
             if default is _REQUIRED:
                 raise SpmdError(f"{b.name}() is missing argument '{pname}'", node.span)
             values[pname] = default
-    if any(isinstance(v, StructValue) for v in values.values()):  # leafwise (frontend/structs.py)
-        from .structs import leafwise_builtin
-
-        return leafwise_builtin(ctx, b, node, values, spans)
+    if on_struct is not None and any(isinstance(v, StructValue) for v in values.values()):
+        return on_struct(ctx, b, node, values, spans)  # leafwise (frontend/structs.py)
     return b.lower(ctx, node.span, Args(values, spans, node))
 
 
