@@ -11,7 +11,7 @@ from .errors import OverrideError, Source, Span, SpmdError
 from .frontend.lower import lower
 from .frontend.parse import parse
 from .inputs import check_inputs, random_inputs
-from .ir.core import Program
+from .ir.core import Program, result_names
 from .ir.printer import print_program
 
 BACKENDS = ("ref", "sim", "jax", "xla")
@@ -158,7 +158,7 @@ class Compiled:
         sh = self.propagation.shardings
         prog = self.canonical  # after CSE, whose names point at the values propagation saw
         out = {name: sh[v] for name, v, _span in prog.names}
-        out.update({f"return{i}": sh[r.value] for i, r in enumerate(prog.results)})
+        out.update({n: sh[r.value] for n, r in zip(result_names(prog), prog.results)})
         return out
 
     def check_report(self) -> dict:
@@ -195,6 +195,7 @@ class Compiled:
         inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
         ref = self.run(inputs, backend="ref", max_memory=max_memory)
         results, ok = [], True
+        names = result_names(self.program)  # return0, return1.emb, ...: a struct result's leaves
         narrowest = _narrowest_float(self.program)
         for b in backends:
             if b == "ref":
@@ -206,8 +207,8 @@ class Compiled:
                     got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory)
                 except JaxRuntimeError as e:  # XLA's own partitioner failed on the baseline module
                     error = str(e).strip().splitlines()[0][:300]
-                    results += [{"backend": b, "output": i, "max_abs_err": None, "ok": False, "error": error}
-                                for i in range(len(ref))]
+                    results += [{"backend": b, "output": i, "name": names[i], "max_abs_err": None, "ok": False,
+                                 "error": error} for i in range(len(ref))]
                     ok = False
                     continue
             else:
@@ -215,7 +216,7 @@ class Compiled:
             for i, (r, g) in enumerate(zip(ref, got)):
                 err, good = _compare(r, g, *_tolerance(r.dtype, rtol, atol, narrowest))
                 ok &= good
-                results.append({"backend": b, "output": i, "max_abs_err": err, "ok": good})
+                results.append({"backend": b, "output": i, "name": names[i], "max_abs_err": err, "ok": good})
         # the float tolerance applied (integer and bool results are always compared exactly)
         float_rtol, float_atol = _tolerance(np.float32, rtol, atol, narrowest)
         report = {"ok": bool(ok), "backends": list(backends), "results": results, "rtol": float_rtol,
@@ -238,7 +239,9 @@ class Compiled:
 
     def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
             origin: str = "inputs", processes: int = 1, max_memory: int | None = None) -> list[np.ndarray]:
-        """Run on `inputs` (name -> array; random from `seed` when None); results in order.
+        """Run on `inputs` (name -> array; random from `seed` when None); results in order, a
+        struct parameter's leaves named by their dotted paths (`p.blocks.wq`) in and a struct
+        result's leaves (depth-first, in field declaration order) out, as a flat list.
 
         With `processes` > 1 the jax backends run across that many local processes, as on that many
         hosts (jax.distributed on 127.0.0.1, mesh/processes CPU devices each, gloo collectives).

@@ -15,6 +15,7 @@ import sys
 
 from .api import BACKENDS
 from .errors import OverrideError, SpmdError
+from .ir.core import result_names
 from .outfile import OutputPathError, OutputWriteError, write_output
 
 TARGETS = ("ir", "spmd", "jax", "xla")
@@ -27,16 +28,32 @@ class UsageError(Exception):
 # ---------------------------------------------------------------------------------- argument parsing
 
 
-def _assignments(text: str, what: str) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _int(text: str) -> int | None:
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _number(text: str) -> int | float | None:
+    """An integer, or a finite float as Python writes one (1e-3, .5, -2.0)."""
+    if _int(text) is not None:
+        return int(text)
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _assignments(text: str, what: str, parse=_int, expects="NAME=INT[,NAME=INT...]") -> dict[str, int | float]:
+    out: dict[str, int | float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = part.partition("=")
         name, value = name.strip(), value.strip()
-        if not eq or not name or not value.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"{what} expects NAME=INT[,NAME=INT...], got '{part}'")
+        number = parse(value) if eq and name and value else None
+        if number is None:
+            raise argparse.ArgumentTypeError(f"{what} expects {expects}, got '{part}'")
         if name in out:
             raise argparse.ArgumentTypeError(f"{what} names '{name}' twice")
-        out[name] = int(value)
+        out[name] = number
     return out
 
 
@@ -49,7 +66,7 @@ def _mesh_arg(text):
 
 
 def _set_arg(text):
-    return _assignments(text, "--set")
+    return _assignments(text, "--set", _number, "NAME=INT or NAME=FLOAT (finite), comma-separated")
 
 
 def _count(minimum: int):
@@ -113,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("file", metavar="FILE", help="a .spmd program, or - to read it from standard input")
     common.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
                         help="override the file's mesh axis sizes")
-    common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=INT,...", dest="consts",
-                        help="override integer consts")
+    common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=VALUE,...", dest="consts",
+                        help="override consts: an integer for an integer const, a number for a float const")
     common.add_argument("--entry", metavar="NAME", help="the entry function (default: main)")
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("--verify", action="store_true",
@@ -191,6 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-o", dest="output", metavar="OUT.spmd",
                    help="write the annotated program here (default: standard output, the report on "
                    "standard error)")
+    im = sub.add_parser("import", help="trace a jax function and write the equivalent .spmd program",
+                        description="Trace FUNCTION of FILE.py with jax and write the equivalent .spmd program. "
+                        "FILE.py defines FUNCTION, FUNCTION_args() returning the example arguments, and may "
+                        "define FUNCTION_specs() (in_specs: PartitionSpecs, a pytree prefix of the arguments) "
+                        "and MESH ({axis: size}). The program is compiled before it is written; nothing is "
+                        "written if anything fails.")
+    im.add_argument("target", metavar="FILE.py:FUNCTION", help="the jax function to import")
+    im.add_argument("-o", dest="output", metavar="OUT.spmd", help="write here (default: standard output)")
+    im.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
+                    help="the mesh (default: FILE.py's MESH, else the arguments' shardings' mesh, else data=1)")
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return p
@@ -304,15 +331,15 @@ def _inputs(c, args):
     return c.random_inputs(args.seed, int_range=args.int_range)
 
 
-def _nonfinite_notes(outs) -> list[str]:
+def _nonfinite_notes(outs, names) -> list[str]:
     import numpy as np
 
     notes = []
-    for i, a in enumerate(outs):
+    for name, a in zip(names, outs):
         if a.size and (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
             bad = int(np.count_nonzero(~np.isfinite(np.asarray(a, dtype=np.float64))))
             if bad:
-                notes.append(f"out{i} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
+                notes.append(f"{name} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
                              f"of {a.size}")
     return notes
 
@@ -329,11 +356,12 @@ def cmd_run(args) -> int:
         import io
 
         buf = io.BytesIO()
-        np.savez(buf, **{f"out{i}": a for i, a in enumerate(outs)})
+        np.savez(buf, **dict(zip(result_names(c.program, "out"), outs)))  # out0, out1.emb (a struct's leaves)
         write_output(args.output, buf.getvalue())
-    notes = _nonfinite_notes(outs)
-    summary = [{"output": i, "type": str(r.value.type), "shape": list(a.shape), "dtype": str(a.dtype),
-                "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
+    notes = _nonfinite_notes(outs, result_names(c.program, "out"))
+    names = result_names(c.program, "out")
+    summary = [{"output": i, "name": names[i], "type": str(r.value.type), "shape": list(a.shape),
+                "dtype": str(a.dtype), "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
                for i, (r, a) in enumerate(zip(c.program.results, outs))]
     to_stdout = args.output != "-"  # with `-o -` the results' bytes own stdout; the summary goes to stderr
     if args.json:
@@ -346,7 +374,7 @@ def cmd_run(args) -> int:
 
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(Text.assemble((f"out{s['output']}", "bold"), f": {s['type']}  (backend {args.backend})"))
+        con.print(Text.assemble((s["name"], "bold"), f": {s['type']}  (backend {args.backend})"))
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:
@@ -445,6 +473,21 @@ def cmd_autoshard(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    from .importer.load import TargetError, import_target
+
+    try:
+        imp = import_target(args.target, args.mesh or None)
+    except TargetError as e:
+        raise UsageError(str(e)) from None
+    imp.compile()  # a program that does not compile is not written
+    if args.output and args.output != "-":
+        write_output(args.output, imp.source.encode())
+    else:
+        sys.stdout.write(imp.source)
+    return 0
+
+
 def cmd_ops(args) -> int:
     from .oplist import ops_report, render_ops
 
@@ -454,7 +497,8 @@ def cmd_ops(args) -> int:
 
 
 COMMANDS = {"check": cmd_check, "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
-            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard}
+            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard,
+            "import": cmd_import}
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG}

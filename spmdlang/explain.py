@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .ir.core import result_names
 from .ir.printer import Namer
 
 
@@ -16,7 +17,7 @@ def value_rows(c) -> list[dict]:
     names = Namer.for_program(prog).names
     rows = []
     entries = [(name, v, span) for name, v, span in prog.names]
-    entries += [(f"return{i}", r.value, r.span) for i, r in enumerate(prog.results)]
+    entries += [(n, r.value, r.span) for n, r in zip(result_names(prog), prog.results)]
     produced = c.spmd.produced
     for name, v, span in entries:
         partial = list(produced[v].partial) if v in produced else []
@@ -188,7 +189,7 @@ def find_value(c, name: str):
     from .ir.printer import Namer
 
     values = {n: v for n, v, _ in c.canonical.names}
-    values.update({f"return{i}": r.value for i, r in enumerate(c.canonical.results)})
+    values.update(dict(zip(result_names(c.canonical), (r.value for r in c.canonical.results))))
     if name in values:
         return values[name]
     raw = {n: v for v, n in Namer.for_program(c.canonical).names.items()}
@@ -249,7 +250,8 @@ def render_diff(console, report) -> None:
         if r.get("upstream_disagreement"):
             ok = "[yellow]MISMATCH: upstream disagreement[/yellow]"
         err = "failed to compile" if r.get("error") else f"{r['max_abs_err']:.3g}"
-        t.add_row(r["backend"], str(r["output"]), err, ok)
+        name = r.get("name", "")
+        t.add_row(r["backend"], f"{r['output']} ({name})" if "." in name else str(r["output"]), err, ok)
     console.print(t)
     for r in {r["backend"]: r for r in report["results"] if r.get("error")}.values():
         console.print(f"{r['backend']}: {r['error']}", markup=False)

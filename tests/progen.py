@@ -3,8 +3,8 @@
 `Generator(chooser).program()` returns the .spmd source text of one program: a mesh of 1-3 axes
 (sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
-contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
-ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
+contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, jax.nn's
+activations, layout ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
 logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout, dynamic indexing x[l],
 dynamic_slice/dynamic_update_slice with value and static starts) and random `shard()`
 constraints, open `?` dims included; with `loops=True`, also `loop` statements (nested up to two
@@ -281,6 +281,33 @@ class Generator:
         form = self.ch.choice(["erf({})", "log1p(abs({}))", "expm1(tanh({}))", "square({})",
                                "gelu({}, approximate=false)", "clip({}, -0.5, 0.5)"])
         return self.assign(form.format(v.name), v.shape, v.dtype, v.exact and form.startswith("clip"))
+
+    def op_activation(self):
+        """jax.nn's activations: elementwise ones, glu on an even dim, log_softmax and standardize
+        over random axes."""
+        a = self.pick(lambda v: v.is_float)
+        if a is None:
+            return None
+        r = self.ch.int(0, 9)
+        if r < 6:
+            form = self.ch.choice(["softplus({})", "log_sigmoid({})", "silu({})", "swish({})", "relu6(4.0 * {})",
+                                   "hard_tanh({})", "leaky_relu({})", "leaky_relu({}, negative_slope=0.2)",
+                                   "elu({})", "elu({}, alpha=0.5)", "celu({}, alpha=2.0)", "selu({})"])
+            return self.assign(form.format(a.name), a.shape, a.dtype, a.exact)
+        even = [d for d, n in enumerate(a.shape) if n % 2 == 0]
+        if r < 8 and even:
+            ax = self.ch.choice(even)
+            shown = ax - len(a.shape) if self.ch.chance(0.5) else ax
+            shape = tuple(n // 2 if d == ax else n for d, n in enumerate(a.shape))
+            return self.assign(f"glu({a.name}, axis={shown})", shape, a.dtype, False)
+        if not a.shape:
+            return None
+        arg, _ = self.axes_arg(len(a.shape))
+        arg = arg or f", axis=[{', '.join(map(str, range(len(a.shape))))}]"
+        if self.ch.chance(0.5):
+            return self.assign(f"log_softmax({a.name}{arg})", a.shape, a.dtype, False)
+        eps = self.ch.choice(["", ", epsilon=0.01"])
+        return self.assign(f"standardize({a.name}{arg}{eps})", a.shape, a.dtype, False)
 
     def op_floor_mod(self):
         """a // b and a % b: on ints (by 0 included), and on exact f32 values only, where a
@@ -560,7 +587,32 @@ class Generator:
             return self.assign(f"dropout({a.name}, {rate}, {seed})", a.shape, "f32", a.exact)
         shape = self.shape()
         kind = "uniform" if r == 0 else "normal"
+        if self.ch.int(0, 1):  # version 3: jax.random's builtins with a key
+            return self.op_jax_random(seed)
         return self.assign(f"random_{kind}({seed}, {_ty('f32', shape)})", shape, "f32", kind == "uniform")
+
+    def op_jax_random(self, seed: str):
+        """A draw from a key (prng_key, random_split, fold_in); u32 bits meet the bitwise ops and
+        leave as i32 (the pool holds no u32)."""
+        key = self.ch.choice([f"prng_key({seed})", f"fold_in(prng_key({seed}), 5)",
+                              f"random_split(prng_key({seed}), 3)[2]"])
+        shape = self.shape()
+        r = self.ch.int(0, 4)
+        if r == 0:
+            a = self.pick(lambda v: v.dtype == "f32")
+            if a is not None:
+                rate = self.ch.choice(["0.1", "0.5"])  # x / keep rounds as XLA's may not: inexact
+                return self.assign(f"dropout({key}, {a.name}, {rate})", a.shape, "f32", False)
+        if r <= 1:
+            return self.assign(f"uniform({key}, {_ty('f32', shape)}, minval=-1.0, maxval=2.0)", shape, "f32", True)
+        if r == 2:
+            return self.assign(f"normal({key}, {_ty('f32', shape)})", shape, "f32", False)
+        if r == 3:
+            return self.assign(f"bernoulli({key}, 0.3, {_ty('bool', shape)})", shape, "bool", True)
+        bits = f"random_bits({key}, {_ty('u32', shape)})"
+        mixed = (f"bitwise_or(bitwise_and(right_shift({bits}, 7), bitwise_xor({bits}, 65535)), "
+                 f"left_shift({bits}, 20))")
+        return self.assign(f"cast(right_shift({mixed}, 1), i32)", shape, "i32", True)
 
     def op_top_k(self):
         a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
@@ -893,7 +945,7 @@ class Generator:
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1), ("scan", 2),
-           ("unary_more", 2), ("floor_mod", 2),
+           ("unary_more", 2), ("floor_mod", 2), ("activation", 2),
            ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1),
            ("pool", 1), ("random", 1), ("dynamic_slice", 1), ("dynamic_update", 1))
 

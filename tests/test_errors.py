@@ -544,9 +544,14 @@ def test_two_meshes():
                 "devices; at most",
             ),
             (
-                M + "const A = 1.5\nfunc main(a: f32[4]) -> f32[4] { return a }",
-                "1.5",
-                "const 'A' must be a static integer",
+                M + "const A = true\nfunc main(a: f32[4]) -> f32[4] { return a }",
+                "true",
+                "const 'A' must be an integer or a float, got a bool",
+            ),
+            (
+                M + "const A = 1.5\nfunc main(a: f32[A]) -> f32[4] { return a }",
+                "A]",
+                "a dimension must be a static integer; 'A' is a float const (1.5)",
             ),
             (
                 M + "const A = 1\nconst A = 2\nfunc main(a: f32[4]) -> f32[4] { return a }",
@@ -857,9 +862,9 @@ def test_override_with_bad_size():
 @pytest.mark.parametrize(
     "kw, at, fragment",
     [
-        ({"consts": {"B": 2.5}}, "B =", "--set B=2.5: consts are integers"),
-        ({"consts": {"B": True}}, "B =", "consts are integers"),
-        ({"consts": {"B": "4"}}, "B =", "consts are integers"),
+        ({"consts": {"B": 2.5}}, "B =", "--set B=2.5: 'B' is an integer const; give an integer"),
+        ({"consts": {"B": True}}, "B =", "'B' is an integer const"),
+        ({"consts": {"B": "4"}}, "B =", "'B' is an integer const"),
         ({"mesh": {"x": True}}, "x=2", "sizes must be positive integers"),
     ],
 )

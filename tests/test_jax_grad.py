@@ -51,7 +51,7 @@ def _loss(c, backend, arrays, floats, cotangents):
             full[i] = x
         # the module's place() pads uneven dims with numpy; pad with jnp so jax.grad sees through
         padded = [jnp.pad(jnp.asarray(a), [(0, t - n) for n, t in zip(a.shape, mod._padded_shape(a.shape, s, r.mesh))])
-                  for a, s in zip(full, mod.IN_SPECS)]
+                  if np.ndim(a) else jnp.asarray(a) for a, s in zip(full, mod.IN_SPECS)]  # jnp.pad rejects scalars
         outs = r.fn(*padded)
         total = 0.0
         for o, ct in zip(outs, cotangents):

@@ -71,7 +71,7 @@ def measure(c, seed: int = 0, repeat: int = 20, progress=None, rounds: int = 5, 
         name = "ours" if side == "jax" else "xla"
         step(f"jit-compiling {name}")
         runner = c.runner(side)
-        a = runner.module.place(arrays, runner.mesh)
+        a = runner.module.place(runner.module._nest(arrays, runner.module.GLOBAL_SHAPES), runner.mesh)
         t = time.perf_counter()
         fn = runner.fn.lower(*a).compile()
         out[f"{name}_jit_s"] = time.perf_counter() - t

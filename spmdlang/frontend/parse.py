@@ -18,7 +18,7 @@ from ..errors import Source, Span, SpmdError
 from ..limits import MAX_NESTING, MAX_SOURCE_BYTES, format_bytes
 from . import ast as A
 
-_KEYWORDS = {"mesh", "devices", "const", "func", "return", "for", "loop", "in", "range", "true", "false"}
+_KEYWORDS = {"mesh", "devices", "const", "struct", "func", "return", "for", "loop", "in", "range", "true", "false"}
 
 # terminal name -> words for "expected ..." messages
 _TERMINALS = {
@@ -26,13 +26,14 @@ _TERMINALS = {
     "LSQB": "'['", "RSQB": "']'", "LPAR": "'('", "RPAR": "')'", "LBRACE": "'{'", "RBRACE": "'}'",
     "COMMA": "','", "COLON": "':'", "EQUAL": "'='", "SEMICOLON": "';'", "MINUS": "'-'",
     "QMARK": "'?'", "__ANON_0": "'->'", "BODY_LBRACE": "'{'", "COMP_OP": "a comparison", "PLUS": "'+'",
-    "MUL_OP": "'*', '/' or '@'", "$END": "end of file", "MORETHAN": "'>'",
+    "MUL_OP": "'*', '/' or '@'", "DOT": "'.'", "$END": "end of file", "MORETHAN": "'>'",
 }
 
 
 class _BodyBrace:
-    """Post-lexer: a `{` after `]` opens a spec when its matching `}` is followed by `{`, `,` or
-    `)` (more signature follows); otherwise it opens the function body. LALR(1) cannot see that."""
+    """Post-lexer: a `{` after `]` or a name opens a spec when its matching `}` is followed by `{`,
+    `,` or `)` (more signature follows); otherwise it opens a body (a function's, or a struct's).
+    Inside a struct's body every `{` opens a field's spec. LALR(1) cannot see that."""
 
     always_accept = ()
 
@@ -45,8 +46,12 @@ class _BodyBrace:
                 stack.append(i)
             elif t.type == "RBRACE" and stack:
                 depth_match[stack.pop()] = i
+        in_struct_until = -1
         for i, t in enumerate(buf):
-            if t.type == "LBRACE" and i > 0 and buf[i - 1].type == "RSQB":
+            if t.type == "LBRACE" and i >= 2 and buf[i - 2].type == "STRUCT":
+                in_struct_until = depth_match.get(i, len(buf))
+                t = Token.new_borrow_pos("BODY_LBRACE", t, t)
+            elif t.type == "LBRACE" and i > 0 and buf[i - 1].type in ("RSQB", "NAME") and i > in_struct_until:
                 j = depth_match.get(i, len(buf)) + 1
                 follows = buf[j].type if j < len(buf) else "$END"
                 if follows not in ("LBRACE", "COMMA", "RPAR"):
@@ -225,7 +230,8 @@ class _ToAst(Transformer_NonRecursive):
         items = [i for i in items if isinstance(i, A.Node)]
         return A.Module(self.sp(meta), [i for i in items if isinstance(i, A.MeshDecl)],
                         [i for i in items if isinstance(i, A.ConstDecl)],
-                        [i for i in items if isinstance(i, A.FuncDef)])
+                        [i for i in items if isinstance(i, A.FuncDef)],
+                        [i for i in items if isinstance(i, A.StructDecl)])
 
     def mesh_decl(self, meta, children):
         axes = [c for c in children if isinstance(c, A.MeshAxis)]
@@ -243,12 +249,24 @@ class _ToAst(Transformer_NonRecursive):
         name, value = children
         return A.ConstDecl(_tok_span(self.source, name), str(name), value)
 
+    def struct_decl(self, meta, children):
+        name, *fields = children
+        return A.StructDecl(_tok_span(self.source, name), str(name),
+                            [f for f in fields if isinstance(f, A.FieldDecl)])
+
+    def field_decl(self, meta, children):
+        name, type_, spec = children
+        return A.FieldDecl(_tok_span(self.source, name), str(name), type_, spec)
+
     def func_def(self, meta, children):
-        name, *rest = children
+        name, type_params, *rest = children
         body = rest[-1]
         results, parenthesised = rest[-2]
         params = [p for p in rest[:-2] if p is not None]
-        return A.FuncDef(self.sp(meta), str(name), params, results, parenthesised, body)
+        return A.FuncDef(self.sp(meta), str(name), params, results, parenthesised, body, type_params or [])
+
+    def type_params(self, meta, children):
+        return [str(c) for c in children]
 
     def param(self, meta, children):
         name, type_, spec = children
@@ -268,6 +286,14 @@ class _ToAst(Transformer_NonRecursive):
         name, *dims = children
         return A.TypeExpr(self.sp(meta), str(name), [d for d in dims if d is not None],
                           _tok_span(self.source, name))
+
+    def bare_type(self, meta, children):
+        (name,) = children
+        return A.TypeExpr(self.sp(meta), str(name), None, _tok_span(self.source, name))
+
+    def shape_var(self, meta, children):
+        (name,) = children
+        return A.ShapeVar(self.sp(meta), str(name))
 
     def spec(self, meta, children):
         return A.SpecExpr(self.sp(meta), [c for c in children if c is not None])
@@ -346,6 +372,10 @@ class _ToAst(Transformer_NonRecursive):
     def subscript(self, meta, children):
         base, *indices = children
         return A.Subscript(self.sp(meta), base, [i for i in indices if i is not None])
+
+    def attribute(self, meta, children):
+        base, name = children
+        return A.Attribute(self.sp(meta), base, str(name))
 
     def slice_index(self, meta, children):
         start, stop, step = children

@@ -17,6 +17,7 @@ from . import registry
 from . import types as T
 from .builder import Builder
 from .core import LOOP, Loop, Op, Region, Value, make_loop
+from .names import OpName
 from .registry import Grad
 from .types import TensorType
 
@@ -229,9 +230,9 @@ def _accumulate(d: Differentiator, made: dict, acc: Value, c: Value | None) -> V
     if c is None:
         return acc
     op = made.get(c)
-    if op is not None and op.kind == "dynamic_update_slice":
+    if op is not None and op.kind == OpName.DYNAMIC_UPDATE_SLICE:
         z = made.get(op.operands[0])
-        if z is not None and z.kind == "full" and z.attrs["value"] == 0:
+        if z is not None and z.kind == OpName.FULL and z.attrs["value"] == 0:
             u, starts = op.operands[1], op.operands[2:]
             old = d.emit("dynamic_slice", acc, *starts, sizes=tuple(u.type.shape))
             return d.emit("dynamic_update_slice", acc, d.add(old, u), *starts)

@@ -158,10 +158,6 @@ def all_ops(ops):
         yield op
 
 
-def has_regions(ops) -> bool:
-    return any(op.regions for op in ops)
-
-
 def region_values(ops):
     """Every value defined by `ops`: each op's results, then its regions' params and values."""
     for op in all_ops(ops):
@@ -227,6 +223,35 @@ class GradCall:
                         self.argnums, tuple(m.get(v, v) for v in self.grads), self.span)
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """How the entry's parameters and results group into structs (the IR itself holds their leaves
+    only, as parameters and results in leaf order). A tree is None for a tensor, else a tuple of
+    (field, tree) in declaration order; `params` pairs each entry parameter's name with its tree."""
+
+    params: tuple[tuple[str, object], ...]
+    results: tuple[object, ...]
+
+    @staticmethod
+    def paths(tree, prefix: str) -> list[str]:
+        """The dotted leaf names of a tree, depth-first."""
+        if tree is None:
+            return [prefix]
+        return [p for name, sub in tree for p in Boundary.paths(sub, f"{prefix}.{name}")]
+
+    def result_names(self, prefix: str = "return") -> list[str]:
+        return [p for i, t in enumerate(self.results) for p in Boundary.paths(t, f"{prefix}{i}")]
+
+
+def result_names(prog, prefix: str = "return") -> list[str]:
+    """The user's names of a program's results: return0, return1, ..., a struct's leaves
+    return1.emb, return1.blocks.wq, ... (with `prefix` "out", the -o npz member names)."""
+    boundary = getattr(prog, "boundary", None)
+    if boundary is not None:
+        return boundary.result_names(prefix)
+    return [f"{prefix}{i}" for i in range(len(prog.results))]
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     """The entry function after inlining, with its mesh.
@@ -243,10 +268,11 @@ class Program:
     source: Source | None = None
     local: bool = False  # True for the per-partition program
     grads: tuple[GradCall, ...] = ()  # the grad calls (global programs), for the xla oracle
+    boundary: Boundary | None = None  # struct parameters and results (global programs with structs)
 
     def replace(self, **kw) -> Program:
         fields = {k: getattr(self, k) for k in
-                  ("name", "mesh", "params", "ops", "results", "names", "source", "local", "grads")}
+                  ("name", "mesh", "params", "ops", "results", "names", "source", "local", "grads", "boundary")}
         fields.update(kw)
         return Program(**fields)
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from .core import LOOP, Loop, Op, Program, Region, Value, make_loop
+from .names import OpName
 
 
 def _full_except(op: Op, axis: int) -> bool:
@@ -20,7 +21,7 @@ def _full_except(op: Op, axis: int) -> bool:
 
 
 def _rotation(op: Op, producers) -> Op | None:
-    if op.kind != "concat" or len(op.operands) != 2:
+    if op.kind != OpName.CONCAT or len(op.operands) != 2:
         return None
     axis = op.attrs["axis"]
     first, second = (producers.get(v) for v in op.operands)

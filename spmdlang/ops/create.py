@@ -97,6 +97,15 @@ def shard_ids(ctx, ids, n: int, c: int, axes):
     return valid, ctx.emit("select", valid, local, ctx.constant(0, dt))
 
 
+def jax_clamped_ids(x: str, ids: str, axis: int) -> str:
+    """The emitted ids clamped into [0, n - 1] of x's `axis`, in the ids' own width, before jax
+    gathers with them: jnp narrows 64-bit ids to i32 first (2^32 would wrap to 0), and XLA on CPU
+    folds a gather from a dynamic_slice into a dynamic_slice of the whole operand, clamped to the
+    operand's bounds instead of the window's (docs/known_xla_issues.md), so mode='clip' alone is
+    not enough."""
+    return f"jnp.clip({ids}, 0, {x}.shape[{axis}] - 1)"
+
+
 def _take_partition(ctx):
     """Table split on the gathered axis (vocab split): every shard gathers the rows it owns, zeros
     the others, and the result is a pending sum over the vocab axes (one all_reduce, or a
@@ -126,7 +135,8 @@ register("take", doc="gather: the slices of `table` along `axis` at `ids` (ids c
          example=(("f32[100, 16]", "i32[4, 8]"), {"axis": 0}),
          flops=no_flops, infer=_take_infer, numpy=_take_numpy, rule=_take_rule, partition=_take_partition,
          partial=PartialMode.multilinear, partial_operands=(0,), family=Family.gather,
-         jax=lambda a, attrs, out: f"jnp.take({a[0]}, {a[1]}, axis={attrs['axis']}, mode='clip')")
+         jax=lambda a, attrs, out: f"jnp.take({a[0]}, {jax_clamped_ids(a[0], a[1], attrs['axis'])}, "
+                                   f"axis={attrs['axis']}, mode='clip')")
 
 # ---------------------------------------------------------------------------------- shard
 

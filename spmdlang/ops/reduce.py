@@ -106,7 +106,9 @@ def _arg_rule(operands, results, attrs):
 def _arg_partition(kind):
     """Split along the arg axis: each shard finds its local extreme and its global index, then an
     all_reduce of the values picks the extreme and an all_reduce(min) of the indices that attain
-    it picks the first, as numpy does. Otherwise local (generic)."""
+    it picks the first, as numpy does. A NaN is the extreme (the index of the first NaN, as
+    jnp.argmax and np.argmax give): the max/min all_reduce propagates it, and a shard whose own
+    extreme is NaN attains it. Otherwise local (generic)."""
     def partition(ctx):
         (x,) = ctx.op.operands
         axis = ctx.attrs["axis"]
@@ -124,7 +126,11 @@ def _arg_partition(kind):
         top = ctx.collective("all_reduce", best, "the shards' extremes", axes=axes,
                              reduce="max" if kind == "argmax" else "min")
         big = ctx.constant(int(np.iinfo(np.int32).max), "i32")
-        cand = ctx.emit("select", ctx.emit("eq", best, top), idx,
+        hit = ctx.emit("eq", best, top)
+        if T.is_float(x.type.dtype):  # NaN is the extreme (jax's and numpy's argmax): a NaN shard holds it
+            hit = ctx.emit("logical_or", hit, ctx.emit("logical_and", ctx.emit("ne", best, best),
+                                                       ctx.emit("ne", top, top)))
+        cand = ctx.emit("select", hit, idx,
                         ctx.emit("broadcast_in_dim", big, shape=idx.type.shape, dims=()) if idx.type.rank else big)
         first = ctx.collective("all_reduce", cand, "the first index attaining it", axes=axes, reduce="min")
         ctx.set_result(first, Sharding(tuple(d for i, d in enumerate(s.dims) if i != axis)))

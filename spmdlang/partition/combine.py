@@ -5,7 +5,8 @@ removes duplicates and dead collectives; doing it here keeps the ledger (what `e
 equal to what XLA actually runs, and the simulator and the emitted module see the same plan.
 Independent reduce_scatters and all_gathers over the same group and element type are combined
 the same way (XLA's reduce-scatter and all-gather combiners), each as one collective of the
-members' flattened operands side by side.
+members' flattened operands side by side. Which kinds combine, by what key, and how (side by
+side, or as one variadic op) is each kind's entry in the collective table (ir.collectives).
 
 Combining is a list schedule: ops run as soon as their operands are ready (in program order
 among the ready ones), while ready combinable collectives wait; only when nothing else can run is the
@@ -19,72 +20,9 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
-from ..ir.builder import Builder
-from ..ir.core import Op, Program, all_ops, freeze
+from ..ir.collectives import CollectiveKind, combine_key, spec
+from ..ir.core import Op, Program, all_ops
 from ..ir.simplify import cse, dead_code, with_regions
-
-
-def _key(op: Op) -> tuple:
-    # XLA's compiled module splits a tuple all-reduce of mixed element types into one per type
-    if op.kind in _FUSED:
-        return op.kind, tuple(op.attrs["axes"]), op.attrs["group"], op.operands[0].type.dtype
-    return op.kind, tuple(op.attrs["axes"]), op.attrs["reduce"], op.operands[0].type.dtype
-
-
-def _fused_reduce_scatter(group: list[Op]) -> tuple[list[Op], Op]:
-    """Several reduce_scatters over one group as ONE (XLA's reduce-scatter combiner): each operand
-    laid out as [k, m_i] (its k chunks of `dim` first), concatenated to [k, sum m_i], scattered,
-    and each member's piece reshaped back into the member's own result value. Returns the ops and
-    the collective among them."""
-    b = Builder()
-    k = group[0].attrs["group"]
-    flat = []
-    for g in group:
-        (x,), d = g.operands, g.attrs["dim"]
-        shape = x.type.shape
-        y = b.emit("reshape", x, span=g.span, shape=(*shape[:d], k, shape[d] // k, *shape[d + 1:]))
-        if d:
-            y = b.emit("transpose", y, span=g.span, perm=(d, *[i for i in range(len(shape) + 1) if i != d]))
-        flat.append(b.emit("reshape", y, span=g.span, shape=(k, x.type.size // k)))
-    both = b.emit("concat", *flat, span=group[0].span, axis=1)
-    scattered = b.emit("reduce_scatter", both, span=group[0].span, axes=group[0].attrs["axes"], dim=0, group=k)
-    collective = b.ops[-1]
-    start = 0
-    for g, f in zip(group, flat):
-        m = f.type.shape[1]
-        piece = b.emit("slice", scattered, span=g.span, starts=(0, start), stops=(1, start + m), steps=(1, 1))
-        b.ops.append(Op("reshape", (piece,), g.results, freeze({"shape": g.result.type.shape}), g.span))
-        start += m
-    return b.ops, collective
-
-
-def _fused_all_gather(group: list[Op]) -> tuple[list[Op], Op]:
-    """Several all_gathers over one group as ONE (XLA's all-gather combiner): each operand
-    flattened to [1, m_i], concatenated to [1, sum m_i], gathered to [k, sum m_i], and each
-    member's [k, m_i] piece laid back out as its own result (the k shards side by side along the
-    member's `dim`). Returns the ops and the collective among them."""
-    b = Builder()
-    k = group[0].attrs["group"]
-    flat = [b.emit("reshape", g.operands[0], span=g.span, shape=(1, g.operands[0].type.size)) for g in group]
-    both = b.emit("concat", *flat, span=group[0].span, axis=1) if len(flat) > 1 else flat[0]
-    gathered = b.emit("all_gather", both, span=group[0].span, axes=group[0].attrs["axes"], dim=0, group=k)
-    collective = b.ops[-1]
-    start = 0
-    for g, f in zip(group, flat):
-        (x,), d = g.operands, g.attrs["dim"]
-        shape, m = x.type.shape, f.type.shape[1]
-        piece = b.emit("slice", gathered, span=g.span, starts=(0, start), stops=(k, start + m), steps=(1, 1))
-        y = b.emit("reshape", piece, span=g.span, shape=(k, *shape))
-        if d:
-            y = b.emit("transpose", y, span=g.span, perm=(*range(1, d + 1), 0, *range(d + 1, len(shape) + 1)))
-        b.ops.append(Op("reshape", (y,), g.results, freeze({"shape": g.result.type.shape}), g.span))
-        start += m
-    return b.ops, collective
-
-
-# the collectives that combine by flattening their members side by side (all_reduces combine as
-# one variadic op instead): kind -> the builder of the combined collective
-_FUSED = {"reduce_scatter": _fused_reduce_scatter, "all_gather": _fused_all_gather}
 
 
 def _combine(prog: Program, ledger):
@@ -123,14 +61,13 @@ def _combine_ops(prog_ops, ledger):
     extra = 0  # ops added by fusing reduce_scatters
 
     def combinable(op) -> bool:
-        # a product all-reduce runs as an all_gather per operand in jax: nothing to combine
-        if op.kind in _FUSED:
-            return True
-        return op.kind == "all_reduce" and op.attrs["reduce"] != "prod"
+        # (a product all-reduce runs as an all_gather per operand in jax: nothing to combine)
+        s = spec(op.kind)
+        return s is not None and s.combinable(op.attrs)
 
     def arrive(op):
         if combinable(op):
-            pending.setdefault(_key(op), []).append(op)
+            pending.setdefault(combine_key(op), []).append(op)
         else:
             heapq.heappush(ready, (index[op], id(op)))
 
@@ -153,7 +90,7 @@ def _combine_ops(prog_ops, ledger):
     by_key: dict[tuple, list[Op]] = {}
     for op in prog.ops:
         if combinable(op):
-            by_key.setdefault(_key(op), []).append(op)
+            by_key.setdefault(combine_key(op), []).append(op)
 
     def _could_grow(key, group) -> bool:
         mask = 0
@@ -178,13 +115,13 @@ def _combine_ops(prog_ops, ledger):
             group.sort(key=lambda o: index[o])
             if len(group) == 1:
                 ops.append(group[0])
-            elif group[0].kind in _FUSED:
-                fused, op = _FUSED[group[0].kind](group)
+            elif spec(group[0].kind).fuse is not None:
+                fused, op = spec(group[0].kind).fuse(group)
                 merged[op] = group
                 extra += len(fused) - 1
                 ops.extend(fused)
             else:
-                op = Op("all_reduce", tuple(v for g in group for v in g.operands),
+                op = Op(CollectiveKind(group[0].kind), tuple(v for g in group for v in g.operands),
                         tuple(r for g in group for r in g.results), group[0].attrs, group[0].span)
                 merged[op] = group
                 ops.append(op)

@@ -818,7 +818,3 @@ def solve(prob: Problem, budget=None, exclude=(), method: str = "auto") -> Solut
     if method == "ilp":
         return solve_ilp(prob, budget, exclude)
     return solve_greedy(prob, budget, exclude)
-
-
-def param_layout(prob: Problem, sol: Solution) -> dict[int, int]:
-    return {gi: s for gi, s in sol.choice.items() if prob.groups[gi].param_bytes}
