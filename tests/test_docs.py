@@ -145,7 +145,12 @@ def test_documented_spmdlang_command(where, command, tmp_path, monkeypatch, caps
         return
     if argv[0] == "bench":  # a real run, with fewer timed calls
         argv += ["--repeat", "2", "--rounds", "1"]
-    assert main(argv) == 0, f"{where}: `{command}` failed:\n{capsys.readouterr().err}"
+    code = main(argv)
+    err = capsys.readouterr().err
+    missing = re.search(r"raised ModuleNotFoundError: No module named '([\w.]+)'", err)
+    if code and argv[0] == "import" and missing:  # the example model's own dependency (flax, optax)
+        pytest.skip(f"{where}: `{command}` needs {missing.group(1)}, which is not installed")
+    assert code == 0, f"{where}: `{command}` failed:\n{err}"
 
 
 @pytest.mark.parametrize("where, command", [c for c in _documented_commands() if c[1].startswith("python")])
