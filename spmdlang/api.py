@@ -62,6 +62,16 @@ class Compiled:
     def mesh(self):
         return self.program.mesh
 
+    def recompiled(self) -> Compiled:
+        """A new Compiled of the same program and options with nothing computed yet: from the
+        source text when this one was compiled from it (`bench` times its compile afresh)."""
+        args = getattr(self, "compile_args", None)
+        if args is not None:
+            from .limits import deep_call
+
+            return deep_call(_compile_text, *args)
+        return Compiled(self.program, self.verify, self.shard_weight_updates)
+
     @cached_property
     def ir(self) -> str:
         """The global program as IR text."""
@@ -118,24 +128,6 @@ class Compiled:
 
         check_jax_mesh(self.program, "xla")
         return emit_xla(self.canonical, self.spmd.in_shardings, self.spmd.out_shardings)
-
-    def fresh_compile_s(self) -> float:
-        """Seconds our compiler takes on this program from scratch (bench's compile_s: parse .. the jax
-        module's source): a new compile of the same source and options, since timing this object would
-        time its caches. Imports are warmed first, by this object's own stages."""
-        import time
-
-        from .limits import deep_call
-
-        _ = self.jax_source
-        args = getattr(self, "compile_args", None)
-        t0 = time.perf_counter()
-        if args is not None:
-            fresh = deep_call(_compile_text, *args)
-        else:  # built from a Program: from the global IR on
-            fresh = Compiled(self.program, self.verify, self.shard_weight_updates)
-        _ = fresh.jax_source
-        return time.perf_counter() - t0
 
     def runner(self, backend: str):
         """The loaded, jitted module of backend "jax" or "xla" (cached)."""
