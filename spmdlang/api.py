@@ -62,6 +62,16 @@ class Compiled:
     def mesh(self):
         return self.program.mesh
 
+    def recompiled(self) -> Compiled:
+        """A new Compiled of the same program and options with nothing computed yet: from the
+        source text when this one was compiled from it (`bench` times its compile afresh)."""
+        args = getattr(self, "compile_args", None)
+        if args is not None:
+            from .limits import deep_call
+
+            return deep_call(_compile_text, *args)
+        return Compiled(self.program, self.verify, self.shard_weight_updates)
+
     @cached_property
     def ir(self) -> str:
         """The global program as IR text."""

@@ -40,19 +40,11 @@ COMPILE_INCLUDES = ("spmdlang's compile from the source text, afresh: parse, low
 
 def fresh_compile_s(c) -> float:
     """Seconds our compiler takes on `c`'s program from scratch, as COMPILE_INCLUDES says: a new
-    compile of the same source and options (a Compiled caches every stage, so timing `c` itself
-    would time a cache). Imports are warmed first, by `c`'s own stages."""
-    from ..api import Compiled, _compile_text
-    from ..limits import deep_call
-
+    compile of the same source and options (c.recompiled(); a Compiled caches every stage, so
+    timing `c` itself would time a cache). Imports are warmed first, by `c`'s own stages."""
     _ = c.jax_source
-    args = getattr(c, "compile_args", None)
     t0 = time.perf_counter()
-    if args is not None:
-        fresh = deep_call(_compile_text, *args)
-    else:  # built from a Program: from the global IR on
-        fresh = Compiled(c.program, c.verify, c.shard_weight_updates)
-    _ = fresh.jax_source
+    _ = c.recompiled().jax_source
     return time.perf_counter() - t0
 
 

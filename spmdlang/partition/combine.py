@@ -68,6 +68,7 @@ class _Schedule:
         self.out: list[Op] = []
         self.merged: dict[Op, list[Op]] = {}  # each combined collective -> the ones it replaces
         self.extra = 0  # ops added by fusing side by side
+        self.scanned: dict[tuple, int] = {}  # could_grow's cursor per combining key
 
     def arrive(self, op: Op) -> None:
         if _combinable(op):
@@ -82,11 +83,22 @@ class _Schedule:
                 self.arrive(u)
 
     def could_grow(self, key, group) -> bool:
-        """Could a collective not yet emitted, independent of the group, still join it?"""
+        """Could a collective not yet emitted, independent of the group, still join it?
+        self.scanned[key] is how far into by_key[key] no op can join the waiting group: while a group
+        waits it only grows and `emitted` only grows, so an op that cannot join it never can (linear,
+        not quadratic, in the collectives of one key); reset when the group is released."""
         mask = 0
         for g in group:
             mask |= 1 << self.index[g]
-        return any(o not in self.emitted and o not in group and not (self.anc[o] & mask) for o in self.by_key[key])
+        members = set(group)
+        cands, i = self.by_key[key], self.scanned.get(key, 0)
+        while i < len(cands):
+            o = cands[i]
+            if o not in self.emitted and o not in members and not (self.anc[o] & mask):
+                break
+            i += 1
+        self.scanned[key] = i
+        return i < len(cands)
 
     def release(self, group: list[Op]) -> None:
         """Emit a waiting group as one collective (side by side, or one variadic op)."""
@@ -122,6 +134,7 @@ class _Schedule:
             # depend on it); if every group could still grow, the one the earliest waiting work needs
             key = min(self.pending, key=lambda k: (self.could_grow(k, self.pending[k]),
                                                    min(self.index[o] for o in self.pending[k])))
+            self.scanned.pop(key, None)
             self.release(self.pending.pop(key))
         lost = len(self.out) - self.extra + sum(len(g) - 1 for g in self.merged.values()) - len(self.ops)
         assert lost == 0, "scheduling lost ops"

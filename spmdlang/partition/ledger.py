@@ -52,10 +52,12 @@ def remapped(entries: list[Collective], repl: dict, live: set[Op]) -> list[Colle
     `repl` (op -> what replaced it, in chains), entries whose op is no longer in the program (`live`)
     are dropped, and ops that became one keep one entry."""
     out: list[Collective] = []
+    kept: set[int] = set()  # ids of the ops already kept (a set: a scan of `out` is quadratic)
     for c in entries:
         op = repl.get(c.local_op, c.local_op)
         while op in repl:
             op = repl[op]
-        if op in live and all(e.local_op is not op for e in out):
+        if op in live and id(op) not in kept:
+            kept.add(id(op))
             out.append(replace(c, local_op=op))
     return out

@@ -40,12 +40,21 @@ def joinable(p) -> set[Op]:
     for c, g in zip(p.ledger.entries, p.ledger.at):
         if g in index and c.trip_count == 1 and c.local_op is not None and spec(c.kind).settles:
             present.append((g, combine_key(c.local_op)))
+    # descendants too, and per key the reductions present as one bitset: an op can join one of them
+    # that is neither its ancestor nor its descendant (bit operations, not a scan of pairs)
+    ops = p.local.prog.ops
+    producer = {r: op for op in ops for r in op.results}
+    desc: dict[Op, int] = {op: 0 for op in ops}
+    for op in reversed(ops):
+        below = desc[op] | (1 << index[op])
+        for v in op.operands:
+            if v in producer:
+                desc[producer[v]] |= below
+    by_key: dict = {}
+    for g, k2 in present:
+        by_key[k2] = by_key.get(k2, 0) | (1 << index[g])
     out = set()
     for op, key in p.settle_wanted:
-        if op not in index:
-            continue
-        for g, k2 in present:
-            if k2 == key and g is not op and not anc[op] >> index[g] & 1 and not anc[g] >> index[op] & 1:
-                out.add(op)
-                break
+        if op in index and by_key.get(key, 0) & ~(anc[op] | desc[op] | (1 << index[op])):
+            out.add(op)
     return out
