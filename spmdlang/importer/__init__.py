@@ -144,14 +144,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     closed, out_shape = _trace(fn, args, mesh)
     out_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     jaxpr = closed.jaxpr
-
-    for v in [*jaxpr.invars, *jaxpr.outvars]:
-        shape = getattr(getattr(v, "aval", None), "shape", ())
-        if any(not isinstance(d, (int, np.integer)) for d in shape):
-            where = N.frame_span(N.user_frame(jaxpr.eqns[0])) if jaxpr.eqns else None
-            raise ImportError_(f"a shape-polymorphic trace (shape {shape}) has no spmdlang equivalent: "
-                               "trace with concrete shapes", where)
-
+    _check_concrete(jaxpr)
     fn_name = getattr(fn, "__name__", "fn")
     try:
         fn_file = inspect.getsourcefile(fn) or "<jax>"
@@ -159,53 +152,17 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
         fn_file = "<jax>"
     arg_names = _arg_names(fn, len(args))
     body = Body()
-    params, param_names, taken = [], [], set()
-
-    def unique(base: str) -> str:
-        name, k = base, 1
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
-
+    sig = _Signature(body)
+    params, param_names = [], []
     arg_refs = []
-    for (path, leaf), var, spec in zip(leaves_with_paths, jaxpr.invars, specs, strict=True):
+    for (path, _leaf), var, spec in zip(leaves_with_paths, jaxpr.invars, specs, strict=True):
         argi = path[0].idx if path and hasattr(path[0], "idx") else 0
-        pname = unique(N.path_name(arg_names[argi], path[1:]))
-        text = body.new(fixed=pname)
-        aval = var.aval
-        stext = spec_text(spec, len(aval.shape))
-        try:
-            ttext = type_text(aval)
-        except ImportError_ as e:
-            raise ImportError_(f"argument {pname}: {e.message}", _def_span(fn)) from None
-        params.append(f"{pname}: {ttext}" + (f" {stext}" if stext else ""))
+        pname = sig.unique(N.path_name(arg_names[argi], path[1:]))
+        param, ref = _parameter(fn, body, pname, var.aval, spec)
+        params.append(param)
         param_names.append(pname)
-        arg_refs.append(Ref(text, dtype_name(aval.dtype), tuple(aval.shape)))
-
-    const_params: list[str] = []
-    consts: dict[str, np.ndarray] = {}
-    const_cache: dict[int, Ref] = {}
-
-    def const_param(arr: np.ndarray, where) -> Ref:
-        for key, ref in const_cache.items():
-            if consts_by_key[key].shape == arr.shape and consts_by_key[key].dtype == arr.dtype and \
-                    np.array_equal(consts_by_key[key], arr):
-                return ref
-        pname = unique(f"const{len(consts)}")
-        dt = dtype_name(arr.dtype, where)
-        shape = ", ".join(str(d) for d in arr.shape)
-        const_params.append(f"# {pname}: a constant of the traced function ({arr.size} elements), "
-                            f"a parameter here: imp.flatten passes it\n{pname}: {dt}[{shape}]")
-        consts[pname] = np.array(arr)
-        ref = Ref(body.new(fixed=pname), dt, tuple(arr.shape))
-        consts_by_key[len(const_cache)] = consts[pname]
-        const_cache[len(const_cache)] = ref
-        return ref
-
-    consts_by_key: dict[int, np.ndarray] = {}
-    t = Translator(body, const_param)
+        arg_refs.append(ref)
+    t = Translator(body, sig.const_param)
     top = [t.constant(np.asarray(c), None) for c in closed.consts]
     results = t.run(jaxpr, top, arg_refs)
     result_texts = [t.value(r) for r in results]
@@ -216,18 +173,77 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     if not result_texts:
         raise ImportError_(f"{fn_name} returns nothing: a .spmd function needs a result")
 
-    all_params = params + const_params
-    lines = [f"# Imported from {os.path.basename(fn_file)}:{fn_name} by spmdlang.from_jax.",
-             f"mesh [{', '.join(f'{a}={n}' for a, n in mesh.items())}]", "",
-             "func main(" + _join_params(all_params) + ")"
-             + (f" -> {result_types[0]} {{" if len(result_types) == 1 else
-                f" -> ({', '.join(result_types)}) {{")]
     body.lines = t.constant_lines + body.lines
     body.lines.append("  return " + ", ".join(result_texts))
-    lines += body.render(taken)
+    header = f"# Imported from {os.path.basename(fn_file)}:{fn_name} by spmdlang.from_jax."
+    source = _render(header, mesh, params + sig.const_params, result_types, body.render(sig.taken))
+    return Imported(source, param_names, in_tree, out_tree, sig.consts, name or f"{fn_name}.spmd")
+
+
+class _Signature:
+    """Unique names for the written function's parameters, and the traced function's constants
+    as parameters after the arguments' (imp.flatten passes them), each distinct array once."""
+
+    def __init__(self, body):
+        self.body = body
+        self.taken: set[str] = set()
+        self.const_params: list[str] = []
+        self.consts: dict[str, np.ndarray] = {}
+        self._made: list[tuple[np.ndarray, Ref]] = []
+
+    def unique(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+    def const_param(self, arr: np.ndarray, where) -> Ref:
+        for seen, ref in self._made:
+            if seen.shape == arr.shape and seen.dtype == arr.dtype and np.array_equal(seen, arr):
+                return ref
+        pname = self.unique(f"const{len(self.consts)}")
+        dt = dtype_name(arr.dtype, where)
+        shape = ", ".join(str(d) for d in arr.shape)
+        self.const_params.append(f"# {pname}: a constant of the traced function ({arr.size} elements), "
+                                 f"a parameter here: imp.flatten passes it\n{pname}: {dt}[{shape}]")
+        self.consts[pname] = np.array(arr)
+        ref = Ref(self.body.new(fixed=pname), dt, tuple(arr.shape))
+        self._made.append((self.consts[pname], ref))
+        return ref
+
+
+def _check_concrete(jaxpr) -> None:
+    """A shape-polymorphic trace has no spmdlang equivalent."""
+    for v in [*jaxpr.invars, *jaxpr.outvars]:
+        shape = getattr(getattr(v, "aval", None), "shape", ())
+        if any(not isinstance(d, (int, np.integer)) for d in shape):
+            where = N.frame_span(N.user_frame(jaxpr.eqns[0])) if jaxpr.eqns else None
+            raise ImportError_(f"a shape-polymorphic trace (shape {shape}) has no spmdlang equivalent: "
+                               "trace with concrete shapes", where)
+
+
+def _parameter(fn, body, pname: str, aval, spec) -> tuple[str, Ref]:
+    """(the parameter's text in the signature, its reference in the body) for one argument leaf."""
+    text = body.new(fixed=pname)
+    stext = spec_text(spec, len(aval.shape))
+    try:
+        ttext = type_text(aval)
+    except ImportError_ as e:
+        raise ImportError_(f"argument {pname}: {e.message}", _def_span(fn)) from None
+    return f"{pname}: {ttext}" + (f" {stext}" if stext else ""), Ref(text, dtype_name(aval.dtype), tuple(aval.shape))
+
+
+def _render(header: str, mesh: dict, params: list[str], result_types: list[str], body_lines: list[str]) -> str:
+    """The .spmd source: the header comment, the mesh, and `main`."""
+    lines = [header, f"mesh [{', '.join(f'{a}={n}' for a, n in mesh.items())}]", "",
+             "func main(" + _join_params(params) + ")"
+             + (f" -> {result_types[0]} {{" if len(result_types) == 1 else
+                f" -> ({', '.join(result_types)}) {{")]
+    lines += body_lines
     lines.append("}")
-    source = "\n".join(lines) + "\n"
-    return Imported(source, param_names, in_tree, out_tree, consts, name or f"{fn_name}.spmd")
+    return "\n".join(lines) + "\n"
 
 
 def _def_span(fn):
