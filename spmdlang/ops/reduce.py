@@ -80,7 +80,8 @@ def _reduce_jax(fn):
     def emit(args, attrs, out):
         # jnp.sum/prod widen small ints to the default int (int64 once the module enables x64): keep
         # the op's dtype, as the IR types it and numpy computes it (wrapping)
-        keep = f", dtype={T.jnp_dtype(out[0].dtype)}" if T.is_int(out[0].dtype) and fn in ("jnp.sum", "jnp.prod") else ""
+        widens = T.is_int(out[0].dtype) and fn in ("jnp.sum", "jnp.prod")
+        keep = f", dtype={T.jnp_dtype(out[0].dtype)}" if widens else ""
         return f"{fn}({args[0]}, axis={tuple(attrs['axes'])}{keep})"
 
     return emit
