@@ -112,13 +112,13 @@ class Val:
 # discrete answer (comparison, floor, argmax, cast to int) is drawn from them. Real errors there
 # still show: the values themselves are compared to a tolerance. sqrt and division are correctly
 # rounded everywhere.
-_APPROXIMATE = ("tanh(", "sigmoid(", "gelu(", "sin(", "cos(", "exp(", "log(", "rsqrt(", "pow(", "erf(", "log1p(",
-                "expm1(")
+_APPROXIMATE = re.compile(r"\b(tanh|sigmoid|log_sigmoid|gelu|sin|cos|exp|log|rsqrt|pow|erf|log1p|expm1|softplus|silu|"
+                          r"swish|elu|celu|selu|softmax|log_softmax|logsumexp|standardize)\(")
 
 
 def _portable(expr: str) -> bool:
     """Whether `expr` (a generator form) computes bit-identical results on every backend."""
-    return not any(f in expr for f in _APPROXIMATE)
+    return not _APPROXIMATE.search(expr)
 
 
 def _ty(dtype, shape) -> str:
@@ -314,7 +314,7 @@ class Generator:
             form = self.ch.choice(["softplus({})", "log_sigmoid({})", "silu({})", "swish({})", "relu6(4.0 * {})",
                                    "hard_tanh({})", "leaky_relu({})", "leaky_relu({}, negative_slope=0.2)",
                                    "elu({})", "elu({}, alpha=0.5)", "celu({}, alpha=2.0)", "selu({})"])
-            return self.assign(form.format(a.name), a.shape, a.dtype, a.exact)
+            return self.assign(form.format(a.name), a.shape, a.dtype, a.exact and _portable(form))
         even = [d for d, n in enumerate(a.shape) if n % 2 == 0]
         if r < 8 and even:
             ax = self.ch.choice(even)

@@ -61,13 +61,15 @@ func main(x: f32[64, 64]) -> f32[64, 64] {
 
 
 @pytest.mark.parametrize("form", ["tanh({})", "sigmoid({})", "exp(tanh({}))", "gelu({})", "sin({})",
-                                  "pow(abs({}) + 0.5, {})", "tanh({} + {}) * 0.5"])
+                                  "pow(abs({}) + 0.5, {})", "tanh({} + {}) * 0.5", "softplus({})", "selu({})",
+                                  "log_sigmoid({})", "elu({}, alpha=0.5)"])
 def test_approximate_functions_are_not_exact(form):
     assert not progen._portable(form)
 
 
 @pytest.mark.parametrize("form", ["neg({})", "abs({})", "relu({})", "sqrt(abs({}))", "floor({} * 2.0)",
-                                  "{} / (abs({}) + 1.0)", "sign({})"])
+                                  "{} / (abs({}) + 1.0)", "sign({})", "relu6(4.0 * {})", "hard_tanh({})",
+                                  "leaky_relu({}, negative_slope=0.2)"])
 def test_exact_functions_stay_exact(form):
     assert progen._portable(form)
 
