@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import progen
 import pytest
-from progen import Generator, RandomChooser, hostile_inputs, reassociates
+from progen import Generator, RandomChooser, hostile_inputs, reassociates, special_floats
 
 import campaign
 import spmdlang
@@ -47,16 +47,19 @@ def test_programs_without_wild_are_the_same_as_before():
         assert a == b and "i64" not in a
 
 
-def test_no_infinities_where_an_einsum_reassociates():
+def test_no_infinities_where_an_einsum_reassociates_and_nothing_special_in_convs():
     assert reassociates('v = einsum("ij,jk,kl->ik", a, b, c)')
     assert not reassociates('v = einsum("ij,jk->ik", a, b)')
+    assert np.isnan(special_floats('v = einsum("ij,jk,kl->ik", a, b, c)')).all()
+    assert len(special_floats('v = einsum("ij,jk->ik", a, b)')) == 3
+    assert special_floats('v = conv(x, w, 1, "SAME")') == ()
     c = spmdlang.compile("""mesh [r=2]
 func main(x: f32[64, 64]) -> f32[64, 64] {
   return x
 }
 """)
     for seed in range(20):
-        x = hostile_inputs(c.program, (), seed, infinities=False)["x"]
+        x = hostile_inputs(c.program, (), seed, special=(float("nan"),))["x"]
         assert not np.isinf(x).any()
 
 
