@@ -138,3 +138,12 @@ def test_run_one_classifies_a_crash_and_a_wrong_answer(monkeypatch):
                                                                          "max_abs_err": 1.0, "ok": False}]})
     r = campaign.run_one(0, ["ref", "sim"], 8)
     assert r["class"] == "wrong" and r["reason"] == "sim out0 off by 1.0"
+
+
+@pytest.mark.parametrize("seed, max_devices", [(34, 16), (114, 16), (258, 16), (1_100_011, 64)])
+def test_campaign_findings_stay_fixed(seed, max_devices):
+    """Seeds the campaign found wrong: 34 and 258 (a NaN share times a cast bool mask: XLA's
+    select rewrite, known_xla_issues #9), 114 (infinities through a reassociated 3-operand
+    einsum) and 1100011 (infinities in a conv kernel over padding): no special inputs there."""
+    r = campaign.run_one(seed, ["ref", "sim", "jax"], max_devices)
+    assert r["class"] == "ok", r
