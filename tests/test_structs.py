@@ -346,6 +346,10 @@ ERRORS = [
      "func f", "has the name of a dtype"),
     ("mesh [x=2]\nstruct main { a: f32[1] }\nfunc main(x: f32[1]) -> f32[1] { return x }", "func main",
      "has the name of a struct"),
+    ("mesh [x=2]\nconst N = 2\nstruct N { a: f32[1] }\nfunc main(x: f32[1]) -> f32[1] { return x }", "N {",
+     "struct 'N' has the name of a const"),
+    ("mesh [x=2]\nfunc f(w: f32[..S] {x}) -> f32[..S] { return w }\nfunc main(a: f32[4]) -> f32[4] { return a }",
+     "{x})", "a generic function's parameters carry no specs"),
 ]
 
 
