@@ -171,13 +171,14 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     solve = ilp.solve_ilp if method == "ilp" else ilp.solve_greedy
     limit = None if budget is None else float(budget)
     plans: list[Plan] = []
+    seen = {text: base} if mesh is None and consts is None else {}  # source -> compiled, for _plan
     best = timed(solve, prob, limit)
     # the budget binds the compiled peak, which holds activations too: tighten the parameters'
     # share by what the plan went over, and solve again (keeping the last plan if none is found)
     for _ in range(5):
         if best is None:
             break
-        plan = _plan(text, module, func, base, prob, best, mesh, consts, entry, filename, "autoshard")
+        plan = _plan(text, module, func, base, prob, best, mesh, consts, entry, filename, "autoshard", seen)
         if budget is None or plan.totals()["peak_bytes_per_device"] <= budget:
             break
         over = plan.totals()["peak_bytes_per_device"] - budget
@@ -198,7 +199,7 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
         plans.append(plan)
         for k, sol in enumerate(solutions[1:]):
             plans.append(_plan(text, module, func, base, prob, sol, mesh, consts, entry, filename,
-                               f"runner-up {k + 1}"))
+                               f"runner-up {k + 1}", seen))
     solve_s = clock[0]
     candidates = plans + [written]
     fits = [p for p in candidates if budget is None or p.totals()["peak_bytes_per_device"] <= budget]
@@ -447,11 +448,18 @@ def _spec_edits(t: _Text, func, prob, sol, prog, results=True, structs: dict | N
     return params
 
 
-def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, label) -> Plan:
+def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, label, seen=None) -> Plan:
     """Write solution `sol` into the source: first the parameter and result specs, then shard()
     where propagation from those does not reach the chosen layout of an assignment. Each variant is
-    compiled; the one with the least modelled step time is the plan."""
+    compiled; the one with the least modelled step time is the plan. `seen`: source text ->
+    compiled, shared by the plans of one search (variants often write the same text)."""
     prog = base.canonical
+    seen = {} if seen is None else seen
+
+    def compile_once(source):
+        if source not in seen:
+            seen[source] = compile(source, filename=filename, entry=entry)
+        return seen[source]
 
     def write(results, wrap: bool):
         t = _Text(text)
@@ -462,7 +470,7 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
     def candidate(results, wrap: bool):
         source, params, constraints = write(results, wrap)
         try:
-            c = compile(source, filename=filename, entry=entry)
+            c = compile_once(source)
             c.spmd  # noqa: B018  (partition now: a plan that cannot be partitioned is not a candidate)
         except SpmdError:
             return None
@@ -472,7 +480,7 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
     t = _Text(text)
     params = _spec_edits(t, func, prob, sol, prog, structs=structs)
     first = _with_overrides(text, module, mesh, consts, base, t)
-    c1 = compile(first, filename=filename, entry=entry)
+    c1 = compile_once(first)
     plans = [Plan(label, first, c1, sol.cost, params, [])]
     # the assignments whose chosen layout propagation does not reproduce
     others = [f for f in module.funcs if f is not func]
@@ -489,7 +497,7 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
     for wrap in ([True, False] if wrapped else [False]):
         source, _, _ = write(False, wrap)
         try:
-            free = compile(source, filename=filename, entry=entry)
+            free = compile_once(source)
             specs = [_spec(free.propagation.shardings[r.value]) for r in free.program.results]
         except SpmdError:
             continue
