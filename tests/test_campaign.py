@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import campaign
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,6 @@ import progen
 import pytest
 from progen import Generator, RandomChooser, hostile_inputs, reassociates
 
-import campaign
 import spmdlang
 
 ROOT = Path(__file__).resolve().parent.parent
