@@ -51,7 +51,6 @@ class Compiled:
 
         self.program = program
         self.shard_weight_updates = shard_weight_updates
-        self._pass_notes: list = []
         self._runners: dict = {}
         self.verify = enabled(verify)  # run the IR verifier after every pass
         if self.verify:
@@ -63,60 +62,48 @@ class Compiled:
     def mesh(self):
         return self.program.mesh
 
+    def recompiled(self) -> Compiled:
+        """A new Compiled of the same program and options with nothing computed yet: from the
+        source text when this one was compiled from it (`bench` times its compile afresh)."""
+        args = getattr(self, "compile_args", None)
+        if args is not None:
+            from .limits import deep_call
+
+            return deep_call(_compile_text, *args)
+        return Compiled(self.program, self.verify, self.shard_weight_updates)
+
     @cached_property
     def ir(self) -> str:
         """The global program as IR text."""
         return print_program(self.program)
 
     @cached_property
+    def pipeline(self):
+        """The passes after lowering (partition.pipeline), run as far as a stage asked for needs."""
+        from .partition.pipeline import Pipeline
+
+        return Pipeline(self.program, self.verify, self.shard_weight_updates)
+
+    @property
     def canonical(self) -> Program:
         """The global program after canonicalisation (ir.simplify), which partitioning starts from."""
-        from .ir.simplify import cse, simplify
-
-        prog = simplify(cse(self.program)[0])
-        if self.shard_weight_updates:
-            from .partition.weight_update import shard_weight_updates
-
-            prog, self._pass_notes = shard_weight_updates(prog, self.shard_weight_updates)
-        if self.verify:
-            from .ir.verify import verify
-
-            verify(prog)
-        return prog
+        return self.pipeline.stage("canonical")
 
     @property
     def pass_notes(self) -> list:
         """What compile options did to the program (partition.weight_update.Note: line, message)."""
         self.canonical  # noqa: B018  (the passes run with canonicalisation)
-        return self._pass_notes
+        return self.pipeline.stages.pass_notes
 
-    @cached_property
+    @property
     def propagation(self):
         """Sharding propagation over the canonical global program (partition.propagate)."""
-        from .partition.propagate import propagate
+        return self.pipeline.stage("propagation")
 
-        prop = propagate(self.canonical)
-        if self.verify:
-            from .ir.verify import verify_shardings
-
-            verify_shardings(self.canonical, prop.shardings)
-        return prop
-
-    @cached_property
+    @property
     def spmd(self):
         """The per-partition program with its in/out shardings and communication ledger."""
-        from .partition.combine import finish
-        from .partition.spmd import partition
-
-        spmd = partition(self.canonical, self.propagation)
-        if self.verify:
-            from .ir.verify import verify_spmd
-
-            verify_spmd(spmd)
-        spmd = finish(spmd)
-        if self.verify:
-            verify_spmd(spmd)
-        return spmd
+        return self.pipeline.stage("spmd")
 
     @cached_property
     def spmd_ir(self) -> str:
@@ -141,24 +128,6 @@ class Compiled:
 
         check_jax_mesh(self.program, "xla")
         return emit_xla(self.canonical, self.spmd.in_shardings, self.spmd.out_shardings)
-
-    def fresh_compile_s(self) -> float:
-        """Seconds our compiler takes on this program from scratch (bench's compile_s: parse .. the jax
-        module's source): a new compile of the same source and options, since timing this object would
-        time its caches. Imports are warmed first, by this object's own stages."""
-        import time
-
-        from .limits import deep_call
-
-        _ = self.jax_source
-        args = getattr(self, "compile_args", None)
-        t0 = time.perf_counter()
-        if args is not None:
-            fresh = deep_call(_compile_text, *args)
-        else:  # built from a Program: from the global IR on
-            fresh = Compiled(self.program, self.verify, self.shard_weight_updates)
-        _ = fresh.jax_source
-        return time.perf_counter() - t0
 
     def runner(self, backend: str):
         """The loaded, jitted module of backend "jax" or "xla" (cached)."""

@@ -126,6 +126,21 @@ def _backends_arg(text):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
+        "one per-partition program with collectives.",
+        epilog="Reference: docs/language.md (the language) and docs/cli.md (the commands, the Python API and "
+        "the emitted module) in spmdlang's source tree. `spmdlang COMMAND --help` lists a command's options.")
+    p.add_argument("--version", action="version", version=f"spmdlang {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _common_options()
+    _add_run_commands(sub, common)
+    _add_report_commands(sub, common)
+    return p
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command on a program takes."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("file", metavar="FILE", help="a .spmd program, or - to read it from standard input")
     common.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
@@ -140,14 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shard every elementwise weight update replicated over AXIS: its gradient is "
                         "reduce-scattered, the update and optimizer state run on a shard, the new weights "
                         "are all-gathered (Xu et al. 2020)")
+    return common
 
-    p = argparse.ArgumentParser(
-        prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
-        "one per-partition program with collectives.",
-        epilog="Reference: docs/language.md (the language) and docs/cli.md (the commands, the Python API and "
-        "the emitted module) in spmdlang's source tree. `spmdlang COMMAND --help` lists a command's options.")
-    p.add_argument("--version", action="version", version=f"spmdlang {_version()}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+def _add_run_commands(sub, common) -> None:
+    """check, compile, run, diff."""
     sub.add_parser("check", parents=[common], help="parse, type-check, propagate; every value's type and sharding")
     c = sub.add_parser("compile", parents=[common], help="emit IR, per-partition IR or a jax module")
     c.add_argument("--target", required=True, choices=TARGETS,
@@ -178,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
                    help="absolute tolerance, times max(1, max|ref|) (default: as --rtol's)")
     d.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+
+
+def _add_report_commands(sub, common) -> None:
+    """explain, bench, autoshard, import, ops."""
     e = sub.add_parser("explain", parents=[common], help="why each sharding, what each collective costs")
     e.add_argument("--show", metavar="NAME", action="append", default=[],
                    help="draw this value's layout over the devices (repeatable)")
@@ -220,7 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the mesh (default: FILE.py's MESH, else the arguments' shardings' mesh, else data=1)")
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    return p
 
 
 _MAX_MEMORY_HELP = ("refuse to run when the estimated peak memory exceeds SIZE (e.g. 4G, 512M; "

@@ -58,7 +58,8 @@ def _table_class():
     class WholeTable(Table):
         def _cut(self, console, options) -> bool:
             """Would rich cut a cell: the columns wider than the width (the right edge is cropped),
-            or a column that may not wrap narrower than its longest cell?"""
+            or a column that may not wrap narrower than its longest cell? (rich's own layout:
+            Table._calculate_column_widths, _extra_width, _get_padding_width.)"""
             room = options.max_width - self._extra_width  # the edges and the separators
             box = self.box
             if box and self.show_edge and not "".join(getattr(box, f"{k}_right") for k in (
@@ -75,11 +76,17 @@ def _table_class():
                     return True
             return False
 
+        def _would_cut(self, console, options) -> bool:
+            try:
+                return self._cut(console, options)
+            except AttributeError:  # rich's private layout helpers moved: wrap every column
+                return True
+
         def __rich_console__(self, console, options):
-            if self._cut(console, options):
+            if self._would_cut(console, options):
                 for col in self.columns:
                     col.min_width = None
-            if self._cut(console, options):
+            if self._would_cut(console, options):
                 for col in self.columns:
                     col.no_wrap, col.overflow = False, "fold"
             yield from super().__rich_console__(console, options)

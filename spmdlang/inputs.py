@@ -89,8 +89,8 @@ def int_ranges(prog: Program, int_range: tuple[int, int] | None = None) -> dict[
 
 
 def random_inputs(prog: Program, seed: int = 0, int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
-    """Floats standard normal, bools a fair coin, u32 (keys, bits) uniform over all 2**32 values, other
-    ints uniform in int_ranges(prog, int_range): an integer parameter used as ids over the dim it
+    """Floats standard normal, bools a fair coin, u32 (keys, bits) uniform over all 2**32 values
+    (unless `int_range` is given), other ints uniform in int_ranges(prog, int_range): an integer parameter used as ids over the dim it
     indexes, others in [0, 16); in parameter order, from one stream."""
     rng = np.random.default_rng(seed)
     ranges = int_ranges(prog, int_range)
@@ -99,7 +99,7 @@ def random_inputs(prog: Program, seed: int = 0, int_range: tuple[int, int] | Non
         t = p.value.type
         if T.is_float(t.dtype):
             a = rng.standard_normal(t.shape)
-        elif t.dtype == "u32":
+        elif t.dtype == "u32" and int_range is None:
             a = rng.integers(0, 2**32, size=t.shape)
         elif T.is_int(t.dtype):
             lo, hi = ranges[p.name]

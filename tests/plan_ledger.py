@@ -148,7 +148,7 @@ CASES: dict[str, dict] = {
 }
 
 # (program, size, mesh) -> why we send more bytes or use more collectives than XLA there.
-# Each is also listed in README.md; the test fails when one stops being an exception.
+# Each is also listed in docs/performance.md ("The plan ledger"); the test fails when one stops being an exception.
 EXCEPTIONS: dict[tuple[str, str, str], str] = {
     ("patterns/halo_strided_conv", "tiny", "x=8"):
         "one input row per shard and a 7-row window: 6 single-row permutes (1,152 B) against XLA's 2 "

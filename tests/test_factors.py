@@ -169,10 +169,9 @@ RULES += [
     # jax.random's draws: the key is read whole; every result dim may be split (global counters),
     # except the pair of key words of a split
     ("random_draw", "random_draw", [("u32", (2,))], {"dist": "uniform", "dtype": "f32", "shape": (4, 8),
-                                                     "minval": 0.0, "maxval": 1.0, "p": 0.5},
+                                                     "minval": 0.0, "maxval": 1.0},
      "([i]) -> ([j, k]) need_replication={i}"),
-    ("random_draw split", "random_draw", [("u32", (2,))], {"dist": "split", "dtype": "u32", "shape": (5,),
-                                                           "minval": 0.0, "maxval": 1.0, "p": 0.5},
+    ("random_draw split", "random_draw", [("u32", (2,))], {"dist": "split", "dtype": "u32", "shape": (5,)},
      "([i]) -> ([j, k]) need_replication={i, k}"),
 ]
 RULES += [(f"{op} like add", op, [("u32", (8, 16)), ("u32", (8, 16))], {}, "([i, j], [i, j]) -> ([i, j])")

@@ -52,10 +52,9 @@ def _loss(c, backend, arrays, floats, cotangents):
         # the module's place() pads uneven dims with numpy; pad with jnp so jax.grad sees through
         padded = [jnp.pad(jnp.asarray(a), [(0, t - n) for n, t in zip(a.shape, mod._padded_shape(a.shape, s, r.mesh))])
                   if np.ndim(a) else jnp.asarray(a)  # jnp.pad rejects scalars
-                  for a, s in zip(full, mod._leaves(mod.IN_SPECS))]  # struct values: their leaves
-        outs = r.fn(*mod._nest(padded, mod.GLOBAL_SHAPES))
-        # struct results come back as dicts in jax's (sorted) key order: leaves in declaration order
-        outs = mod._leaves([mod._tree_map(lambda _, o: o, like, o) for o, like in zip(outs, mod.RESULT_SHAPES)])
+                  for a, s in zip(full, mod._leaves(mod.IN_SPECS, mod.GLOBAL_SHAPES))]
+        # a struct parameter or result is a nested dict in the module: flat leaves in, flat leaves out
+        outs = mod._leaves(r.fn(*mod._nest(padded, mod.GLOBAL_SHAPES)), mod.RESULT_SHAPES)
         total = 0.0
         for o, ct in zip(outs, cotangents):
             if ct is not None:

@@ -619,3 +619,18 @@ def test_where_takes_a_number_as_condition():
            "  return where(2, a, b), where(0.0, a, b)\n}\n")
     a, b = np.arange(4, dtype=f32), -np.arange(4, dtype=f32)
     run_sharded(src, {"a": a, "b": b}, (a, b))
+
+
+def test_where_with_a_float_condition_differentiates_as_jax():
+    """No gradient flows into the condition; the branches get theirs where it is nonzero (the xla
+    backend differentiates with jax.grad, so diff compares with jax's own)."""
+    import jax
+    import jax.numpy as jnp
+
+    src = ("mesh [p=2]\nfunc f(c: f32[6], a: f32[6]) -> f32[] {\n  return sum(where(c, a * a, 2.0 * c))\n}\n"
+           "func main(c: f32[6] {p}, a: f32[6]) -> (f32[6], f32[6]) {\n"
+           "  gc, ga = grad(f, c, a, argnums=[0, 1])\n  return gc, ga\n}\n")
+    c = np.array([0.0, 1.5, np.nan, 0.0, -2.0, 3.0], f32)
+    a = np.arange(6, dtype=f32)
+    want = jax.grad(lambda c, a: jnp.sum(jnp.where(c, a * a, 2.0 * c)), argnums=(0, 1))(c, a)
+    run_sharded(src, {"c": c, "a": a}, tuple(np.asarray(w) for w in want))

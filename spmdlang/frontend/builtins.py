@@ -422,16 +422,17 @@ def _softmax(ctx, span, args):
 
 
 @builtin("logsumexp", "x:tensor", "axis:axes=-1", "keepdims:bool=false",
-         doc="max + log(sum(exp(x - max))), with a max of -inf treated as 0")
+         doc="max + log(sum(exp(x - max))), with a max of +-inf treated as 0 (jax.nn.logsumexp)")
 def _logsumexp(ctx, span, args):
     x = tensor(ctx, args, "x")
     if not T.is_float(x.type.dtype):
         x = ctx.cast(x, float_for(x.type.dtype), span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
     m = ctx.b.emit("reduce_max", x, span=span, axes=axes)
-    # rows that are all -inf would give -inf - -inf = nan; shift those by 0 instead
-    m = ctx.b.emit("select", ctx.binary("eq", m, float("-inf"), span), ctx.materialize(0.0, span, m.type.dtype),
-                   m, span=span)
+    # rows that are all -inf would give -inf - -inf = nan, rows holding +inf inf - inf = nan: shift
+    # those by 0 instead (-inf and inf, as jax.nn.logsumexp gives)
+    infinite = ctx.binary("eq", ctx.b.emit("abs", m, span=span), float("inf"), span)
+    m = ctx.b.emit("select", infinite, ctx.materialize(0.0, span, m.type.dtype), m, span=span)
     e = ctx.b.emit("exp", ctx.b.emit("sub", x, _expand_back(ctx, m, x.type.shape, axes, span), span=span), span=span)
     out = ctx.b.emit("add", ctx.b.emit("log", ctx.b.emit("reduce_sum", e, span=span, axes=axes), span=span), m,
                      span=span)
@@ -976,15 +977,15 @@ def _u32_scalar(ctx, args, name: str, lo: int) -> Value:
     return ctx.cast(v, "u32", args.span(name))
 
 
-def random_draw(ctx, span, key: Value, dist: str, shape, dtype: str = "f32", *data, minval=0.0, maxval=1.0,
-                p=0.5) -> Value:
+def random_draw(ctx, span, key: Value, dist: str, shape, dtype: str = "f32", *data, **params) -> Value:
+    """ops/random.py's random_draw; params: minval and maxval (uniform), p (bernoulli)."""
     size = 1
     for n in shape:
         size *= n
     if size >= 2**32:
         raise SpmdError(f"random draws of 2**32 elements or more are not supported: {list(shape)}", span)
     return ctx.b.emit("random_draw", key, *data, span=span, dist=dist, dtype=dtype, shape=tuple(shape),
-                      minval=float(minval), maxval=float(maxval), p=float(p))
+                      **{k: float(v) for k, v in params.items()})
 
 
 @builtin("prng_key", "seed:tensor", doc="jax.random.PRNGKey(seed): the raw u32[2] threefry key [0, seed mod 2**32]")
@@ -1076,7 +1077,11 @@ def _pick_dropout(ctx, node: A.Call, env) -> Builtin:
         return BUILTINS["dropout"]
     if "seed" in names or not node.args:
         return _DROPOUT_SEED
-    first = ctx.expr(node.args[0], env)  # evaluated again by the call; the unused copy is dropped
+    arg = node.args[0]
+    if isinstance(arg, A.Name) and arg.id in env:
+        first = env[arg.id]
+    else:
+        first = ctx.expr(arg, env)  # evaluated again by the call; the unused copy is dropped
     return BUILTINS["dropout"] if isinstance(first, Value) and first.type == KEY else _DROPOUT_SEED
 
 

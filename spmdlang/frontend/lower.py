@@ -256,7 +256,7 @@ class Lowerer:
             raise SpmdError(f"function '{f.name}' declares no results", f.span)
 
     def _names_struct(self, t: A.TypeExpr) -> bool:
-        return t.dims is None or t.dtype in self.structs
+        return t.dtype in self.structs
 
     def fresh(self, t, name: str | None = None):
         """A new value of type t with no producer: a tensor, or a struct of new leaves."""

@@ -11,8 +11,19 @@ import numpy as np
 
 from ..ir import types as T
 from ..ir.types import TensorType
-from .elementwise import _elementwise_rule, _same_shape
+from ..partition.factors import elementwise_rule
 from .registry import Family, Grad, check, register
+
+
+def _shape(types) -> tuple[int, ...]:
+    """The operands' one shape; rank-0 operands broadcast (the frontend made the rest explicit)."""
+    shapes = {t.shape for t in types if t.rank}
+    check(len(shapes) <= 1, "operand shapes differ: " + " vs ".join(str(t) for t in types))
+    return shapes.pop() if shapes else ()
+
+
+def _rule(operands, results, attrs):
+    return elementwise_rule([t.shape for t in operands], results[0].shape)
 
 
 def _infer(name, allowed):
@@ -20,7 +31,7 @@ def _infer(name, allowed):
         a, b = operands
         check(a.dtype == b.dtype, f"{name}: operand dtypes differ: {a} vs {b}")
         check(T.kind(a.dtype) in allowed, f"{name} needs {' or '.join(sorted(allowed))} operands, got {a}")
-        return TensorType(a.dtype, _same_shape(operands))
+        return TensorType(a.dtype, _shape(operands))
 
     return infer
 
@@ -56,5 +67,5 @@ _BITWISE = {
 for _name, (_fn, _jax, _kinds, _doc) in _BITWISE.items():
     register(_name, doc=_doc, infer=_infer(_name, _kinds),
              numpy=lambda a, b, _fn=_fn: np.asarray(_fn(a, b)).astype(a.dtype),
-             rule=_elementwise_rule, jax=lambda args, attrs, out, _jax=_jax: _jax.format(*args),
+             rule=_rule, jax=lambda args, attrs, out, _jax=_jax: _jax.format(*args),
              family=Family.elementwise, vjp=Grad.none, example=(("u32[4, 8]", "u32[4, 8]"), {}))

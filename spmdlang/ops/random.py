@@ -173,7 +173,7 @@ def _uniform_bits(bits: np.ndarray, dtype: str, minval, maxval) -> np.ndarray:
     return np.maximum(lo, scaled).astype(dt)
 
 
-def _draw(key, data, *, dist, dtype, minval, maxval, p, shape, offsets, global_shape):
+def _draw(key, data, *, dist, dtype, shape, offsets, global_shape, minval=0.0, maxval=1.0, p=0.5):
     key = np.asarray(key, np.uint32)
     k1, k2 = key[0], key[1]
     if dist == "fold_in":
@@ -214,6 +214,8 @@ def _check_draw(operands, attrs, extra: int):
     if dist == "fold_in":
         check(operands[1].rank == 0 and T.is_int(operands[1].dtype),
               f"fold_in: the data must be an integer scalar, got {operands[1]}", blame=1)
+    needs = {"uniform": ("minval", "maxval"), "bernoulli": ("p",)}.get(dist, ())
+    check(all(k in attrs for k in needs), f"random_draw {dist}: needs the attributes {', '.join(needs)}")
     if dist in ("uniform", "normal"):
         check(attrs["dtype"] in _DRAW_FLOATS, f"{dist} draws f32, bf16 or f16, got {attrs['dtype']}")
     size = 1
@@ -227,9 +229,10 @@ def _draw_infer(operands, attrs):
     return _draw_type(attrs["dist"], attrs["dtype"], attrs["shape"])
 
 
-def _draw_numpy(key, *data, dist, dtype, minval, maxval, p, shape):
-    return _draw(key, data[0] if data else None, dist=dist, dtype=dtype, minval=minval, maxval=maxval, p=p,
-                 shape=shape, offsets=(0,) * len(shape), global_shape=shape)
+def _draw_numpy(key, *data, shape, **attrs):
+    """attrs: dist, dtype; minval and maxval (uniform), p (bernoulli)."""
+    return _draw(key, data[0] if data else None, shape=shape, offsets=(0,) * len(shape), global_shape=shape,
+                 **attrs)
 
 
 def _draw_jax(args, attrs, out):
@@ -275,7 +278,7 @@ def _draw_partition(ctx):
     ctx.set_result(x, s)
 
 
-_DRAW_ATTRS = {"dist": "uniform", "dtype": "f32", "shape": (4, 8), "minval": 0.0, "maxval": 1.0, "p": 0.5}
+_DRAW_ATTRS = {"dist": "uniform", "dtype": "f32", "shape": (4, 8), "minval": 0.0, "maxval": 1.0}
 
 register("random_draw", doc="jax.random's draw (bits, uniform, normal, bernoulli, split, fold_in) with a u32[2] key",
          example=(("u32[2]",), _DRAW_ATTRS), stage=Stage.global_,
@@ -292,15 +295,15 @@ def _local_infer(operands, attrs):
     return _draw_type(attrs["dist"], attrs["dtype"], shape)
 
 
-def _local_numpy(key, *operands, dist, dtype, minval, maxval, p, shape, global_shape):
+def _local_numpy(key, *operands, shape, global_shape, **attrs):
     n = len(shape)
     data, offsets = operands[:len(operands) - n], operands[len(operands) - n:]
-    return _draw(key, data[0] if data else None, dist=dist, dtype=dtype, minval=minval, maxval=maxval, p=p,
-                 shape=shape, offsets=[int(o) for o in offsets], global_shape=global_shape)
+    return _draw(key, data[0] if data else None, shape=shape, offsets=[int(o) for o in offsets],
+                 global_shape=global_shape, **attrs)
 
 
 _LOCAL_HELPER = '''
-def random_draw_local(key, *operands, dist, dtype, minval, maxval, p, shape, global_shape):
+def random_draw_local(key, *operands, dist, dtype, shape, global_shape, minval=0.0, maxval=1.0, p=0.5):
     """jax.random's draw (threefry2x32, jax_threefry_partitionable=True) of this shard's block of
     an array of `global_shape`: the last operands are the block's global offsets, one per dim;
     fold_in's data comes first. Counters are global row-major indices (high word 0)."""
@@ -350,7 +353,8 @@ def random_draw_local(key, *operands, dist, dtype, minval, maxval, p, shape, glo
 
 
 def _local_jax(args, attrs, out):
-    kw = ", ".join(f"{k}={attrs[k]!r}" for k in ("dist", "minval", "maxval", "p", "shape", "global_shape"))
+    kw = ", ".join(f"{k}={attrs[k]!r}" for k in ("dist", "shape", "global_shape", "minval", "maxval", "p")
+                   if k in attrs)
     return f"random_draw_local({', '.join(args)}, dtype={T.jnp_dtype(attrs['dtype'])}, {kw})"
 
 
