@@ -39,7 +39,8 @@ def _tol(src: str):
 def _hlo_collectives(c, backend: str):
     r = c.runner(backend)
     inputs = c.random_inputs(0)
-    args = r.module.place([inputs[p.name] for p in c.program.params], r.mesh)
+    m = r.module  # struct parameters go in as nested dicts
+    args = m.place(m._nest([inputs[p.name] for p in c.program.params], m.GLOBAL_SHAPES), r.mesh)
     return collectives(compiled_text(r.fn, *args))
 
 
