@@ -84,9 +84,12 @@ def test_flax_training_step(step):
     args = getattr(flax_models, step + "_args")()
     specs = getattr(flax_models, step + "_specs")()
     imp = check(fn, *args, backends=("ref", "sim", "jax"), mesh=flax_models.MESH, in_specs=specs)
-    # the batch's spec reached the program; parameter names come from flax's key paths
+    # the batch's spec reached the program; the parameter trees are structs, fields named by key
     assert "{data, _" in imp.source
-    assert "params_Dense_0_kernel" in imp.source or "params_Block_0_Dense_0_kernel" in imp.source
+    assert "func main(params: Params,\n          opt_state: OptState," in imp.source
+    assert "struct ParamsParams {" in imp.source and "params.params.Dense_0.kernel" in imp.source \
+        or "params.params.Block_0.Dense_0.kernel" in imp.source
+    assert any(k.startswith("opt_state._0.") for k in imp.params)
 
 
 def test_megatron_specs_on_the_flax_lm():
