@@ -51,7 +51,6 @@ class Compiled:
 
         self.program = program
         self.shard_weight_updates = shard_weight_updates
-        self._pass_notes: list = []
         self._runners: dict = {}
         self.verify = enabled(verify)  # run the IR verifier after every pass
         if self.verify:
@@ -63,60 +62,48 @@ class Compiled:
     def mesh(self):
         return self.program.mesh
 
+    def recompiled(self) -> Compiled:
+        """A new Compiled of the same program and options with nothing computed yet: from the
+        source text when this one was compiled from it (`bench` times its compile afresh)."""
+        args = getattr(self, "compile_args", None)
+        if args is not None:
+            from .limits import deep_call
+
+            return deep_call(_compile_text, *args)
+        return Compiled(self.program, self.verify, self.shard_weight_updates)
+
     @cached_property
     def ir(self) -> str:
         """The global program as IR text."""
         return print_program(self.program)
 
     @cached_property
+    def pipeline(self):
+        """The passes after lowering (partition.pipeline), run as far as a stage asked for needs."""
+        from .partition.pipeline import Pipeline
+
+        return Pipeline(self.program, self.verify, self.shard_weight_updates)
+
+    @property
     def canonical(self) -> Program:
         """The global program after canonicalisation (ir.simplify), which partitioning starts from."""
-        from .ir.simplify import cse, simplify
-
-        prog = simplify(cse(self.program)[0])
-        if self.shard_weight_updates:
-            from .partition.weight_update import shard_weight_updates
-
-            prog, self._pass_notes = shard_weight_updates(prog, self.shard_weight_updates)
-        if self.verify:
-            from .ir.verify import verify
-
-            verify(prog)
-        return prog
+        return self.pipeline.stage("canonical")
 
     @property
     def pass_notes(self) -> list:
         """What compile options did to the program (partition.weight_update.Note: line, message)."""
         self.canonical  # noqa: B018  (the passes run with canonicalisation)
-        return self._pass_notes
+        return self.pipeline.stages.pass_notes
 
-    @cached_property
+    @property
     def propagation(self):
         """Sharding propagation over the canonical global program (partition.propagate)."""
-        from .partition.propagate import propagate
+        return self.pipeline.stage("propagation")
 
-        prop = propagate(self.canonical)
-        if self.verify:
-            from .ir.verify import verify_shardings
-
-            verify_shardings(self.canonical, prop.shardings)
-        return prop
-
-    @cached_property
+    @property
     def spmd(self):
         """The per-partition program with its in/out shardings and communication ledger."""
-        from .partition.combine import finish
-        from .partition.spmd import partition
-
-        spmd = partition(self.canonical, self.propagation)
-        if self.verify:
-            from .ir.verify import verify_spmd
-
-            verify_spmd(spmd)
-        spmd = finish(spmd)
-        if self.verify:
-            verify_spmd(spmd)
-        return spmd
+        return self.pipeline.stage("spmd")
 
     @cached_property
     def spmd_ir(self) -> str:
@@ -229,8 +216,10 @@ class Compiled:
             report["notes"] = notes
         return report
 
-    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        return random_inputs(self.program, seed)
+    def random_inputs(self, seed: int = 0, int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+        """Seeded inputs (inputs.random_inputs): an integer parameter used as ids is drawn over the
+        dim it indexes, other integers in [0, 16); `int_range=(lo, hi)` draws every one in [lo, hi)."""
+        return random_inputs(self.program, seed, int_range)
 
     def check_inputs(self, inputs: dict, origin: str = "inputs") -> dict[str, np.ndarray]:
         return check_inputs(self.program, inputs, origin)
@@ -349,7 +338,9 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
 def _compile_text(text, filename, mesh, consts, entry, verify, shard_weight_updates=None) -> Compiled:
     module, source = parse(text, filename)
     _check_overrides(module, source, mesh, consts, shard_weight_updates)
-    return Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
+    c = Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
+    c.compile_args = (text, filename, mesh, consts, entry, verify, shard_weight_updates)  # to compile afresh (bench)
+    return c
 
 
 def _check_overrides(module, source, mesh, consts, shard_weight_updates=None):

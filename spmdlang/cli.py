@@ -82,6 +82,21 @@ def _count(minimum: int):
     return parse
 
 
+def _int_range_arg(text):
+    lo, comma, hi = text.partition(",")
+    try:
+        lo, hi = int(lo), int(hi)
+    except ValueError:
+        lo = hi = None
+    if not comma or lo is None or lo >= hi:
+        raise argparse.ArgumentTypeError(f"expected LO,HI with integers LO < HI (draws in [LO, HI)), got '{text}'")
+    return lo, hi
+
+
+_INT_RANGE_HELP = ("random integer inputs in [LO, HI) (default: a parameter used as ids over the dim it indexes, "
+                   "other integers in [0, 16))")
+
+
 def _positive_float(text):
     try:
         v = float(text)
@@ -111,6 +126,21 @@ def _backends_arg(text):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
+        "one per-partition program with collectives.",
+        epilog="Reference: docs/language.md (the language) and docs/cli.md (the commands, the Python API and "
+        "the emitted module) in spmdlang's source tree. `spmdlang COMMAND --help` lists a command's options.")
+    p.add_argument("--version", action="version", version=f"spmdlang {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _common_options()
+    _add_run_commands(sub, common)
+    _add_report_commands(sub, common)
+    return p
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command on a program takes."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("file", metavar="FILE", help="a .spmd program, or - to read it from standard input")
     common.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
@@ -125,14 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shard every elementwise weight update replicated over AXIS: its gradient is "
                         "reduce-scattered, the update and optimizer state run on a shard, the new weights "
                         "are all-gathered (Xu et al. 2020)")
+    return common
 
-    p = argparse.ArgumentParser(
-        prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
-        "one per-partition program with collectives.",
-        epilog="Reference: docs/language.md (the language) and docs/cli.md (the commands, the Python API and "
-        "the emitted module) in spmdlang's source tree. `spmdlang COMMAND --help` lists a command's options.")
-    p.add_argument("--version", action="version", version=f"spmdlang {_version()}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+def _add_run_commands(sub, common) -> None:
+    """check, compile, run, diff."""
     sub.add_parser("check", parents=[common], help="parse, type-check, propagate; every value's type and sharding")
     c = sub.add_parser("compile", parents=[common], help="emit IR, per-partition IR or a jax module")
     c.add_argument("--target", required=True, choices=TARGETS,
@@ -145,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "module; xla: the XLA-GSPMD baseline")
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
     r.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    r.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ... ('-': stdout)")
     r.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
@@ -156,11 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="run the jax/xla backends across N local processes, as on N hosts (default 1)")
     d.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    d.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     d.add_argument("--rtol", type=_positive_float, default=None, metavar="R",
                    help="relative tolerance (default: by the narrowest float the program uses, f32 1e-4)")
     d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
                    help="absolute tolerance, times max(1, max|ref|) (default: as --rtol's)")
     d.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+
+
+def _add_report_commands(sub, common) -> None:
+    """explain, bench, autoshard, import, ops."""
     e = sub.add_parser("explain", parents=[common], help="why each sharding, what each collective costs")
     e.add_argument("--show", metavar="NAME", action="append", default=[],
                    help="draw this value's layout over the devices (repeatable)")
@@ -175,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "beside our estimates")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
     b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    b.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
                    help="timed calls of each side per round, after warm-up (default 20)")
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
@@ -202,7 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the mesh (default: FILE.py's MESH, else the arguments' shardings' mesh, else data=1)")
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    return p
 
 
 _MAX_MEMORY_HELP = ("refuse to run when the estimated peak memory exceeds SIZE (e.g. 4G, 512M; "
@@ -310,7 +343,7 @@ def _inputs(c, args):
         from .inputs import load_npz
 
         return c.check_inputs(load_npz(args.inputs, c.program), origin=args.inputs)
-    return c.random_inputs(args.seed)
+    return c.random_inputs(args.seed, int_range=args.int_range)
 
 
 def _nonfinite_notes(outs, names) -> list[str]:
@@ -352,9 +385,11 @@ def cmd_run(args) -> int:
             doc["notes"] = notes
         print(json.dumps(doc), file=sys.stdout if to_stdout else sys.stderr)
         return 0
+    from rich.text import Text
+
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]{s['name']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
+        con.print(Text.assemble((s["name"], "bold"), f": {s['type']}  (backend {args.backend})"))
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:
@@ -414,7 +449,8 @@ def cmd_bench(args) -> int:
     from .backend_jax.bench import bench
     from .explain import render_bench
 
-    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
+    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds,
+                   int_range=args.int_range)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

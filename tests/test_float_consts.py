@@ -131,3 +131,14 @@ def test_cli_bad_set_value_exits_2(capsys, prog, value, fragment):
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and "Traceback" not in err
+
+
+def test_float_consts_compile_to_the_plan_of_the_literals():
+    """A program with float consts and its twin with the literals written in: the same global and
+    per-partition IR (the const lines are blank lines in the twin, so line numbers agree)."""
+    twin = "\n".join("" if line.startswith("const") else line for line in PROG.splitlines())
+    twin = twin.replace("[B", "[6").replace("w - LR * w + C", "w - 3e-4 * w + (-0.5 * 0.9 + 6 / 4)")
+    twin = twin.replace("LR", "3e-4")
+    assert "const" not in twin and "B" not in twin.replace("bf16", "")
+    got, want = spmdlang.compile(PROG), spmdlang.compile(twin)
+    assert got.spmd_ir == want.spmd_ir and got.ir == want.ir

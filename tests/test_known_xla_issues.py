@@ -159,3 +159,9 @@ def test_all_reduce_max_drops_nan_reproduction():
     out = _run_snippet(_doc_snippets()[6])
     assert "jnp.max nan" in out  # right
     assert "pmax    [1.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
+
+
+def test_multiply_by_a_converted_bool_reproduction_shows_xla_drops_nan():
+    out = _run_snippet(_doc_snippets()[7])
+    assert "eager  nan" in out and "select nan" in out  # right
+    assert "jit    0.0" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"

@@ -43,6 +43,8 @@ OPS = [
     ("argsort(x, 1)", lambda x: jnp.argsort(x, 1, stable=True).astype(jnp.int32), True),
     ("sort(x, 0)", lambda x: jnp.sort(x, 0), True),
     ("argsort(x, 0)", lambda x: jnp.argsort(x, 0, stable=True).astype(jnp.int32), True),
+    ("logsumexp(x, axis=1)", lambda x: jax.nn.logsumexp(x, axis=1), False),
+    ("softmax(x, axis=1)", lambda x: jax.nn.softmax(x, axis=1), False),
     ("top_k(x, 2)[0]", lambda x: jax.lax.top_k(x, 2)[0], True),
     ("top_k(x, 2)[1]", lambda x: jax.lax.top_k(x, 2)[1], True),
 ]
@@ -135,3 +137,25 @@ func main(x: f32[1, 7] {_, S}, y: f32[1, 7] {_, S}) -> (f32[1, 5], i32[1, 5], f3
     got = jax.lax.top_k(jnp.asarray(x), 5)
     assert np.asarray(got[1]).tolist() != [[1, 3, 6, 2, 4]]
     assert np.asarray(jax.lax.top_k(jnp.where(jnp.isnan(x), jnp.nan, x), 5)[1]).tolist() == [[1, 3, 6, 2, 4]]
+
+
+def test_nan_times_a_cast_bool_stays_nan():
+    """0 * NaN is NaN (IEEE, numpy); XLA rewrites a multiply by a converted bool into a select
+    that gives 0 (docs/known_xla_issues.md #9). The gradient of a min whose result is NaN
+    multiplies such a mask by a NaN share: NaN everywhere, as jax's own eager pullback gives."""
+    src = """mesh [r=3]
+func f(x: f32[7]) -> f32[] {
+  return min(x)
+}
+func main(x: f32[7] {r}, y: f32[7] {r}) -> (f32[7], f32[7]) {
+  return cast(x > 0.0, f32) * y, grad(f, x)
+}
+"""
+    x = np.array([1.0, -1.0, NAN, 2.0, 0.5, -3.0, 4.0], np.float32)
+    y = np.full(7, NAN, np.float32)
+    want = np.asarray(jax.grad(jnp.min)(jnp.asarray(x)))
+    assert np.isnan(want).all()
+    c = spmdlang.compile(src)
+    for b in BACKENDS:
+        prod, g = (np.asarray(o) for o in c.run({"x": x, "y": y}, backend=b))
+        assert np.isnan(prod).all() and np.isnan(g).all(), (b, prod, g)

@@ -16,7 +16,7 @@ import re
 
 from ..ir import registry
 from ..ir import types as T
-from ..ir.core import LOOP, Boundary, Loop, Program, Value
+from ..ir.core import LOOP, Boundary, Loop, Program, Value, all_ops
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.printer import Namer
 from ..partition import permute
@@ -187,6 +187,9 @@ def _imports(prog: Program) -> list[str]:
              "from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P"]
     if uses64:
         lines.append('jax.config.update("jax_enable_x64", True)')
+    ops = [*all_ops(prog.ops), *(op for g in prog.grads for op in all_ops(g.forward))]
+    if any(op.kind.startswith("random_draw") for op in ops):
+        lines.append('jax.config.update("jax_threefry_partitionable", True)  # the bits jax.random draws by default')
     return lines
 
 
@@ -200,10 +203,11 @@ def _script(prog: Program) -> list[str]:
         '    if "device_count" not in os.environ.get("XLA_FLAGS", ""):',
         f'        jax.config.update("jax_num_cpu_devices", {n})  # only used where there is no accelerator',
         "    rng = np.random.default_rng(0)",
-        "    ins = [_tree_map(lambda s, d: rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else",
-        "                    (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5),",
-        "                    s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
-        "    for i, out in enumerate(_leaves(run(*ins))):",
+        "    draw = lambda s, d: (rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else  # noqa: E731",
+        "                         rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else",
+        "                         rng.random(s) < 0.5)",
+        "    ins = [_tree_map(draw, s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
+        "    for i, out in enumerate(_leaves(run(*ins), RESULT_SHAPES)):",
         '        print(f"out{i}: {out.dtype}{list(out.shape)}")',
     ]
 
@@ -222,17 +226,19 @@ def _tree_map(fn, like, *trees):
                 try:
                     parts.append(t[k])
                 except (KeyError, TypeError, IndexError):
-                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), got {type(t).__name__}") from None
+                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), "
+                                     f"got {type(t).__name__}") from None
             out[k] = _tree_map(fn, v, *parts)
         return out
     return fn(like, *trees)
 
 
-def _leaves(trees):
-    """The leaves of a list of values (struct values: their fields depth-first, in declaration order)."""
+def _leaves(values, like):
+    """The leaves of a list of values shaped like `like` (GLOBAL_SHAPES or RESULT_SHAPES), a
+    struct's fields depth-first in declaration order (jax hands dicts back with sorted keys)."""
     out = []
-    for t in trees:
-        out.extend(_leaves(t.values()) if isinstance(t, dict) else [t])
+    for v, t in zip(values, like, strict=True):
+        _tree_map(lambda _, x: out.append(x), t, v)
     return out
 
 
@@ -467,13 +473,15 @@ def emit_shard_map(spmd) -> str:
     lines += ["", ""]
     lines.append(inspect.getsource(permute.mesh_order_pairs).rstrip())
     lines.append("")
-    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops()).splitlines()
+    used = {op.kind for op in all_ops(prog.ops)}  # the helpers this program calls
+    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops() if op.name in used).splitlines()
     _, out_trees = _trees(gprog)
     args, unpack = _signature(gprog, namer, params)
     lines += ["", "", f"def body({', '.join(args)}):", '    """The per-partition program: local shapes."""']
     lines += unpack
     lines += _body(prog, namer)
-    lines.append(f"    return ({''.join(r + ', ' for r in _grouped([pyname(namer, r.value) for r in prog.results], out_trees))})")
+    results = _grouped([pyname(namer, r.value) for r in prog.results], out_trees)
+    lines.append(f"    return ({''.join(r + ', ' for r in results)})")
     lines += ["", ""]
     lines += _tables(gprog, spmd.in_shardings, spmd.out_shardings)
     lines += [

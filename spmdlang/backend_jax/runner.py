@@ -121,9 +121,9 @@ class ModuleRunner:
         m = self.module
         values = m._nest(arrays, m.GLOBAL_SHAPES)
         if self.compiler_options is None:
-            return m._leaves(m.run(*values, mesh=self.mesh))
+            return m._leaves(m.run(*values, mesh=self.mesh), m.RESULT_SHAPES)
         args = m.place(values, self.mesh)
         if self._compiled is None:
             self._compiled = self.fn.lower(*args).compile(compiler_options=self.compiler_options)
         return m._leaves([m._tree_map(lambda shape, o: m._gather(o, shape), shape, o)
-                          for o, shape in zip(self._compiled(*args), m.RESULT_SHAPES)])
+                          for o, shape in zip(self._compiled(*args), m.RESULT_SHAPES)], m.RESULT_SHAPES)

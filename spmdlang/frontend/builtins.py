@@ -8,7 +8,7 @@ op-table primitives; everything downstream sees primitives only. A lowering gets
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import ops as _ops  # noqa: F401  (registers the op table the elementwise builtins are read from)
@@ -60,6 +60,7 @@ class Builtin:
     params: tuple[tuple[str, Kind, Any], ...]  # (name, kind, default)
     lower: Callable
     doc: str = ""
+    pick: Callable | None = None  # (ctx, call, env) -> the Builtin of this call, where a name has two signatures
 
 
 BUILTINS: dict[str, Builtin] = {}
@@ -109,7 +110,10 @@ class Args:
         return self.spans.get(k, self.call.span)
 
 
-def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
+def call_builtin(ctx, b: Builtin, node: A.Call, env, on_struct=None) -> Any:
+    """Bind the call's arguments and lower it; with a struct argument, `on_struct` lowers it instead."""
+    if b.pick is not None:
+        b = b.pick(ctx, node, env)
     names = [p[0] for p in b.params]
     variadic = b.params and b.params[-1][1] == Kind.rest
     values: dict[str, Any] = {}
@@ -140,10 +144,8 @@ def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
             if default is _REQUIRED:
                 raise SpmdError(f"{b.name}() is missing argument '{pname}'", node.span)
             values[pname] = default
-    if any(isinstance(v, StructValue) for v in values.values()):  # leafwise (frontend/structs.py)
-        from .structs import leafwise_builtin
-
-        return leafwise_builtin(ctx, b, node, values, spans)
+    if on_struct is not None and any(isinstance(v, StructValue) for v in values.values()):
+        return on_struct(ctx, b, node, values, spans)  # leafwise (frontend/structs.py)
     return b.lower(ctx, node.span, Args(values, spans, node))
 
 
@@ -295,8 +297,10 @@ def _clip(ctx, span, args):
 @builtin("where", "cond:tensor", "a:tensor", "b:tensor")
 def _where(ctx, span, args):
     c = args["cond"]
-    if not isinstance(c, Value) and not isinstance(c, bool):
-        raise SpmdError(f"where: the condition must be bool, got {describe(c)}", args.span("cond"))
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        c = bool(c != 0)  # as jnp.where: any dtype, nonzero (NaN included) is true
+    if isinstance(c, Value) and c.type.dtype != "bool":
+        c = ctx.binary("ne", c, 0, args.span("cond"))
     (a, b), dt, shape = ctx.unify([args["a"], args["b"]], [args.span("a"), args.span("b")], span)
     c = c if isinstance(c, Value) else ctx.materialize(c, args.span("cond"))
     shape = ctx.broadcast_shapes([c.type.shape, shape], span)
@@ -418,16 +422,17 @@ def _softmax(ctx, span, args):
 
 
 @builtin("logsumexp", "x:tensor", "axis:axes=-1", "keepdims:bool=false",
-         doc="max + log(sum(exp(x - max))), with a max of -inf treated as 0")
+         doc="max + log(sum(exp(x - max))), with a max of +-inf treated as 0 (jax.nn.logsumexp)")
 def _logsumexp(ctx, span, args):
     x = tensor(ctx, args, "x")
     if not T.is_float(x.type.dtype):
         x = ctx.cast(x, float_for(x.type.dtype), span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
     m = ctx.b.emit("reduce_max", x, span=span, axes=axes)
-    # rows that are all -inf would give -inf - -inf = nan; shift those by 0 instead
-    m = ctx.b.emit("select", ctx.binary("eq", m, float("-inf"), span), ctx.materialize(0.0, span, m.type.dtype),
-                   m, span=span)
+    # rows that are all -inf would give -inf - -inf = nan, rows holding +inf inf - inf = nan: shift
+    # those by 0 instead (-inf and inf, as jax.nn.logsumexp gives)
+    infinite = ctx.binary("eq", ctx.b.emit("abs", m, span=span), float("inf"), span)
+    m = ctx.b.emit("select", infinite, ctx.materialize(0.0, span, m.type.dtype), m, span=span)
     e = ctx.b.emit("exp", ctx.b.emit("sub", x, _expand_back(ctx, m, x.type.shape, axes, span), span=span), span=span)
     out = ctx.b.emit("add", ctx.b.emit("log", ctx.b.emit("reduce_sum", e, span=span, axes=axes), span=span), m,
                      span=span)
@@ -942,6 +947,160 @@ def _dropout(ctx, span, args):
     if x.type.rank:
         zero = ctx.b.emit("broadcast_in_dim", zero, span=span, shape=x.type.shape, dims=())
     return ctx.b.emit("select", keep, scaled, zero, span=span)
+
+
+# ---------------------------------------------------------------------------------- jax.random
+# Keys are jax's raw threefry keys (u32[2]); the draws are ops/random.py's random_draw, which
+# every backend computes as jax.random does (jax_threefry_partitionable=True).
+
+KEY = TensorType("u32", (2,))
+
+
+def _key(ctx, args, name: str = "key") -> Value:
+    k = args[name]
+    if not isinstance(k, Value) or k.type != KEY:
+        raise SpmdError(f"{name} must be a random key u32[2] (from prng_key, random_split or fold_in), "
+                        f"got {k.type if isinstance(k, Value) else describe(k)}", args.span(name))
+    return k
+
+
+def _u32_scalar(ctx, args, name: str, lo: int) -> Value:
+    """A static integer in [lo, 2**32) as a u32 constant (wrapped), or an integer scalar value cast to u32."""
+    v = args[name]
+    if isinstance(v, int) and not isinstance(v, bool):
+        if not lo <= v < 2**32:
+            raise SpmdError(f"{v} does not fit in 32 bits (range {lo}..{2**32 - 1})", args.span(name))
+        return ctx.materialize(v % 2**32, args.span(name), "u32")
+    if not isinstance(v, Value) or v.type.rank != 0 or v.type.dtype not in ("i32", "u32"):
+        raise SpmdError(f"{name} must be an i32 or u32 scalar, got {v.type if isinstance(v, Value) else describe(v)}",
+                        args.span(name))
+    return ctx.cast(v, "u32", args.span(name))
+
+
+def random_draw(ctx, span, key: Value, dist: str, shape, dtype: str = "f32", *data, **params) -> Value:
+    """ops/random.py's random_draw; params: minval and maxval (uniform), p (bernoulli)."""
+    size = 1
+    for n in shape:
+        size *= n
+    if size >= 2**32:
+        raise SpmdError(f"random draws of 2**32 elements or more are not supported: {list(shape)}", span)
+    return ctx.b.emit("random_draw", key, *data, span=span, dist=dist, dtype=dtype, shape=tuple(shape),
+                      **{k: float(v) for k, v in params.items()})
+
+
+@builtin("prng_key", "seed:tensor", doc="jax.random.PRNGKey(seed): the raw u32[2] threefry key [0, seed mod 2**32]")
+def _prng_key(ctx, span, args):
+    lo = _u32_scalar(ctx, args, "seed", -2**31)
+    hi = ctx.b.emit("full", span=span, dtype="u32", shape=(1,), value=0)
+    return ctx.b.emit("concat", hi, ctx.b.emit("reshape", lo, span=span, shape=(1,)), span=span, axis=0)
+
+
+@builtin("random_split", "key:tensor", "n:int=2", doc="jax.random.split(key, n): u32[n, 2], n new keys")
+def _random_split(ctx, span, args):
+    if args["n"] < 0:
+        raise SpmdError(f"random_split: n must be non-negative, got {args['n']}", args.span("n"))
+    return random_draw(ctx, span, _key(ctx, args), "split", (args["n"],), "u32")
+
+
+@builtin("fold_in", "key:tensor", "data:tensor", doc="jax.random.fold_in(key, data): a new key")
+def _fold_in(ctx, span, args):
+    return random_draw(ctx, span, _key(ctx, args), "fold_in", (), "u32", _u32_scalar(ctx, args, "data", 0))
+
+
+def _draw_type(args, dtypes, what) -> TensorType:
+    t: TensorType = args["type"]
+    if t.dtype not in dtypes:
+        raise SpmdError(f"{what} draws {' or '.join(dtypes)}, got {t}", args.span("type"))
+    return t
+
+
+@builtin("random_bits", "key:tensor", "type:type", doc="jax.random.bits(key, shape): u32 random bits")
+def _random_bits(ctx, span, args):
+    t = _draw_type(args, ("u32",), "random_bits")
+    return random_draw(ctx, span, _key(ctx, args), "bits", t.shape, "u32")
+
+
+@builtin("uniform", "key:tensor", "type:type", "minval:number=0", "maxval:number=1",
+         doc="jax.random.uniform(key, shape, dtype, minval, maxval)")
+def _uniform(ctx, span, args):
+    t = _draw_type(args, ("f32", "bf16", "f16"), "uniform")
+    return random_draw(ctx, span, _key(ctx, args), "uniform", t.shape, t.dtype,
+                       minval=args["minval"], maxval=args["maxval"])
+
+
+@builtin("normal", "key:tensor", "type:type", doc="jax.random.normal(key, shape, dtype)")
+def _normal(ctx, span, args):
+    t = _draw_type(args, ("f32", "bf16", "f16"), "normal")
+    return random_draw(ctx, span, _key(ctx, args), "normal", t.shape, t.dtype)
+
+
+@builtin("bernoulli", "key:tensor", "p:number", "type:type", doc="jax.random.bernoulli(key, p, shape): bool")
+def _bernoulli(ctx, span, args):
+    t = _draw_type(args, ("bool",), "bernoulli")
+    return random_draw(ctx, span, _key(ctx, args), "bernoulli", t.shape, "f32", p=args["p"])
+
+
+def _dropout_key(ctx, span, args):
+    """flax's nn.Dropout with this key: mask = jax.random.bernoulli(key, 1 - rate, x.shape),
+    select(mask, x / (1 - rate), 0); rate 0 is x, rate 1 zeros."""
+    key = _key(ctx, args)
+    x = tensor(ctx, args, "x")
+    rate = args["rate"]
+    if not 0 <= rate <= 1:
+        raise SpmdError(f"dropout: rate must be in [0, 1], got {rate}", args.span("rate"))
+    if not T.is_float(x.type.dtype):
+        raise SpmdError(f"dropout needs a float tensor, got {x.type}", args.span("x"))
+    if rate == 0:
+        return x
+    zero = ctx.materialize(0.0, span, x.type.dtype)
+    if x.type.rank:
+        zero = ctx.b.emit("broadcast_in_dim", zero, span=span, shape=x.type.shape, dims=())
+    if rate == 1:
+        return zero
+    keep = 1.0 - rate
+    mask = random_draw(ctx, span, key, "bernoulli", x.type.shape, "f32", p=keep)
+    scaled = ctx.b.emit("div", x, ctx.materialize(keep, span, x.type.dtype), span=span)
+    return ctx.b.emit("select", mask, scaled, zero, span=span)
+
+
+_DROPOUT_SEED = BUILTINS.pop("dropout")  # version 2's dropout(x, rate, seed)
+builtin("dropout", "key:tensor", "x:tensor", "rate:number",
+        doc="flax's nn.Dropout with a key: x / (1 - rate) where jax.random.bernoulli(key, 1 - rate) holds, else 0; "
+            "also dropout(x, rate, seed) (version 2)")(_dropout_key)
+
+
+def _pick_dropout(ctx, node: A.Call, env) -> Builtin:
+    """dropout(key, x, rate) when its first argument is a key (u32[2]) or `key=` is given;
+    version 2's dropout(x, rate, seed) otherwise."""
+    names = {kw.name for kw in node.kwargs}
+    if "key" in names:
+        return BUILTINS["dropout"]
+    if "seed" in names or not node.args:
+        return _DROPOUT_SEED
+    arg = node.args[0]
+    if isinstance(arg, A.Name) and arg.id in env:
+        first = env[arg.id]
+    else:
+        first = ctx.expr(arg, env)  # evaluated again by the call; the unused copy is dropped
+    return BUILTINS["dropout"] if isinstance(first, Value) and first.type == KEY else _DROPOUT_SEED
+
+
+BUILTINS["dropout"] = replace(BUILTINS["dropout"], pick=_pick_dropout)
+
+
+# ---------------------------------------------------------------------------------- bitwise (u32 keys and bits)
+
+def _bitwise(name):
+    def lower(ctx, span, args):
+        if not isinstance(args["a"], Value) and not isinstance(args["b"], Value):
+            raise SpmdError(f"{name} needs a tensor operand (cast a literal, e.g. cast(9, u32))", span)
+        return ctx.binary(name, args["a"], args["b"], span, args.span("a"), args.span("b"))
+
+    return lower
+
+
+for _n in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"):
+    builtin(_n, "a:tensor", "b:tensor")(_bitwise(_n))
 
 
 # ---------------------------------------------------------------------------------- constants

@@ -256,7 +256,7 @@ class Lowerer:
             raise SpmdError(f"function '{f.name}' declares no results", f.span)
 
     def _names_struct(self, t: A.TypeExpr) -> bool:
-        return t.dims is None or t.dtype in self.structs
+        return t.dtype in self.structs
 
     def fresh(self, t, name: str | None = None):
         """A new value of type t with no producer: a tensor, or a struct of new leaves."""
@@ -698,7 +698,7 @@ class Lowerer:
 
             return lower_grad(self, node, env, with_value=node.func == "value_and_grad")
         if node.func in BUILTINS:
-            return call_builtin(self, BUILTINS[node.func], node, env)
+            return call_builtin(self, BUILTINS[node.func], node, env, on_struct=S.leafwise_builtin)
         if T.is_dtype(node.func):
             raise SpmdError(f"'{node.func}' is a dtype; to convert, write cast(x, {node.func})", node.func_span)
         raise SpmdError(f"unknown function '{node.func}'" + did_you_mean(node.func, list(self.funcs) + list(BUILTINS)),

@@ -6,6 +6,7 @@ what could have come there instead.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 
@@ -103,6 +104,35 @@ def _end_of_text(text: str) -> tuple[int, int]:
     return len(lines), len(lines[-1]) + 1
 
 
+def _unclosed_brace(text: str) -> tuple[int, int] | None:
+    """The `{` (line, col) that is never closed in `text`; None when every brace is closed. A `}`
+    that starts its line closes the brace opened on a line indented as it is: braces opened on more
+    indented lines in between are the ones left open (the usual way a `}` goes missing), the first
+    of them reported."""
+    opens: list[tuple[int, int, int]] = []  # (line, col, indentation of the opening line)
+    lost: tuple[int, int] | None = None
+    for n, raw in enumerate(text.split("\n"), start=1):
+        code = re.sub(r'"[^"\n]*"', lambda m: " " * len(m.group()), raw).split("#", 1)[0]
+        indent = len(code) - len(code.lstrip())
+        for i, ch in enumerate(code):
+            if ch == "{":
+                opens.append((n, i + 1, indent))
+            elif ch == "}" and opens:
+                if i == indent:  # first on its line: skip past braces opened further in
+                    while len(opens) > 1 and opens[-1][2] > indent:
+                        line, col, _ = opens.pop()
+                        lost = lost or (line, col)
+                opens.pop()
+    if lost is not None:
+        return lost
+    return (opens[-1][0], opens[-1][1]) if opens else None
+
+
+def unclosed_error(source: Source, at: tuple[int, int], found: str) -> SpmdError:
+    line, col = at
+    return SpmdError(f"this '{{' is never closed: expected '}}' before {found}", Span(source, line, col, line, col + 1))
+
+
 def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
     line, col = max(e.line, 1), max(e.column, 1)
     if isinstance(e, UnexpectedCharacters):
@@ -112,11 +142,18 @@ def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
             msg = "unterminated string"
         return SpmdError(msg, Span(source, line, col, line, col + 1))
     if isinstance(e, UnexpectedEOF):
+        unclosed = _unclosed_brace(source.text) if "RBRACE" in e.expected else None
+        if unclosed is not None:
+            return unclosed_error(source, unclosed, "end of file")
         line, col = _end_of_text(source.text)
         return SpmdError(f"unexpected end of file; expected {_expected_words(e.expected)}",
                          Span(source, line, col))
     assert isinstance(e, UnexpectedToken)
     tok = e.token
+    if "RBRACE" in e.expected:
+        unclosed = _unclosed_brace(source.text)
+        if unclosed is not None and (tok.type == "$END" or unclosed < (line, col)):
+            return unclosed_error(source, unclosed, _describe_token(tok))
     if tok.type == "$END":
         line, col = _end_of_text(source.text)
     msg = f"unexpected {_describe_token(tok)}; expected {_expected_words(e.expected)}"

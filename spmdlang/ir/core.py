@@ -158,6 +158,42 @@ def all_ops(ops):
         yield op
 
 
+def rewrite_regions(op: Op, fn) -> Op:
+    """The one walk into loop bodies that rewriting passes share: `op` with each region's ops
+    replaced by fn(region), which returns the new ops, or (ops, results). A region whose ops and
+    results are all the same objects is kept, and so is `op` when no region changed (passes
+    compare by identity to tell what they rewrote)."""
+    if not op.regions:
+        return op
+    regions = []
+    for r in op.regions:
+        got = fn(r)
+        ops, results = got if isinstance(got, tuple) else (got, r.results)
+        results = tuple(results)
+        same = (len(ops) == len(r.ops) and all(a is b for a, b in zip(ops, r.ops))
+                and len(results) == len(r.results) and all(a is b for a, b in zip(results, r.results)))
+        regions.append(r if same else r.replace(ops=tuple(ops), results=results))
+    if all(a is b for a, b in zip(regions, op.regions)):
+        return op
+    return op.replace(regions=tuple(regions))
+
+
+def ancestry(ops) -> tuple[dict[Op, int], dict[Op, int]]:
+    """(op -> its index in `ops`, op -> its ancestors among `ops` as a bitset over those indices),
+    to tell which ops of a block are independent (a loop counts as one op)."""
+    index = {op: i for i, op in enumerate(ops)}
+    producer = {r: op for op in ops for r in op.results}
+    anc: dict[Op, int] = {}
+    for op in ops:
+        bits = 0
+        for v in op.operands:
+            if v in producer:
+                p = producer[v]
+                bits |= anc[p] | (1 << index[p])
+        anc[op] = bits
+    return index, anc
+
+
 def region_values(ops):
     """Every value defined by `ops`: each op's results, then its regions' params and values."""
     for op in all_ops(ops):

@@ -127,9 +127,19 @@ def _cast_numpy(x, *, dtype):
     return x.astype(target)
 
 
+def _cast_jax(args, attrs, out):
+    """x.astype(dtype); a bool to a float as a select of 1 and 0: XLA rewrites a multiply by a
+    converted bool into a select, so cast(b, f32) * NaN would be 0 where b is false, not NaN
+    (numpy's and IEEE's answer); a select is not rewritten so."""
+    x, dt = args[0], T.jnp_dtype(attrs["dtype"])
+    if not T.is_float(attrs["dtype"]):
+        return f"{x}.astype({dt})"
+    return f"(jnp.where({x}, jnp.ones((), {dt}), jnp.zeros((), {dt})) if {x}.dtype == jnp.bool_ else {x}.astype({dt}))"
+
+
 register("cast", doc="convert to `dtype` (floats to ints truncate toward zero, saturating)",
          flops=no_flops, infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
-         jax=lambda args, attrs, out: f"{args[0]}.astype({T.jnp_dtype(attrs['dtype'])})",
+         jax=_cast_jax,
          family=Family.elementwise, example=(("f32[4, 8]",), {"dtype": "i32"}))
 
 

@@ -46,7 +46,7 @@ Constants of the presets, public figures (rough; for ranking plans, not predicti
 Local work is charged at 1% of peak FLOP/s (ACHIEVED): the ops the partitioner weighs are mostly
 small and memory-bound, far from peak, and a plan that replicates work should not win on the
 assumption that it runs at peak.
-Known differences from real hardware are listed in README.md ("The cost model").
+Known differences from real hardware are listed in docs/cost_model.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ caused it (what `explain` shows, and what the plan regression suite records)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..ir.collectives import CollectiveKind
 from ..ir.core import Op
@@ -45,3 +45,19 @@ class Ledger:
     def truncate(self, n: int) -> None:
         """Forget every entry after the first n (a loop body partitioned again)."""
         del self.entries[n:], self.at[n:]
+
+
+def remapped(entries: list[Collective], repl: dict, live: set[Op]) -> list[Collective]:
+    """The entries after a rewrite of the per-partition program: each follows its op through
+    `repl` (op -> what replaced it, in chains), entries whose op is no longer in the program (`live`)
+    are dropped, and ops that became one keep one entry."""
+    out: list[Collective] = []
+    kept: set[int] = set()  # ids of the ops already kept (a set: a scan of `out` is quadratic)
+    for c in entries:
+        op = repl.get(c.local_op, c.local_op)
+        while op in repl:
+            op = repl[op]
+        if op in live and id(op) not in kept:
+            kept.add(id(op))
+            out.append(replace(c, local_op=op))
+    return out

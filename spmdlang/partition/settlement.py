@@ -10,7 +10,7 @@ the step a second time settling there, and keeps the plan with the lower modelle
 from __future__ import annotations
 
 from ..ir.collectives import combine_key, spec, step_combine_key
-from ..ir.core import Op
+from ..ir.core import Op, ancestry
 from .factors import FactorRule
 from .strategies import FactorPlan
 
@@ -29,38 +29,32 @@ def choose(p, op: Op, rule: FactorRule, forbid) -> FactorPlan:
     return best
 
 
-def _ancestors(ops) -> tuple[dict[Op, int], dict[Op, int]]:
-    """(op -> index, op -> its ancestors as a bitset over indices) in the global program (a loop
-    counts as one op; its captures are operands too)."""
-    index = {op: i for i, op in enumerate(ops)}
-    producer = {r: op for op in ops for r in op.results}
-    anc: dict[Op, int] = {}
-    for op in ops:
-        bits = 0
-        for v in op.operands:
-            if v in producer:
-                bits |= anc[producer[v]] | (1 << index[producer[v]])
-        anc[op] = bits
-    return index, anc
-
-
 def joinable(p) -> set[Op]:
     """The ops of partitioner `p`'s plan that would rather settle their pending sum in a combined
     reduction (settle_wanted) and have one to join: another reduction with the same combining key,
     logged by this plan or wanted by another such op, that neither depends on them nor they on it."""
     if not p.settle_wanted:
         return set()
-    index, anc = _ancestors(p.local.prog.ops)
+    index, anc = ancestry(p.local.prog.ops)
     present = [(op, key) for op, key in p.settle_wanted if op in index]
     for c, g in zip(p.ledger.entries, p.ledger.at):
         if g in index and c.trip_count == 1 and c.local_op is not None and spec(c.kind).settles:
             present.append((g, combine_key(c.local_op)))
+    # descendants too, and per key the reductions present as one bitset: an op can join one of them
+    # that is neither its ancestor nor its descendant (bit operations, not a scan of pairs)
+    ops = p.local.prog.ops
+    producer = {r: op for op in ops for r in op.results}
+    desc: dict[Op, int] = {op: 0 for op in ops}
+    for op in reversed(ops):
+        below = desc[op] | (1 << index[op])
+        for v in op.operands:
+            if v in producer:
+                desc[producer[v]] |= below
+    by_key: dict = {}
+    for g, k2 in present:
+        by_key[k2] = by_key.get(k2, 0) | (1 << index[g])
     out = set()
     for op, key in p.settle_wanted:
-        if op not in index:
-            continue
-        for g, k2 in present:
-            if k2 == key and g is not op and not anc[op] >> index[g] & 1 and not anc[g] >> index[op] & 1:
-                out.add(op)
-                break
+        if op in index and by_key.get(key, 0) & ~(anc[op] | desc[op] | (1 << index[op])):
+            out.add(op)
     return out

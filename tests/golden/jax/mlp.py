@@ -143,30 +143,6 @@ def all_reduce(x, axes, reduce):
     return extreme(x)
 
 
-def all_to_all(x, axes, split_dim, concat_dim):
-    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
-    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
-    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
-    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
-
-
-def shard_slice(x, idx, *, dim, size, group):
-    """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
-    if x.shape[dim] < size * group:
-        widths = [(0, 0)] * x.ndim
-        widths[dim] = (0, size * group - x.shape[dim])
-        x = jnp.pad(x, widths)
-    return jax.lax.dynamic_slice_in_dim(x, idx * size, size, axis=dim)
-
-
-def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
-    """Keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value."""
-    shape = [1] * x.ndim
-    shape[dim] = x.shape[dim]
-    pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
-    return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
-
-
 def body(x, w1, b1, w2, b2):
     """The per-partition program: local shapes."""
     t0 = jnp.einsum("mk,kn->mn", x, w1)  # line 26
@@ -206,17 +182,19 @@ def _tree_map(fn, like, *trees):
                 try:
                     parts.append(t[k])
                 except (KeyError, TypeError, IndexError):
-                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), got {type(t).__name__}") from None
+                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), "
+                                     f"got {type(t).__name__}") from None
             out[k] = _tree_map(fn, v, *parts)
         return out
     return fn(like, *trees)
 
 
-def _leaves(trees):
-    """The leaves of a list of values (struct values: their fields depth-first, in declaration order)."""
+def _leaves(values, like):
+    """The leaves of a list of values shaped like `like` (GLOBAL_SHAPES or RESULT_SHAPES), a
+    struct's fields depth-first in declaration order (jax hands dicts back with sorted keys)."""
     out = []
-    for t in trees:
-        out.extend(_leaves(t.values()) if isinstance(t, dict) else [t])
+    for v, t in zip(values, like, strict=True):
+        _tree_map(lambda _, x: out.append(x), t, v)
     return out
 
 
@@ -304,8 +282,9 @@ if __name__ == "__main__":
     if "device_count" not in os.environ.get("XLA_FLAGS", ""):
         jax.config.update("jax_num_cpu_devices", 8)  # only used where there is no accelerator
     rng = np.random.default_rng(0)
-    ins = [_tree_map(lambda s, d: rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else
-                    (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5),
-                    s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]
-    for i, out in enumerate(_leaves(run(*ins))):
+    draw = lambda s, d: (rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else  # noqa: E731
+                         rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else
+                         rng.random(s) < 0.5)
+    ins = [_tree_map(draw, s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]
+    for i, out in enumerate(_leaves(run(*ins), RESULT_SHAPES)):
         print(f"out{i}: {out.dtype}{list(out.shape)}")
