@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import SpmdError
 from . import names as N
-from .translate import Body, ImportError_, Ref, Translator, dtype_name, spec_text, type_text
+from .translate import Body, ImportError_, Ref, Translator, aval_shape, dtype_name, is_key, spec_text, type_text
 
 __all__ = ["Imported", "ImportError_", "from_jax"]
 
@@ -33,6 +33,7 @@ class Imported:
         self.out_tree = out_tree
         self.consts = consts          # parameter name -> the constant array it stands for
         self.filename = filename
+        self.out_keys: list[bool] = []  # per result leaf: a typed PRNG key (unflatten wraps its words)
 
     def compile(self, **kwargs):
         """spmdlang.compile(self.source, ...)."""
@@ -47,7 +48,7 @@ class Imported:
         leaves, tree = jax.tree_util.tree_flatten(args)
         if tree != self.in_tree:
             raise ValueError(f"the arguments' structure {tree} is not the traced one {self.in_tree}")
-        out = {name: np.asarray(leaf) for name, leaf in zip(self.params, leaves, strict=True)}
+        out = {name: _raw(leaf) for name, leaf in zip(self.params, leaves, strict=True)}
         out.update(self.consts)
         return out
 
@@ -55,7 +56,18 @@ class Imported:
         """The program's results (a list, as Compiled.run returns them) as fn's output pytree."""
         import jax
 
-        return jax.tree_util.tree_unflatten(self.out_tree, [np.asarray(o) for o in outputs])
+        outs = [jax.random.wrap_key_data(o) if key else np.asarray(o)
+                for o, key in zip(outputs, self.out_keys, strict=True)]
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+
+def _raw(leaf) -> np.ndarray:
+    """An argument leaf as the program takes it: a typed PRNG key as its raw u32 words."""
+    import jax
+
+    if is_key(getattr(leaf, "dtype", None)):
+        return np.asarray(jax.random.key_data(leaf))
+    return np.asarray(leaf)
 
 
 def _mesh_of(mesh, leaves) -> dict[str, int]:
@@ -183,7 +195,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
             stext = spec_text(specs[tree], len(aval.shape))
             params.append(f"{pname}: {_arg_type(aval, pname, fn)}" + (f" {stext}" if stext else ""))
             param_names.append(pname)
-            arg_refs[tree] = Ref(text, dtype_name(aval.dtype), tuple(aval.shape))
+            arg_refs[tree] = Ref(text, dtype_name(aval.dtype), aval_shape(aval))
             continue
 
         def leaf_type(k, path, pname=pname):
@@ -195,7 +207,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
         for k, path in _leaf_paths(tree):
             param_names.append(".".join([pname, *path]))
             aval = jaxpr.invars[k].aval
-            arg_refs[k] = Ref(".".join([text, *path]), dtype_name(aval.dtype), tuple(aval.shape))
+            arg_refs[k] = Ref(".".join([text, *path]), dtype_name(aval.dtype), aval_shape(aval))
 
     const_params: list[str] = []
     consts: dict[str, np.ndarray] = {}
@@ -254,7 +266,9 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     lines += body.render(taken)
     lines.append("}")
     source = "\n".join(lines) + "\n"
-    return Imported(source, param_names, in_tree, out_tree, consts, name or f"{fn_name}.spmd")
+    imp = Imported(source, param_names, in_tree, out_tree, consts, name or f"{fn_name}.spmd")
+    imp.out_keys = [is_key(v.aval.dtype) for v in jaxpr.outvars]
+    return imp
 
 
 def _arg_type(aval, what: str, fn) -> str:
