@@ -139,6 +139,7 @@ def test_imported_lm_megatron_plan_no_worse_than_xla():
     """The imported flax LM step with Megatron in_specs: no more collectives or bytes per device
     than XLA's GSPMD on the same in_specs (measured: 10 / 26,372 B against XLA's 13 / 30,212 B)."""
     import plan_ledger as pl
+
     from spmdlang.backend_jax.hlo import collectives
 
     args = flax_models.lm_step_args()
@@ -433,7 +434,7 @@ def random_program(seed: int):
             elif s == 4:
                 v = jnp.concatenate([a[:, 1:], a[:, :1]], axis=1)
             elif s == 5:
-                v = jax.lax.fori_loop(0, 2, lambda i, z: _UNARY[u](z) + c, a)
+                v = jax.lax.fori_loop(0, 2, lambda i, z, u=u, c=c: _UNARY[u](z) + c, a)
             elif s == 6:
                 v = jnp.cumsum(a, axis=k) * 0.1
             else:

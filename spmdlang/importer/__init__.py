@@ -17,9 +17,9 @@ import numpy as np
 
 from ..errors import SpmdError
 from . import names as N
-from .translate import Body, ImportError_, Ref, Translator, aval_shape, dtype_name, is_key, spec_text, type_text
+from .translate import Body, NoEquivalentError, Ref, Translator, aval_shape, dtype_name, is_key, spec_text, type_text
 
-__all__ = ["Imported", "ImportError_", "from_jax"]
+__all__ = ["Imported", "NoEquivalentError", "from_jax"]
 
 
 class Imported:
@@ -162,7 +162,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
         shape = getattr(getattr(v, "aval", None), "shape", ())
         if any(not isinstance(d, (int, np.integer)) for d in shape):
             where = N.frame_span(N.user_frame(jaxpr.eqns[0])) if jaxpr.eqns else None
-            raise ImportError_(f"a shape-polymorphic trace (shape {shape}) has no spmdlang equivalent: "
+            raise NoEquivalentError(f"a shape-polymorphic trace (shape {shape}) has no spmdlang equivalent: "
                                "trace with concrete shapes", where)
 
     fn_name = getattr(fn, "__name__", "fn")
@@ -185,7 +185,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
 
     # the arguments: a leaf is a tensor parameter, a pytree a struct parameter (its leaves are fields)
     arg_refs: list = [None] * len(leaves)
-    for i, (arg_name, tree) in enumerate(zip(arg_names, _tries(leaves_with_paths, len(args)))):
+    for arg_name, tree in zip(arg_names, _tries(leaves_with_paths, len(args))):
         if tree is None:
             continue
         pname = unique(N.sanitize(arg_name))
@@ -253,7 +253,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
                                hint=f"out{i}" if len(out_trees) > 1 else "out"))
     result_texts = returned
     if not result_texts:
-        raise ImportError_(f"{fn_name} returns nothing: a .spmd function needs a result")
+        raise NoEquivalentError(f"{fn_name} returns nothing: a .spmd function needs a result")
 
     all_params = params + const_params
     lines = [f"# Imported from {os.path.basename(fn_file)}:{fn_name} by spmdlang.from_jax.",
@@ -274,8 +274,8 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
 def _arg_type(aval, what: str, fn) -> str:
     try:
         return type_text(aval)
-    except ImportError_ as e:
-        raise ImportError_(f"argument {what}: {e.message}", _def_span(fn)) from None
+    except NoEquivalentError as e:
+        raise NoEquivalentError(f"argument {what}: {e.message}", _def_span(fn)) from None
 
 
 def _field(key) -> str:

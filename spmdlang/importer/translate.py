@@ -23,7 +23,7 @@ _PLACEHOLDER = re.compile("\x00([0-9]+)\x00")
 # (the language has no array literals); one repeated value is written as full(type, value)
 
 
-class ImportError_(SpmdError):
+class NoEquivalentError(SpmdError):
     """A jaxpr the importer cannot write: names the primitive and the user's line."""
 
 
@@ -37,7 +37,7 @@ def dtype_name(dtype, where=None) -> str:
         return "u32"
     name = _DTYPE.get(np.dtype(dtype).name) if not str(dtype).startswith("key<") else None
     if name is None:
-        raise ImportError_(f"dtype {dtype} has no spmdlang equivalent (f32, bf16, f16, i32, u32, bool, f64, "
+        raise NoEquivalentError(f"dtype {dtype} has no spmdlang equivalent (f32, bf16, f16, i32, u32, bool, f64, "
                            "i64; threefry keys)", where)
     return name
 
@@ -171,7 +171,7 @@ class Translator:
         return Ref(name, dtype_name(aval.dtype, self.where), aval_shape(aval))
 
     def fail(self, message: str):
-        raise ImportError_(message, self.where)
+        raise NoEquivalentError(message, self.where)
 
     def constant(self, value, aval_dtype, where=None, materialize: bool = False) -> Ref:
         """A constant array: `full(type, v)` once per distinct (type, value), or a parameter. A
@@ -1138,7 +1138,7 @@ def _scan(t, eqn, ins):
         t.line(f"{t.indent}{c} = {t.value(r)}")
         carries.append(Ref(c, r.dtype, r.shape))
     ys = []
-    for k, aval in enumerate(ys_avals):
+    for aval in ys_avals:
         y = t.body.new("stacked")
         t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval_shape(aval))}")
         ys.append(Ref(y, dtype_name(aval.dtype, t.where), aval_shape(aval)))
