@@ -457,11 +457,14 @@ def test_random_jax_programs(seed):
           in_specs=(P("data"), P("data"), P(None, "model")), rtol=2e-4, atol=2e-4)
 
 
-def test_docs_example_runs():
-    """docs/from_jax.md's flax example (also the README's) runs as written."""
+def test_docs_example_runs(tmp_path, monkeypatch):
+    """docs/from_jax.md's flax example (also the README's, under 30 lines) runs as written, and the
+    program it writes checks on the command line."""
     import re
 
     text = (ROOT / "docs" / "from_jax.md").read_text()
     (example,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(example.strip().splitlines()) < 40
+    assert len(example.strip().splitlines()) < 30
+    monkeypatch.chdir(tmp_path)
     exec(compile(example, "docs/from_jax.md", "exec"), {"__name__": "docs_example"})
+    assert _cli("check", str(tmp_path / "train_step.spmd")).returncode == 0
