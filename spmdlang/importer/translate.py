@@ -15,7 +15,7 @@ from ..errors import SpmdError
 from . import names as N
 
 _DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32", "bool": "bool",
-          "float64": "f64", "int64": "i64"}
+          "float64": "f64", "int64": "i64", "uint32": "u32"}
 _FLOATS = {"f32", "bf16", "f16", "f64"}
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _PLACEHOLDER = re.compile("\x00([0-9]+)\x00")
@@ -23,19 +23,32 @@ _PLACEHOLDER = re.compile("\x00([0-9]+)\x00")
 # (the language has no array literals); one repeated value is written as full(type, value)
 
 
-class ImportError_(SpmdError):
+class NoEquivalentError(SpmdError):
     """A jaxpr the importer cannot write: names the primitive and the user's line."""
 
 
+def is_key(dtype) -> bool:
+    """A typed threefry PRNG key (jax.random.key): the language's u32[..., 2] raw key."""
+    return str(dtype) == "key<fry>"
+
+
 def dtype_name(dtype, where=None) -> str:
+    if is_key(dtype):
+        return "u32"
     name = _DTYPE.get(np.dtype(dtype).name) if not str(dtype).startswith("key<") else None
     if name is None:
-        raise ImportError_(f"dtype {dtype} has no spmdlang equivalent (f32, bf16, f16, i32, bool, f64, i64)", where)
+        raise NoEquivalentError(f"dtype {dtype} has no spmdlang equivalent (f32, bf16, f16, i32, u32, bool, f64, "
+                           "i64; threefry keys)", where)
     return name
 
 
+def aval_shape(aval) -> tuple:
+    """The shape of the language's value for `aval` (a key's raw u32 words last)."""
+    return tuple(int(d) for d in aval.shape) + ((2,) if is_key(aval.dtype) else ())
+
+
 def type_text(aval, where=None) -> str:
-    return f"{dtype_name(aval.dtype, where)}[{', '.join(str(int(d)) for d in aval.shape)}]"
+    return f"{dtype_name(aval.dtype, where)}[{', '.join(str(d) for d in aval_shape(aval))}]"
 
 
 def float_text(v: float) -> str:
@@ -155,10 +168,10 @@ class Translator:
         self.body.lines.append(text)
 
     def ref(self, name: str, aval) -> Ref:
-        return Ref(name, dtype_name(aval.dtype, self.where), tuple(int(d) for d in aval.shape))
+        return Ref(name, dtype_name(aval.dtype, self.where), aval_shape(aval))
 
     def fail(self, message: str):
-        raise ImportError_(message, self.where)
+        raise NoEquivalentError(message, self.where)
 
     def constant(self, value, aval_dtype, where=None, materialize: bool = False) -> Ref:
         """A constant array: `full(type, v)` once per distinct (type, value), or a parameter. A
@@ -343,28 +356,9 @@ for _p, _b in _UNARY.items():
     PRIMS[_p] = _unary(_b)
 
 
-# primitives written as one spmdlang expression of their first operand x (and their params p)
-_ONE_LINERS = {
-    "neg": lambda x, p: f"-{x}",
-    "erfc": lambda x, p: f"1.0 - erf({x})",
-    "exp2": lambda x, p: f"2.0 ** {x}",
-    "tan": lambda x, p: f"sin({x}) / cos({x})",
-    "is_finite": lambda x, p: f"abs({x}) < 1e309",
-    "squeeze": lambda x, p: f"squeeze({x}, {_ints(p['dimensions'])})",
-    "expand_dims": lambda x, p: f"expand_dims({x}, {_ints(p['dimensions'])})",
-    "transpose": lambda x, p: f"transpose({x}, {_ints(p['permutation'])})",
-}
-
-
-def _one_liner(fmt):
-    def write(t: Translator, eqn, ins):
-        return t.put(eqn, fmt(t.value(ins[0]), eqn.params))
-
-    return write
-
-
-for _p, _f in _ONE_LINERS.items():
-    PRIMS[_p] = _one_liner(_f)
+@prim("neg")
+def _neg(t, eqn, ins):
+    return t.put(eqn, f"-{t.value(ins[0])}")
 
 
 _BINOP = {"add": "+", "add_any": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
@@ -395,8 +389,9 @@ def _call2(fn):
     return write
 
 
-for _p, _fn in (("max", "maximum"), ("min", "minimum"), ("pow", "pow")):
-    PRIMS[_p] = _call2(_fn)
+PRIMS["max"] = _call2("maximum")
+PRIMS["min"] = _call2("minimum")
+PRIMS["pow"] = _call2("pow")
 
 
 @prim("div")
@@ -422,8 +417,14 @@ def _rem(t, eqn, ins):
 
 def _logical(fn, op):
     def write(t: Translator, eqn, ins):
-        if any(r.dtype != "bool" for r in ins):
-            t.fail(f"jax primitive '{eqn.primitive.name}' on integers (bitwise) has no spmdlang equivalent")
+        if any(r.dtype != "bool" for r in ins):  # on integers: bitwise
+            if fn is None:
+                ones = literal_text(2**32 - 1 if ins[0].dtype == "u32" else -1, ins[0].dtype)
+                return t.put(eqn, f"bitwise_xor({t.value(ins[0])}, {ones})")
+            a, b = ins
+            if a.is_literal and b.is_literal:
+                a = Ref(t.value(a), a.dtype, a.shape)
+            return t.put(eqn, f"bitwise_{eqn.primitive.name}({a.text}, {b.text})")
         if fn is None:
             return t.put(eqn, f"logical_not({t.value(ins[0])})")
         if op:
@@ -439,6 +440,24 @@ PRIMS["xor"] = _logical("xor", "!=")
 PRIMS["not"] = _logical(None, None)
 
 
+def _shift(fn, signed_ok: bool, unsigned_ok: bool):
+    def write(t: Translator, eqn, ins):
+        a, b = ins
+        if (a.dtype == "u32" and not unsigned_ok) or (a.dtype != "u32" and not signed_ok):
+            t.fail(f"jax primitive '{eqn.primitive.name}' on {a.dtype} has no spmdlang equivalent "
+                   "(right_shift is logical on u32, arithmetic on signed integers)")
+        if a.is_literal and b.is_literal:
+            a = Ref(t.value(a), a.dtype, a.shape)
+        return t.put(eqn, f"{fn}({a.text}, {b.text})")
+
+    return write
+
+
+PRIMS["shift_left"] = _shift("left_shift", True, True)
+PRIMS["shift_right_logical"] = _shift("right_shift", False, True)
+PRIMS["shift_right_arithmetic"] = _shift("right_shift", True, False)
+
+
 @prim("integer_pow")
 def _integer_pow(t, eqn, ins):
     x, y = t.value(ins[0]), int(eqn.params["y"])
@@ -451,6 +470,27 @@ def _integer_pow(t, eqn, ins):
     if y < 0 and ins[0].dtype in _FLOATS:
         return t.put(eqn, f"1.0 / {x} ** {-y}")
     return t.put(eqn, f"{x} ** {y}")
+
+
+@prim("erfc")
+def _erfc(t, eqn, ins):
+    return t.put(eqn, f"1.0 - erf({t.value(ins[0])})")
+
+
+@prim("exp2")
+def _exp2(t, eqn, ins):
+    return t.put(eqn, f"2.0 ** {t.value(ins[0])}")
+
+
+@prim("tan")
+def _tan(t, eqn, ins):
+    x = t.value(ins[0])
+    return t.put(eqn, f"sin({x}) / cos({x})")
+
+
+@prim("is_finite")
+def _is_finite(t, eqn, ins):
+    return t.put(eqn, f"abs({t.value(ins[0])}) < 1e309")
 
 
 @prim("select_n")
@@ -539,6 +579,21 @@ def _reshape(t, eqn, ins):
     if eqn.params.get("dimensions") not in (None, ()):
         t.fail("jax primitive 'reshape' with `dimensions` has no spmdlang equivalent")
     return t.put(eqn, f"reshape({t.value(ins[0])}, {_ints(t.out(eqn).shape)})")
+
+
+@prim("squeeze")
+def _squeeze(t, eqn, ins):
+    return t.put(eqn, f"squeeze({t.value(ins[0])}, {_ints(eqn.params['dimensions'])})")
+
+
+@prim("expand_dims")
+def _expand_dims(t, eqn, ins):
+    return t.put(eqn, f"expand_dims({t.value(ins[0])}, {_ints(eqn.params['dimensions'])})")
+
+
+@prim("transpose")
+def _transpose(t, eqn, ins):
+    return t.put(eqn, f"transpose({t.value(ins[0])}, {_ints(eqn.params['permutation'])})")
 
 
 def _slice_text(x: str, starts, stops, steps) -> str:
@@ -809,8 +864,9 @@ def _pool(kind):
     return write
 
 
-for _kind in ("sum", "max", "min"):
-    PRIMS[f"reduce_window_{_kind}"] = _pool(_kind)
+PRIMS["reduce_window_sum"] = _pool("sum")
+PRIMS["reduce_window_max"] = _pool("max")
+PRIMS["reduce_window_min"] = _pool("min")
 
 
 @prim("reduce_window")
@@ -865,7 +921,14 @@ def _gather(t, eqn, ins):
         ours = [("o", d) for d in range(axis)] + [("b", i) for i in range(nb)] + \
                [("o", d) for d in range(axis + 1, rank)]
         offsets = [d for d in range(rank) if d != axis]
-        jax_order = _jax_order(len(ours), dn.offset_dims, offsets, "o")
+        jax_order, oi, bi = [], 0, 0
+        for pos in range(len(ours)):
+            if pos in dn.offset_dims:
+                jax_order.append(("o", offsets[oi]))
+                oi += 1
+            else:
+                jax_order.append(("b", bi))
+                bi += 1
         expr = f"take({t.value(x)}, {ids_text}, axis={axis})"
         perm = [ours.index(k) for k in jax_order]
         if perm != list(range(len(perm))):
@@ -876,20 +939,6 @@ def _gather(t, eqn, ins):
             or any(s != 1 for s in sizes) or len(ids.shape) != rank + 1:
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis has no spmdlang equivalent")
     return t.put(eqn, f"take_along_axis({t.value(x)}, {ids_text}, axis={axis})")
-
-
-def _jax_order(n: int, positions, dims, tag: str) -> list[tuple[str, int]]:
-    """jax's order of n dims: the dims at `positions` are `dims` in turn (tagged `tag`), the
-    others the batch dims 0, 1, ... (tagged "b")."""
-    out, di, bi = [], 0, 0
-    for pos in range(n):
-        if pos in positions:
-            out.append((tag, dims[di]))
-            di += 1
-        else:
-            out.append(("b", bi))
-            bi += 1
-    return out
 
 
 @prim("scatter-add", "scatter_add")
@@ -914,7 +963,14 @@ def _scatter_add(t, eqn, ins):
         # ours: updates laid out x.shape[:axis] + ids.shape[:-1] + x.shape[axis+1:]
         ours = [("w", d) for d in range(axis)] + [("b", i) for i in range(nb)] + \
                [("w", d) for d in range(axis + 1, rank)]
-        jax_order = _jax_order(len(upd.shape), dn.update_window_dims, window, "w")
+        jax_order, wi, bi = [], 0, 0
+        for pos in range(len(upd.shape)):
+            if pos in dn.update_window_dims:
+                jax_order.append(("w", window[wi]))
+                wi += 1
+            else:
+                jax_order.append(("b", bi))
+                bi += 1
         perm = [jax_order.index(k) for k in ours]
         u = t.value(upd)
         if perm != list(range(len(perm))):
@@ -940,8 +996,75 @@ def _scatter_add(t, eqn, ins):
 @prim("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "remat", "remat2", "checkpoint")
 def _call(t, eqn, ins):
     p = eqn.params
+    draw = _RANDOM_CALLS.get(p.get("name"))
+    if draw is not None and ins and ins[0].shape == (2,) and is_key(eqn.invars[0].aval.dtype):
+        expr = draw(t, eqn, ins)
+        if expr is not None:
+            return t.put(eqn, expr)
     key = next(k for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in p)
     return t.inline(eqn, ins, key)
+
+
+# jax.random's samplers are jitted functions of a key: one builtin each (None: inline the body)
+def _uniform(t, eqn, ins):
+    key, lo, hi = ins
+    if not (lo.is_literal and hi.is_literal):
+        return None
+    return f"uniform({key.text}, {type_text(t.out(eqn))}, minval={lo.text}, maxval={hi.text})"
+
+
+def _normal(t, eqn, ins):
+    return f"normal({ins[0].text}, {type_text(t.out(eqn))})" if len(ins) == 1 else None
+
+
+def _bernoulli(t, eqn, ins):
+    key, p = ins
+    return f"bernoulli({key.text}, {p.text}, {type_text(t.out(eqn))})" if p.is_literal else None
+
+
+_RANDOM_CALLS = {"_uniform": _uniform, "_normal": _normal, "_bernoulli": _bernoulli}
+
+
+@prim("random_wrap", "random_unwrap")
+def _random_wrap(t, eqn, ins):
+    return ins[0]
+
+
+@prim("random_seed")
+def _random_seed(t, eqn, ins):
+    if getattr(eqn.params.get("impl"), "name", "threefry2x32") != "threefry2x32":
+        t.fail("jax primitive 'random_seed' of a PRNG other than threefry2x32 has no spmdlang equivalent")
+    return t.put(eqn, f"prng_key({ins[0].text})")
+
+
+def _one_key(t, eqn, key: Ref):
+    if key.shape != (2,):
+        t.fail(f"jax primitive '{eqn.primitive.name}' on an array of keys has no spmdlang equivalent "
+               "(one key at a time)")
+
+
+@prim("random_fold_in")
+def _random_fold_in(t, eqn, ins):
+    key, data = ins
+    _one_key(t, eqn, key)
+    return t.put(eqn, f"fold_in({key.text}, {data.text})")
+
+
+@prim("random_split")
+def _random_split(t, eqn, ins):
+    _one_key(t, eqn, ins[0])
+    shape = tuple(eqn.params["shape"])
+    if len(shape) != 1:
+        t.fail("jax primitive 'random_split' into a shape of other than one dim has no spmdlang equivalent")
+    return t.put(eqn, f"random_split({ins[0].text}, {shape[0]})")
+
+
+@prim("random_bits")
+def _random_bits(t, eqn, ins):
+    _one_key(t, eqn, ins[0])
+    if int(eqn.params["bit_width"]) != 32:
+        t.fail(f"jax primitive 'random_bits' of {eqn.params['bit_width']} bits has no spmdlang equivalent (32)")
+    return t.put(eqn, f"random_bits({ins[0].text}, {type_text(t.out(eqn))})")
 
 
 @prim("custom_vjp_call", "custom_vjp_call_jaxpr")
@@ -1002,42 +1125,6 @@ def _zeros_text(ref_dtype: str, shape) -> str:
     return f"zeros({ref_dtype}[{', '.join(map(str, shape))}])"
 
 
-def _carries_in(t, init) -> list[Ref]:
-    """A loop's carries: each initial value copied into a variable of its own."""
-    carries = []
-    for r in init:
-        c = t.body.new("carry")
-        t.line(f"{t.indent}{c} = {t.value(r)}")
-        carries.append(Ref(c, r.dtype, r.shape))
-    return carries
-
-
-def _open_loop(t, trips: int) -> tuple[str, str]:
-    """Open `loop iN in range(trips) {`: (the loop variable, the indent outside)."""
-    loopvar = t.body.new(fixed=f"i{t.loops}")
-    t.loops += 1
-    t.line(f"{t.indent}loop {loopvar} in range({trips}) {{")
-    outer = t.indent
-    t.indent += "  "
-    return loopvar, outer
-
-
-def _close_loop(t, carries, new, outer: str) -> None:
-    """Write the next carries and close the loop; every new carry is read before any is written
-    (a body may swap its carries)."""
-    staged = []
-    for c, r in zip(carries, new):
-        v = t.value(r)
-        if any(v == other.text for other in carries):
-            v = t.emit(v)
-        staged.append((c, v))
-    for c, v in staged:
-        if c.text != v:
-            t.line(f"{t.indent}{c.text} = {v}")
-    t.indent = outer
-    t.line(f"{t.indent}}}")
-
-
 @prim("scan")
 def _scan(t, eqn, ins):
     p = eqn.params
@@ -1045,13 +1132,21 @@ def _scan(t, eqn, ins):
     consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
     body = p["jaxpr"]
     ys_avals = [v.aval for v in eqn.outvars[ncarry:]]
-    carries = _carries_in(t, init)
+    carries = []
+    for r in init:
+        c = t.body.new("carry")
+        t.line(f"{t.indent}{c} = {t.value(r)}")
+        carries.append(Ref(c, r.dtype, r.shape))
     ys = []
     for aval in ys_avals:
         y = t.body.new("stacked")
-        t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval.shape)}")
-        ys.append(Ref(y, dtype_name(aval.dtype, t.where), tuple(aval.shape)))
-    loopvar, outer = _open_loop(t, n)
+        t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval_shape(aval))}")
+        ys.append(Ref(y, dtype_name(aval.dtype, t.where), aval_shape(aval)))
+    loopvar = t.body.new(fixed=f"i{t.loops}")
+    t.loops += 1
+    t.line(f"{t.indent}loop {loopvar} in range({n}) {{")
+    outer = t.indent
+    t.indent += "  "
     index = loopvar
     if p["reverse"]:
         index = t.emit(f"{n - 1} - {loopvar}")
@@ -1065,7 +1160,18 @@ def _scan(t, eqn, ins):
         starts = ", ".join([index] + ["0"] * len(r.shape))
         t.line(f"{t.indent}{y.text} = dynamic_update_slice({y.text}, "
                             f"expand_dims({t.value(r)}, 0), [{starts}])")
-    _close_loop(t, carries, new_carry, outer)
+    # every new carry is read before any is written (a body may swap its carries)
+    staged = []
+    for c, r in zip(carries, new_carry):
+        v = t.value(r)
+        if any(v == other.text for other in carries):
+            v = t.emit(v)
+        staged.append((c, v))
+    for c, v in staged:
+        if c.text != v:
+            t.line(f"{t.indent}{c.text} = {v}")
+    t.indent = outer
+    t.line(f"{t.indent}}}")
     return [*carries, *ys]
 
 
@@ -1081,10 +1187,28 @@ def _while(t, eqn, ins):
         t.fail("jax primitive 'while' with a trip count only known at run time has no spmdlang equivalent "
                "(use fori_loop or scan with static bounds)")
     counter, start, stop = trip
-    carries = _carries_in(t, init)
-    _, outer = _open_loop(t, max(stop - start, 0))
+    carries = []
+    for r in init:
+        c = t.body.new("carry")
+        t.line(f"{t.indent}{c} = {t.value(r)}")
+        carries.append(Ref(c, r.dtype, r.shape))
+    loopvar = t.body.new(fixed=f"i{t.loops}")
+    t.loops += 1
+    t.line(f"{t.indent}loop {loopvar} in range({max(stop - start, 0)}) {{")
+    outer = t.indent
+    t.indent += "  "
     outs = t.closed(body, [*bconsts, *carries])
-    _close_loop(t, carries, outs, outer)
+    staged = []
+    for c, r in zip(carries, outs):
+        v = t.value(r)
+        if any(v == other.text for other in carries):
+            v = t.emit(v)
+        staged.append((c, v))
+    for c, v in staged:
+        if c.text != v:
+            t.line(f"{t.indent}{c.text} = {v}")
+    t.indent = outer
+    t.line(f"{t.indent}}}")
     return carries
 
 

@@ -77,7 +77,14 @@ def _reduce_numpy(fn):
 
 
 def _reduce_jax(fn):
-    return lambda args, attrs, out: f"{fn}({args[0]}, axis={tuple(attrs['axes'])})"
+    def emit(args, attrs, out):
+        # jnp.sum/prod widen small ints to the default int (int64 once the module enables x64): keep
+        # the op's dtype, as the IR types it and numpy computes it (wrapping)
+        widens = T.is_int(out[0].dtype) and fn in ("jnp.sum", "jnp.prod")
+        keep = f", dtype={T.jnp_dtype(out[0].dtype)}" if widens else ""
+        return f"{fn}({args[0]}, axis={tuple(attrs['axes'])}{keep})"
+
+    return emit
 
 
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
