@@ -29,8 +29,7 @@ LAYERS = {
     "spmdlang.oplist": 5,
     "spmdlang.api": 6,
     "spmdlang.importer": 6,  # from_jax: traces with jax, writes .spmd source, compiles through the API
-    "spmdlang.shard_search": 6,  # autoshard: compiles candidates through the API
-    "spmdlang.search": 2,
+    "spmdlang.autoshard": 6,  # the search, solvers and rewriting; compiles candidates through the API
     "spmdlang.cli": 7,
     "spmdlang.outfile": 7,
     "spmdlang.__main__": 7,

@@ -356,9 +356,28 @@ for _p, _b in _UNARY.items():
     PRIMS[_p] = _unary(_b)
 
 
-@prim("neg")
-def _neg(t, eqn, ins):
-    return t.put(eqn, f"-{t.value(ins[0])}")
+# primitives written as one spmdlang expression of their first operand x (and their params p)
+_ONE_LINERS = {
+    "neg": lambda x, p: f"-{x}",
+    "erfc": lambda x, p: f"1.0 - erf({x})",
+    "exp2": lambda x, p: f"2.0 ** {x}",
+    "tan": lambda x, p: f"sin({x}) / cos({x})",
+    "is_finite": lambda x, p: f"abs({x}) < 1e309",
+    "squeeze": lambda x, p: f"squeeze({x}, {_ints(p['dimensions'])})",
+    "expand_dims": lambda x, p: f"expand_dims({x}, {_ints(p['dimensions'])})",
+    "transpose": lambda x, p: f"transpose({x}, {_ints(p['permutation'])})",
+}
+
+
+def _one_liner(fmt):
+    def write(t: Translator, eqn, ins):
+        return t.put(eqn, fmt(t.value(ins[0]), eqn.params))
+
+    return write
+
+
+for _p, _f in _ONE_LINERS.items():
+    PRIMS[_p] = _one_liner(_f)
 
 
 _BINOP = {"add": "+", "add_any": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
@@ -389,9 +408,8 @@ def _call2(fn):
     return write
 
 
-PRIMS["max"] = _call2("maximum")
-PRIMS["min"] = _call2("minimum")
-PRIMS["pow"] = _call2("pow")
+for _p, _fn in (("max", "maximum"), ("min", "minimum"), ("pow", "pow")):
+    PRIMS[_p] = _call2(_fn)
 
 
 @prim("div")
@@ -470,27 +488,6 @@ def _integer_pow(t, eqn, ins):
     if y < 0 and ins[0].dtype in _FLOATS:
         return t.put(eqn, f"1.0 / {x} ** {-y}")
     return t.put(eqn, f"{x} ** {y}")
-
-
-@prim("erfc")
-def _erfc(t, eqn, ins):
-    return t.put(eqn, f"1.0 - erf({t.value(ins[0])})")
-
-
-@prim("exp2")
-def _exp2(t, eqn, ins):
-    return t.put(eqn, f"2.0 ** {t.value(ins[0])}")
-
-
-@prim("tan")
-def _tan(t, eqn, ins):
-    x = t.value(ins[0])
-    return t.put(eqn, f"sin({x}) / cos({x})")
-
-
-@prim("is_finite")
-def _is_finite(t, eqn, ins):
-    return t.put(eqn, f"abs({t.value(ins[0])}) < 1e309")
 
 
 @prim("select_n")
@@ -579,21 +576,6 @@ def _reshape(t, eqn, ins):
     if eqn.params.get("dimensions") not in (None, ()):
         t.fail("jax primitive 'reshape' with `dimensions` has no spmdlang equivalent")
     return t.put(eqn, f"reshape({t.value(ins[0])}, {_ints(t.out(eqn).shape)})")
-
-
-@prim("squeeze")
-def _squeeze(t, eqn, ins):
-    return t.put(eqn, f"squeeze({t.value(ins[0])}, {_ints(eqn.params['dimensions'])})")
-
-
-@prim("expand_dims")
-def _expand_dims(t, eqn, ins):
-    return t.put(eqn, f"expand_dims({t.value(ins[0])}, {_ints(eqn.params['dimensions'])})")
-
-
-@prim("transpose")
-def _transpose(t, eqn, ins):
-    return t.put(eqn, f"transpose({t.value(ins[0])}, {_ints(eqn.params['permutation'])})")
 
 
 def _slice_text(x: str, starts, stops, steps) -> str:
@@ -864,9 +846,8 @@ def _pool(kind):
     return write
 
 
-PRIMS["reduce_window_sum"] = _pool("sum")
-PRIMS["reduce_window_max"] = _pool("max")
-PRIMS["reduce_window_min"] = _pool("min")
+for _kind in ("sum", "max", "min"):
+    PRIMS[f"reduce_window_{_kind}"] = _pool(_kind)
 
 
 @prim("reduce_window")
@@ -921,14 +902,7 @@ def _gather(t, eqn, ins):
         ours = [("o", d) for d in range(axis)] + [("b", i) for i in range(nb)] + \
                [("o", d) for d in range(axis + 1, rank)]
         offsets = [d for d in range(rank) if d != axis]
-        jax_order, oi, bi = [], 0, 0
-        for pos in range(len(ours)):
-            if pos in dn.offset_dims:
-                jax_order.append(("o", offsets[oi]))
-                oi += 1
-            else:
-                jax_order.append(("b", bi))
-                bi += 1
+        jax_order = _jax_order(len(ours), dn.offset_dims, offsets, "o")
         expr = f"take({t.value(x)}, {ids_text}, axis={axis})"
         perm = [ours.index(k) for k in jax_order]
         if perm != list(range(len(perm))):
@@ -939,6 +913,20 @@ def _gather(t, eqn, ins):
             or any(s != 1 for s in sizes) or len(ids.shape) != rank + 1:
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis has no spmdlang equivalent")
     return t.put(eqn, f"take_along_axis({t.value(x)}, {ids_text}, axis={axis})")
+
+
+def _jax_order(n: int, positions, dims, tag: str) -> list[tuple[str, int]]:
+    """jax's order of n dims: the dims at `positions` are `dims` in turn (tagged `tag`), the
+    others the batch dims 0, 1, ... (tagged "b")."""
+    out, di, bi = [], 0, 0
+    for pos in range(n):
+        if pos in positions:
+            out.append((tag, dims[di]))
+            di += 1
+        else:
+            out.append(("b", bi))
+            bi += 1
+    return out
 
 
 @prim("scatter-add", "scatter_add")
@@ -963,14 +951,7 @@ def _scatter_add(t, eqn, ins):
         # ours: updates laid out x.shape[:axis] + ids.shape[:-1] + x.shape[axis+1:]
         ours = [("w", d) for d in range(axis)] + [("b", i) for i in range(nb)] + \
                [("w", d) for d in range(axis + 1, rank)]
-        jax_order, wi, bi = [], 0, 0
-        for pos in range(len(upd.shape)):
-            if pos in dn.update_window_dims:
-                jax_order.append(("w", window[wi]))
-                wi += 1
-            else:
-                jax_order.append(("b", bi))
-                bi += 1
+        jax_order = _jax_order(len(upd.shape), dn.update_window_dims, window, "w")
         perm = [jax_order.index(k) for k in ours]
         u = t.value(upd)
         if perm != list(range(len(perm))):
@@ -1125,6 +1106,42 @@ def _zeros_text(ref_dtype: str, shape) -> str:
     return f"zeros({ref_dtype}[{', '.join(map(str, shape))}])"
 
 
+def _carries_in(t, init) -> list[Ref]:
+    """A loop's carries: each initial value copied into a variable of its own."""
+    carries = []
+    for r in init:
+        c = t.body.new("carry")
+        t.line(f"{t.indent}{c} = {t.value(r)}")
+        carries.append(Ref(c, r.dtype, r.shape))
+    return carries
+
+
+def _open_loop(t, trips: int) -> tuple[str, str]:
+    """Open `loop iN in range(trips) {`: (the loop variable, the indent outside)."""
+    loopvar = t.body.new(fixed=f"i{t.loops}")
+    t.loops += 1
+    t.line(f"{t.indent}loop {loopvar} in range({trips}) {{")
+    outer = t.indent
+    t.indent += "  "
+    return loopvar, outer
+
+
+def _close_loop(t, carries, new, outer: str) -> None:
+    """Write the next carries and close the loop; every new carry is read before any is written
+    (a body may swap its carries)."""
+    staged = []
+    for c, r in zip(carries, new):
+        v = t.value(r)
+        if any(v == other.text for other in carries):
+            v = t.emit(v)
+        staged.append((c, v))
+    for c, v in staged:
+        if c.text != v:
+            t.line(f"{t.indent}{c.text} = {v}")
+    t.indent = outer
+    t.line(f"{t.indent}}}")
+
+
 @prim("scan")
 def _scan(t, eqn, ins):
     p = eqn.params
@@ -1132,21 +1149,13 @@ def _scan(t, eqn, ins):
     consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
     body = p["jaxpr"]
     ys_avals = [v.aval for v in eqn.outvars[ncarry:]]
-    carries = []
-    for r in init:
-        c = t.body.new("carry")
-        t.line(f"{t.indent}{c} = {t.value(r)}")
-        carries.append(Ref(c, r.dtype, r.shape))
+    carries = _carries_in(t, init)
     ys = []
     for aval in ys_avals:
         y = t.body.new("stacked")
         t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval_shape(aval))}")
         ys.append(Ref(y, dtype_name(aval.dtype, t.where), aval_shape(aval)))
-    loopvar = t.body.new(fixed=f"i{t.loops}")
-    t.loops += 1
-    t.line(f"{t.indent}loop {loopvar} in range({n}) {{")
-    outer = t.indent
-    t.indent += "  "
+    loopvar, outer = _open_loop(t, n)
     index = loopvar
     if p["reverse"]:
         index = t.emit(f"{n - 1} - {loopvar}")
@@ -1160,18 +1169,7 @@ def _scan(t, eqn, ins):
         starts = ", ".join([index] + ["0"] * len(r.shape))
         t.line(f"{t.indent}{y.text} = dynamic_update_slice({y.text}, "
                             f"expand_dims({t.value(r)}, 0), [{starts}])")
-    # every new carry is read before any is written (a body may swap its carries)
-    staged = []
-    for c, r in zip(carries, new_carry):
-        v = t.value(r)
-        if any(v == other.text for other in carries):
-            v = t.emit(v)
-        staged.append((c, v))
-    for c, v in staged:
-        if c.text != v:
-            t.line(f"{t.indent}{c.text} = {v}")
-    t.indent = outer
-    t.line(f"{t.indent}}}")
+    _close_loop(t, carries, new_carry, outer)
     return [*carries, *ys]
 
 
@@ -1187,28 +1185,10 @@ def _while(t, eqn, ins):
         t.fail("jax primitive 'while' with a trip count only known at run time has no spmdlang equivalent "
                "(use fori_loop or scan with static bounds)")
     counter, start, stop = trip
-    carries = []
-    for r in init:
-        c = t.body.new("carry")
-        t.line(f"{t.indent}{c} = {t.value(r)}")
-        carries.append(Ref(c, r.dtype, r.shape))
-    loopvar = t.body.new(fixed=f"i{t.loops}")
-    t.loops += 1
-    t.line(f"{t.indent}loop {loopvar} in range({max(stop - start, 0)}) {{")
-    outer = t.indent
-    t.indent += "  "
+    carries = _carries_in(t, init)
+    _, outer = _open_loop(t, max(stop - start, 0))
     outs = t.closed(body, [*bconsts, *carries])
-    staged = []
-    for c, r in zip(carries, outs):
-        v = t.value(r)
-        if any(v == other.text for other in carries):
-            v = t.emit(v)
-        staged.append((c, v))
-    for c, v in staged:
-        if c.text != v:
-            t.line(f"{t.indent}{c.text} = {v}")
-    t.indent = outer
-    t.line(f"{t.indent}}}")
+    _close_loop(t, carries, outs, outer)
     return carries
 
 
