@@ -421,12 +421,26 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
     # views per unit, indexed by its group's strategy (program order: a follower's main producer first)
     followed: dict = {}  # identical followers of identical producers share one list
     interned: dict = {}
+    strategies: dict = {}  # op signature -> its strategies (op_views)
+
+    def signature(op):
+        """Ops alike in kind, attributes, types and rule have the same strategies, wherever they
+        are (a stack of distinct but identically shaped layers asks the same questions per layer):
+        computed once. None: an unhashable attribute, no sharing."""
+        try:
+            k = (op.kind, tuple(sorted(op.attrs.items())), tuple(v.type for v in op.operands),
+                 tuple(r.type for r in op.results), rules[op])
+            hash(k)
+        except TypeError:
+            return None
+        return k
+
     for op in ops:
         if op in attached:
             continue
         if op in main_of:
             src_unit, j = producer[op.operands[main_of[op]]]
-            k = (_op_key(op, rules[op]), id(views[src_unit]), j) if tie_layers else None
+            k = (signature(op), id(views[src_unit]), j) if tie_layers else None
             if k is None or k[0] is None or k not in followed:
                 vs = [_follower_view(op, rules[op], main_of[op], v.outs[j], mesh) for v in views[src_unit]]
                 if k is not None and k[0] is not None:
@@ -435,12 +449,19 @@ def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True
         elif group_of[op] != len(groups) and groups[group_of[op]].roots[0] is not op:
             views[op] = views[groups[group_of[op]].roots[0]]
         else:
-            views[op] = op_views(op, rules[op], mesh)
+            sk = signature(op)
+            if sk is None or sk not in strategies:
+                vs = op_views(op, rules[op], mesh)
+                if sk is None:
+                    views[op] = vs
+                else:
+                    strategies[sk] = vs
+            views[op] = strategies[sk] if sk is not None else views[op]
         views[op] = interned.setdefault(tuple(views[op]), views[op])  # equal lists: one object
     for op in reversed(ops):
         if op in attached:
             user, i = attached[op]
-            k = (_op_key(op, rules[op]), id(views[user]), i) if tie_layers else None
+            k = (signature(op), id(views[user]), i) if tie_layers else None
             if k is None or k[0] is None or k not in followed:
                 vs = [_attached_view(op, rules[op], v.reqs[i], mesh) for v in views[user]]
                 if k is not None and k[0] is not None:
