@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
     r.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+    r.add_argument("--max-work", type=_count(1), default=None, metavar="N", help=_MAX_WORK_HELP)
     d = sub.add_parser("diff", parents=[common], help="run several backends on the same inputs and compare")
     d.add_argument("--backends", type=_backends_arg, default=list(BACKENDS), metavar="B,...",
                    help=f"backends to compare with ref (default {','.join(BACKENDS)})")
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
                    help="absolute tolerance, times max(1, max|ref|) (default: as --rtol's)")
     d.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+    d.add_argument("--max-work", type=_count(1), default=None, metavar="N", help=_MAX_WORK_HELP)
     e = sub.add_parser("explain", parents=[common], help="why each sharding, what each collective costs")
     e.add_argument("--show", metavar="NAME", action="append", default=[],
                    help="draw this value's layout over the devices (repeatable)")
@@ -163,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
                    help="rounds of ours and XLA called in turn; the ratio's spread is over rounds (default 5)")
     b.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+    b.add_argument("--max-work", type=_count(1), default=None, metavar="N", help=_MAX_WORK_HELP)
     a = sub.add_parser("autoshard", parents=[common],
                        help="choose the missing annotations (a search over strategies) and write them in")
     a.add_argument("--memory-per-device", type=_size_arg, default=None, metavar="BYTES", dest="memory",
@@ -180,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 _MAX_MEMORY_HELP = ("refuse to run when the estimated peak memory exceeds SIZE (e.g. 4G, 512M; "
                     "default: the memory available now)")
+_MAX_WORK_HELP = ("refuse to run more than N ops, a loop body counted once per iteration (sim: times the "
+                  "devices; default: ref 10,000,000, sim 500,000, jax and xla 1,000,000,000)")
 
 
 def _version() -> str:
@@ -305,8 +310,9 @@ def cmd_run(args) -> int:
     c = _compile(args)
     if args.processes > 1 and args.backend not in ("jax", "xla"):
         raise UsageError(f"--processes {args.processes} needs --backend jax or xla")
-    c.check_memory(args.backend, args.max_memory)  # before drawing inputs
-    outs = c.run(_inputs(c, args), backend=args.backend, processes=args.processes, max_memory=args.max_memory)
+    c.check_memory(args.backend, args.max_memory, args.max_work)  # before drawing inputs
+    outs = c.run(_inputs(c, args), backend=args.backend, processes=args.processes, max_memory=args.max_memory,
+                 max_work=args.max_work)
     if args.output:
         import io
 
@@ -339,9 +345,9 @@ def cmd_run(args) -> int:
 def cmd_diff(args) -> int:
     c = _compile(args)
     for b in ["ref", *args.backends]:
-        c.check_memory(b, args.max_memory)
+        c.check_memory(b, args.max_memory, args.max_work)
     report = c.diff(_inputs(c, args), backends=args.backends, rtol=args.rtol, atol=args.atol,
-                    processes=args.processes, max_memory=args.max_memory)
+                    processes=args.processes, max_memory=args.max_memory, max_work=args.max_work)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -382,7 +388,7 @@ def cmd_explain(args) -> int:
 def cmd_bench(args) -> int:
     c = _compile(args)
     for b in ("jax", "xla"):
-        c.check_memory(b, args.max_memory)
+        c.check_memory(b, args.max_memory, args.max_work)
     from .backend_jax.bench import bench
     from .explain import render_bench
 
