@@ -42,8 +42,6 @@ def unrolled_source() -> str:
 
 
 def stages(src: str, layers: int, jit: bool) -> dict:
-    from spmdlang.partition.propagate import propagate
-
     out = {}
     gc.collect()
     t = time.perf_counter()
@@ -51,7 +49,7 @@ def stages(src: str, layers: int, jit: bool) -> dict:
     canonical = c.canonical
     out["lower_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    c.__dict__["propagation"] = propagate(canonical)
+    c.pipeline.stage("propagation")
     out["propagate_s"] = time.perf_counter() - t
     t = time.perf_counter()
     spmd = c.spmd

@@ -3,7 +3,8 @@
 from . import ops as _ops  # noqa: F401  (registers the op table)
 from .api import Compiled, compile
 from .errors import SpmdError
+from .importer import Imported, from_jax
 from .shard_search import autoshard
 
-__all__ = ["Compiled", "SpmdError", "autoshard", "compile"]
+__all__ = ["Compiled", "Imported", "SpmdError", "autoshard", "compile", "from_jax"]
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ from .errors import OverrideError, Source, Span, SpmdError
 from .frontend.lower import lower
 from .frontend.parse import parse
 from .inputs import check_inputs, random_inputs
-from .ir.core import Program
+from .ir.core import Program, result_names
 from .ir.printer import print_program
 
 BACKENDS = ("ref", "sim", "jax", "xla")
@@ -51,7 +51,6 @@ class Compiled:
 
         self.program = program
         self.shard_weight_updates = shard_weight_updates
-        self._pass_notes: list = []
         self._runners: dict = {}
         self.verify = enabled(verify)  # run the IR verifier after every pass
         if self.verify:
@@ -63,60 +62,48 @@ class Compiled:
     def mesh(self):
         return self.program.mesh
 
+    def recompiled(self) -> Compiled:
+        """A new Compiled of the same program and options with nothing computed yet: from the
+        source text when this one was compiled from it (`bench` times its compile afresh)."""
+        args = getattr(self, "compile_args", None)
+        if args is not None:
+            from .limits import deep_call
+
+            return deep_call(_compile_text, *args)
+        return Compiled(self.program, self.verify, self.shard_weight_updates)
+
     @cached_property
     def ir(self) -> str:
         """The global program as IR text."""
         return print_program(self.program)
 
     @cached_property
+    def pipeline(self):
+        """The passes after lowering (partition.pipeline), run as far as a stage asked for needs."""
+        from .partition.pipeline import Pipeline
+
+        return Pipeline(self.program, self.verify, self.shard_weight_updates)
+
+    @property
     def canonical(self) -> Program:
         """The global program after canonicalisation (ir.simplify), which partitioning starts from."""
-        from .ir.simplify import cse, simplify
-
-        prog = simplify(cse(self.program)[0])
-        if self.shard_weight_updates:
-            from .partition.weight_update import shard_weight_updates
-
-            prog, self._pass_notes = shard_weight_updates(prog, self.shard_weight_updates)
-        if self.verify:
-            from .ir.verify import verify
-
-            verify(prog)
-        return prog
+        return self.pipeline.stage("canonical")
 
     @property
     def pass_notes(self) -> list:
         """What compile options did to the program (partition.weight_update.Note: line, message)."""
         self.canonical  # noqa: B018  (the passes run with canonicalisation)
-        return self._pass_notes
+        return self.pipeline.stages.pass_notes
 
-    @cached_property
+    @property
     def propagation(self):
         """Sharding propagation over the canonical global program (partition.propagate)."""
-        from .partition.propagate import propagate
+        return self.pipeline.stage("propagation")
 
-        prop = propagate(self.canonical)
-        if self.verify:
-            from .ir.verify import verify_shardings
-
-            verify_shardings(self.canonical, prop.shardings)
-        return prop
-
-    @cached_property
+    @property
     def spmd(self):
         """The per-partition program with its in/out shardings and communication ledger."""
-        from .partition.combine import finish
-        from .partition.spmd import partition
-
-        spmd = partition(self.canonical, self.propagation)
-        if self.verify:
-            from .ir.verify import verify_spmd
-
-            verify_spmd(spmd)
-        spmd = finish(spmd)
-        if self.verify:
-            verify_spmd(spmd)
-        return spmd
+        return self.pipeline.stage("spmd")
 
     @cached_property
     def spmd_ir(self) -> str:
@@ -160,7 +147,7 @@ class Compiled:
         sh = self.propagation.shardings
         prog = self.canonical  # after CSE, whose names point at the values propagation saw
         out = {name: sh[v] for name, v, _span in prog.names}
-        out.update({f"return{i}": sh[r.value] for i, r in enumerate(prog.results)})
+        out.update({n: sh[r.value] for n, r in zip(result_names(prog), prog.results)})
         return out
 
     def check_report(self) -> dict:
@@ -199,6 +186,7 @@ class Compiled:
         inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
         ref = self.run(inputs, backend="ref", max_memory=max_memory, max_work=max_work)
         results, ok = [], True
+        names = result_names(self.program)  # return0, return1.emb, ...: a struct result's leaves
         narrowest = _narrowest_float(self.program)
         for b in backends:
             if b == "ref":
@@ -211,8 +199,8 @@ class Compiled:
                                    max_work=max_work)
                 except JaxRuntimeError as e:  # XLA's own partitioner failed on the baseline module
                     error = str(e).strip().splitlines()[0][:300]
-                    results += [{"backend": b, "output": i, "max_abs_err": None, "ok": False, "error": error}
-                                for i in range(len(ref))]
+                    results += [{"backend": b, "output": i, "name": names[i], "max_abs_err": None, "ok": False,
+                                 "error": error} for i in range(len(ref))]
                     ok = False
                     continue
             else:
@@ -220,7 +208,7 @@ class Compiled:
             for i, (r, g) in enumerate(zip(ref, got)):
                 err, good = _compare(r, g, *_tolerance(r.dtype, rtol, atol, narrowest))
                 ok &= good
-                results.append({"backend": b, "output": i, "max_abs_err": err, "ok": good})
+                results.append({"backend": b, "output": i, "name": names[i], "max_abs_err": err, "ok": good})
         # the float tolerance applied (integer and bool results are always compared exactly)
         float_rtol, float_atol = _tolerance(np.float32, rtol, atol, narrowest)
         report = {"ok": bool(ok), "backends": list(backends), "results": results, "rtol": float_rtol,
@@ -233,8 +221,10 @@ class Compiled:
             report["notes"] = notes
         return report
 
-    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        return random_inputs(self.program, seed)
+    def random_inputs(self, seed: int = 0, int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+        """Seeded inputs (inputs.random_inputs): an integer parameter used as ids is drawn over the
+        dim it indexes, other integers in [0, 16); `int_range=(lo, hi)` draws every one in [lo, hi)."""
+        return random_inputs(self.program, seed, int_range)
 
     def check_inputs(self, inputs: dict, origin: str = "inputs") -> dict[str, np.ndarray]:
         return check_inputs(self.program, inputs, origin)
@@ -242,7 +232,9 @@ class Compiled:
     def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
             origin: str = "inputs", processes: int = 1, max_memory: int | None = None,
             max_work: int | None = None) -> list[np.ndarray]:
-        """Run on `inputs` (name -> array; random from `seed` when None); results in order.
+        """Run on `inputs` (name -> array; random from `seed` when None); results in order, a
+        struct parameter's leaves named by their dotted paths (`p.blocks.wq`) in and a struct
+        result's leaves (depth-first, in field declaration order) out, as a flat list.
 
         With `processes` > 1 the jax backends run across that many local processes, as on that many
         hosts (jax.distributed on 127.0.0.1, mesh/processes CPU devices each, gloo collectives).
@@ -353,7 +345,9 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
 def _compile_text(text, filename, mesh, consts, entry, verify, shard_weight_updates=None) -> Compiled:
     module, source = parse(text, filename)
     _check_overrides(module, source, mesh, consts, shard_weight_updates)
-    return Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
+    c = Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
+    c.compile_args = (text, filename, mesh, consts, entry, verify, shard_weight_updates)  # to compile afresh (bench)
+    return c
 
 
 def _check_overrides(module, source, mesh, consts, shard_weight_updates=None):

@@ -15,6 +15,7 @@ import sys
 
 from .api import BACKENDS
 from .errors import OverrideError, SpmdError
+from .ir.core import result_names
 from .outfile import OutputPathError, OutputWriteError, write_output
 
 TARGETS = ("ir", "spmd", "jax", "xla")
@@ -27,16 +28,32 @@ class UsageError(Exception):
 # ---------------------------------------------------------------------------------- argument parsing
 
 
-def _assignments(text: str, what: str) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _int(text: str) -> int | None:
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _number(text: str) -> int | float | None:
+    """An integer, or a finite float as Python writes one (1e-3, .5, -2.0)."""
+    if _int(text) is not None:
+        return int(text)
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _assignments(text: str, what: str, parse=_int, expects="NAME=INT[,NAME=INT...]") -> dict[str, int | float]:
+    out: dict[str, int | float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = part.partition("=")
         name, value = name.strip(), value.strip()
-        if not eq or not name or not value.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"{what} expects NAME=INT[,NAME=INT...], got '{part}'")
+        number = parse(value) if eq and name and value else None
+        if number is None:
+            raise argparse.ArgumentTypeError(f"{what} expects {expects}, got '{part}'")
         if name in out:
             raise argparse.ArgumentTypeError(f"{what} names '{name}' twice")
-        out[name] = int(value)
+        out[name] = number
     return out
 
 
@@ -49,7 +66,7 @@ def _mesh_arg(text):
 
 
 def _set_arg(text):
-    return _assignments(text, "--set")
+    return _assignments(text, "--set", _number, "NAME=INT or NAME=FLOAT (finite), comma-separated")
 
 
 def _count(minimum: int):
@@ -63,6 +80,21 @@ def _count(minimum: int):
         return v
 
     return parse
+
+
+def _int_range_arg(text):
+    lo, comma, hi = text.partition(",")
+    try:
+        lo, hi = int(lo), int(hi)
+    except ValueError:
+        lo = hi = None
+    if not comma or lo is None or lo >= hi:
+        raise argparse.ArgumentTypeError(f"expected LO,HI with integers LO < HI (draws in [LO, HI)), got '{text}'")
+    return lo, hi
+
+
+_INT_RANGE_HELP = ("random integer inputs in [LO, HI) (default: a parameter used as ids over the dim it indexes, "
+                   "other integers in [0, 16))")
 
 
 def _positive_float(text):
@@ -94,12 +126,27 @@ def _backends_arg(text):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
+        "one per-partition program with collectives.",
+        epilog="Reference: docs/language.md (the language) and docs/cli.md (the commands, the Python API and "
+        "the emitted module) in spmdlang's source tree. `spmdlang COMMAND --help` lists a command's options.")
+    p.add_argument("--version", action="version", version=f"spmdlang {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _common_options()
+    _add_run_commands(sub, common)
+    _add_report_commands(sub, common)
+    return p
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command on a program takes."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("file", metavar="FILE", help="a .spmd program, or - to read it from standard input")
     common.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
                         help="override the file's mesh axis sizes")
-    common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=INT,...", dest="consts",
-                        help="override integer consts")
+    common.add_argument("--set", type=_set_arg, default={}, metavar="NAME=VALUE,...", dest="consts",
+                        help="override consts: an integer for an integer const, a number for a float const")
     common.add_argument("--entry", metavar="NAME", help="the entry function (default: main)")
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("--verify", action="store_true",
@@ -108,14 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shard every elementwise weight update replicated over AXIS: its gradient is "
                         "reduce-scattered, the update and optimizer state run on a shard, the new weights "
                         "are all-gathered (Xu et al. 2020)")
+    return common
 
-    p = argparse.ArgumentParser(
-        prog="spmdlang", description="A GSPMD-style compiler: one array program, a few sharding annotations, "
-        "one per-partition program with collectives.",
-        epilog="Reference: docs/language.md (the language) and docs/cli.md (the commands, the Python API and "
-        "the emitted module) in spmdlang's source tree. `spmdlang COMMAND --help` lists a command's options.")
-    p.add_argument("--version", action="version", version=f"spmdlang {_version()}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+def _add_run_commands(sub, common) -> None:
+    """check, compile, run, diff."""
     sub.add_parser("check", parents=[common], help="parse, type-check, propagate; every value's type and sharding")
     c = sub.add_parser("compile", parents=[common], help="emit IR, per-partition IR or a jax module")
     c.add_argument("--target", required=True, choices=TARGETS,
@@ -128,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "module; xla: the XLA-GSPMD baseline")
     r.add_argument("--inputs", metavar="IN.npz", help="inputs keyed by parameter name (default: random)")
     r.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    r.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     r.add_argument("-o", dest="output", metavar="OUT.npz", help="write results as out0, out1, ... ('-': stdout)")
     r.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
@@ -140,12 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="run the jax/xla backends across N local processes, as on N hosts (default 1)")
     d.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    d.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     d.add_argument("--rtol", type=_positive_float, default=None, metavar="R",
                    help="relative tolerance (default: by the narrowest float the program uses, f32 1e-4)")
     d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
                    help="absolute tolerance, times max(1, max|ref|) (default: as --rtol's)")
     d.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
     d.add_argument("--max-work", type=_count(1), default=None, metavar="N", help=_MAX_WORK_HELP)
+
+
+def _add_report_commands(sub, common) -> None:
+    """explain, bench, autoshard, import, ops."""
     e = sub.add_parser("explain", parents=[common], help="why each sharding, what each collective costs")
     e.add_argument("--show", metavar="NAME", action="append", default=[],
                    help="draw this value's layout over the devices (repeatable)")
@@ -160,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "beside our estimates")
     b = sub.add_parser("bench", parents=[common], help="time our jax module against the XLA baseline")
     b.add_argument("--seed", type=_count(0), default=0, metavar="N", help="seed for random inputs (default 0)")
+    b.add_argument("--int-range", type=_int_range_arg, default=None, metavar="LO,HI", help=_INT_RANGE_HELP)
     b.add_argument("--repeat", type=_count(1), default=20, metavar="N",
                    help="timed calls of each side per round, after warm-up (default 20)")
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
@@ -176,9 +227,18 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-o", dest="output", metavar="OUT.spmd",
                    help="write the annotated program here (default: standard output, the report on "
                    "standard error)")
+    im = sub.add_parser("import", help="trace a jax function and write the equivalent .spmd program",
+                        description="Trace FUNCTION of FILE.py with jax and write the equivalent .spmd program. "
+                        "FILE.py defines FUNCTION, FUNCTION_args() returning the example arguments, and may "
+                        "define FUNCTION_specs() (in_specs: PartitionSpecs, a pytree prefix of the arguments) "
+                        "and MESH ({axis: size}). The program is compiled before it is written; nothing is "
+                        "written if anything fails.")
+    im.add_argument("target", metavar="FILE.py:FUNCTION", help="the jax function to import")
+    im.add_argument("-o", dest="output", metavar="OUT.spmd", help="write here (default: standard output)")
+    im.add_argument("--mesh", type=_mesh_arg, default={}, metavar="AXIS=SIZE,...",
+                    help="the mesh (default: FILE.py's MESH, else the arguments' shardings' mesh, else data=1)")
     o = sub.add_parser("ops", help="list every primitive of the op table with its sharding rule and doc")
     o.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    return p
 
 
 _MAX_MEMORY_HELP = ("refuse to run when the estimated peak memory exceeds SIZE (e.g. 4G, 512M; "
@@ -288,18 +348,18 @@ def _inputs(c, args):
         from .inputs import load_npz
 
         return c.check_inputs(load_npz(args.inputs, c.program), origin=args.inputs)
-    return c.random_inputs(args.seed)
+    return c.random_inputs(args.seed, int_range=args.int_range)
 
 
-def _nonfinite_notes(outs) -> list[str]:
+def _nonfinite_notes(outs, names) -> list[str]:
     import numpy as np
 
     notes = []
-    for i, a in enumerate(outs):
+    for name, a in zip(names, outs):
         if a.size and (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
             bad = int(np.count_nonzero(~np.isfinite(np.asarray(a, dtype=np.float64))))
             if bad:
-                notes.append(f"out{i} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
+                notes.append(f"{name} has {bad} non-finite value{'s' if bad > 1 else ''} (inf or nan) "
                              f"of {a.size}")
     return notes
 
@@ -317,11 +377,12 @@ def cmd_run(args) -> int:
         import io
 
         buf = io.BytesIO()
-        np.savez(buf, **{f"out{i}": a for i, a in enumerate(outs)})
+        np.savez(buf, **dict(zip(result_names(c.program, "out"), outs)))  # out0, out1.emb (a struct's leaves)
         write_output(args.output, buf.getvalue())
-    notes = _nonfinite_notes(outs)
-    summary = [{"output": i, "type": str(r.value.type), "shape": list(a.shape), "dtype": str(a.dtype),
-                "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
+    notes = _nonfinite_notes(outs, result_names(c.program, "out"))
+    names = result_names(c.program, "out")
+    summary = [{"output": i, "name": names[i], "type": str(r.value.type), "shape": list(a.shape),
+                "dtype": str(a.dtype), "sum": float(np.asarray(a, dtype=np.float64).sum()) if a.size else 0.0}
                for i, (r, a) in enumerate(zip(c.program.results, outs))]
     to_stdout = args.output != "-"  # with `-o -` the results' bytes own stdout; the summary goes to stderr
     if args.json:
@@ -330,9 +391,11 @@ def cmd_run(args) -> int:
             doc["notes"] = notes
         print(json.dumps(doc), file=sys.stdout if to_stdout else sys.stderr)
         return 0
+    from rich.text import Text
+
     con = _console(stderr=not to_stdout)
     for s, a in zip(summary, outs):
-        con.print(f"[bold]out{s['output']}[/bold]: {s['type']}  (backend {args.backend})", markup=False)
+        con.print(Text.assemble((s["name"], "bold"), f": {s['type']}  (backend {args.backend})"))
         with np.printoptions(threshold=64, edgeitems=3, precision=5, suppress=True):
             con.print(str(np.asarray(a, dtype=np.float64 if a.dtype.kind == "f" else a.dtype)), markup=False)
     if args.output and to_stdout:
@@ -392,7 +455,8 @@ def cmd_bench(args) -> int:
     from .backend_jax.bench import bench
     from .explain import render_bench
 
-    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds)
+    report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds,
+                   int_range=args.int_range)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -430,6 +494,21 @@ def cmd_autoshard(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    from .importer.load import TargetError, import_target
+
+    try:
+        imp = import_target(args.target, args.mesh or None)
+    except TargetError as e:
+        raise UsageError(str(e)) from None
+    imp.compile()  # a program that does not compile is not written
+    if args.output and args.output != "-":
+        write_output(args.output, imp.source.encode())
+    else:
+        sys.stdout.write(imp.source)
+    return 0
+
+
 def cmd_ops(args) -> int:
     from .oplist import ops_report, render_ops
 
@@ -439,7 +518,8 @@ def cmd_ops(args) -> int:
 
 
 COMMANDS = {"check": cmd_check, "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
-            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard}
+            "explain": cmd_explain, "bench": cmd_bench, "ops": cmd_ops, "autoshard": cmd_autoshard,
+            "import": cmd_import}
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .ir.core import result_names
 from .ir.printer import Namer
 
 
@@ -16,7 +17,7 @@ def value_rows(c) -> list[dict]:
     names = Namer.for_program(prog).names
     rows = []
     entries = [(name, v, span) for name, v, span in prog.names]
-    entries += [(f"return{i}", r.value, r.span) for i, r in enumerate(prog.results)]
+    entries += [(n, r.value, r.span) for n, r in zip(result_names(prog), prog.results)]
     produced = c.spmd.produced
     for name, v, span in entries:
         partial = list(produced[v].partial) if v in produced else []
@@ -47,12 +48,58 @@ def heading(console, text: str) -> None:
     console.print(Text(text, style="bold"))
 
 
-def table(*columns: str, text_column: str | None = None, texts=()):
-    """A rich Table whose columns keep their tokens whole; `text_column` wraps between words."""
-    from rich import box
+def _table_class():
+    """rich's Table, printed without losing a character: a table whose columns do not fit the
+    console's width (the terminal's, or COLUMNS when piped: 80 by default) first lets its text
+    column fold inside long tokens, then lets every column wrap; rich alone would cut them."""
+    from rich.measure import Measurement
     from rich.table import Table
 
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    class WholeTable(Table):
+        def _cut(self, console, options) -> bool:
+            """Would rich cut a cell: the columns wider than the width (the right edge is cropped),
+            or a column that may not wrap narrower than its longest cell? (rich's own layout:
+            Table._calculate_column_widths, _extra_width, _get_padding_width.)"""
+            room = options.max_width - self._extra_width  # the edges and the separators
+            box = self.box
+            if box and self.show_edge and not "".join(getattr(box, f"{k}_right") for k in (
+                    "top", "head", "head_row", "mid", "row", "foot_row", "foot", "bottom")).strip():
+                room += 1  # a blank right edge may fall off the line: nothing is lost
+            widths = self._calculate_column_widths(console, options.update_width(room))
+            if sum(widths) > room:
+                return True
+            for i, (col, w) in enumerate(zip(self.columns, widths)):
+                need = col.min_width or 1  # a wrapping column: rich drops one of width 0
+                if col.no_wrap:
+                    need = max((Measurement.get(console, options, c).maximum for c in col.cells), default=0)
+                if w - self._get_padding_width(i) < need:
+                    return True
+            return False
+
+        def _would_cut(self, console, options) -> bool:
+            try:
+                return self._cut(console, options)
+            except AttributeError:  # rich's private layout helpers moved: wrap every column
+                return True
+
+        def __rich_console__(self, console, options):
+            if self._would_cut(console, options):
+                for col in self.columns:
+                    col.min_width = None
+            if self._would_cut(console, options):
+                for col in self.columns:
+                    col.no_wrap, col.overflow = False, "fold"
+            yield from super().__rich_console__(console, options)
+
+    return WholeTable
+
+
+def table(*columns: str, text_column: str | None = None, texts=()):
+    """A Table whose columns keep their tokens whole; `text_column` wraps between words. Where the
+    columns cannot fit the width, they wrap (see _table_class): nothing is ever cut."""
+    from rich import box
+
+    t = _table_class()(box=box.SIMPLE_HEAD, pad_edge=False)
     longest = max((len(w) for x in texts for w in x.split()), default=1)
     for col in columns:
         if col == text_column:
@@ -86,7 +133,7 @@ def render_check(console, c, report) -> None:
 def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> dict:
     """The `explain --json` document: values (sharding, pending sums, why), every collective with
     its cause and cost, and per-device totals."""
-    from .partition.cost import collective_time_us, flops, peak_bytes
+    from .partition.cost import collective_time_us, flops, ledger_time_us, peak_bytes
 
     bandwidth, latency = bandwidth or {}, latency or {}
     sp = c.spmd
@@ -109,7 +156,7 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
         "collectives": collectives,
         "totals": {"collectives": sum(runs), "bytes_per_device": total_bytes,
                    "flops_per_device": flops(sp.program), "peak_bytes_per_device": peak_bytes(sp.program),
-                   "comm_time_us": round(sum(x["time_us"] * n for x, n in zip(collectives, runs)), 3)},
+                   "comm_time_us": round(ledger_time_us(sp.ledger, c.mesh, preset, bandwidth, latency), 3)},
         "model": {"preset": preset, "bandwidth_gbps": bandwidth, "latency_us": latency},
     }
 
@@ -149,7 +196,7 @@ def find_value(c, name: str):
     from .ir.printer import Namer
 
     values = {n: v for n, v, _ in c.canonical.names}
-    values.update({f"return{i}": r.value for i, r in enumerate(c.canonical.results)})
+    values.update(dict(zip(result_names(c.canonical), (r.value for r in c.canonical.results))))
     if name in values:
         return values[name]
     raw = {n: v for v, n in Namer.for_program(c.canonical).names.items()}
@@ -162,7 +209,6 @@ def render_layout(console, c, name: str) -> None:
     """Which block of a value each device holds, for any rank: one cell per device of the mesh."""
     from rich import box
     from rich.markup import escape
-    from rich.table import Table
 
     from .backend_ref.sim import block_slices
 
@@ -173,7 +219,7 @@ def render_layout(console, c, name: str) -> None:
     rows = mesh.axis_size(axes[0]) if axes else 1
     cols = mesh.size // rows
     heading(console, f"{name}: {v.type} {s} over mesh {mesh}")
-    picture = Table(box=box.SQUARE, show_lines=True)
+    picture = _table_class()(box=box.SQUARE, show_lines=True)
     picture.add_column(escape(axes[0]) if axes else "", no_wrap=True)
     rest = axes[1:]
     for j in range(cols):
@@ -211,7 +257,8 @@ def render_diff(console, report) -> None:
         if r.get("upstream_disagreement"):
             ok = "[yellow]MISMATCH: upstream disagreement[/yellow]"
         err = "failed to compile" if r.get("error") else f"{r['max_abs_err']:.3g}"
-        t.add_row(r["backend"], str(r["output"]), err, ok)
+        name = r.get("name", "")
+        t.add_row(r["backend"], f"{r['output']} ({name})" if "." in name else str(r["output"]), err, ok)
     console.print(t)
     for r in {r["backend"]: r for r in report["results"] if r.get("error")}.values():
         console.print(f"{r['backend']}: {r['error']}", markup=False)
@@ -249,7 +296,9 @@ def render_bench(console, r: dict) -> None:
         line += f" (rounds {r['ratio_min']:.3f} .. {r['ratio_max']:.3f}, +-{r['ratio_spread'] * 100:.0f}%)"
         if r["ratio_spread"] > 0.05:
             line += "; spread over 5%: the machine is busy or the program too small to time"
-    console.print(line + f"; spmdlang compile {r['compile_s'] * 1e3:.1f} ms")
+    console.print(line)
+    console.print(f"spmdlang compile {r['compile_s'] * 1e3:.1f} ms (afresh from the source: parse .. jax module "
+                  "source; jax's jit of it is the 'jit compile' row)")
 
 
 # ---------------------------------------------------------------------------------- explain --xla

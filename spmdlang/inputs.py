@@ -11,17 +11,105 @@ from .errors import Source, Span, SpmdError
 from .ir import types as T
 from .ir.core import Program
 
+DEFAULT_INT_RANGE = (0, 16)
 
-def random_inputs(prog: Program, seed: int = 0) -> dict[str, np.ndarray]:
-    """Floats standard normal, ints uniform in [0, 16), bools a fair coin; in parameter order."""
+# ops an integer value goes through unchanged as ids (the same numbers, rearranged or narrowed)
+_PASS_THROUGH = frozenset({"reshape", "transpose", "broadcast_in_dim", "slice", "shard", "cast"})
+
+
+def _index_bound(op, k: int, producers: dict) -> int | None:
+    """How many positions operand `k` of `op` indexes, when `op` uses it as ids or a start: the
+    dim it picks from (ids in [0, n)); a dynamic start in [0, n - size]. None: not an index."""
+    kind, a = op.kind, op.attrs
+    if kind in ("take", "take_along_axis", "scatter_add") and k == 1:
+        return op.operands[0].type.shape[a["axis"]]
+    if kind == "dynamic_slice" and k >= 1:
+        return op.operands[0].type.shape[k - 1] - a["sizes"][k - 1] + 1
+    if kind == "dynamic_update_slice" and k >= 2:
+        return op.operands[0].type.shape[k - 2] - op.operands[1].type.shape[k - 2] + 1
+    if kind == "eq":  # one_hot: ids compared with an iota along the classes
+        other = producers.get(op.operands[1 - k])
+        if other is not None and other.kind == "iota":
+            return other.attrs["shape"][other.attrs["axis"]]
+    return None
+
+
+def index_bounds(prog: Program) -> dict[str, int]:
+    """Integer parameters used as ids or dynamic starts, and the number of positions they index
+    (the smallest over their uses): followed from the parameter through reshapes, transposes,
+    broadcasts, slices, casts, sharding constraints and into loop bodies, to take,
+    take_along_axis, scatter_add, one_hot (an eq with an iota), dynamic_slice and
+    dynamic_update_slice."""
+    from .ir.core import LOOP
+
+    uses: dict = {}
+    producers: dict = {}
+
+    def scan(ops):
+        for op in ops:
+            for r in op.results:
+                producers[r] = op
+            for k, v in enumerate(op.operands):
+                uses.setdefault(v, []).append((op, k))
+            for region in op.regions:
+                scan(region.ops)
+
+    scan(prog.ops)
+    out = {}
+    for p in prog.params:
+        if not T.is_int(p.value.type.dtype):
+            continue
+        bound, todo, seen = None, [p.value], set()
+        while todo:
+            v = todo.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            for op, k in uses.get(v, ()):
+                if op.kind == LOOP:  # operand k is the body's parameter k + 1 (after the index)
+                    todo.append(op.regions[0].params[k + 1])
+                elif op.kind in _PASS_THROUGH and T.is_int(op.results[0].type.dtype):
+                    todo.append(op.results[0])
+                else:
+                    n = _index_bound(op, k, producers)
+                    if n is not None:
+                        bound = max(1, n) if bound is None else min(bound, max(1, n))
+        if bound is not None:
+            out[p.name] = bound
+    return out
+
+
+def int_ranges(prog: Program, int_range: tuple[int, int] | None = None) -> dict[str, tuple[int, int]]:
+    """The range [lo, hi) random_inputs draws each integer parameter from: `int_range` for every
+    one when given; else [0, n) for a parameter used as ids over n positions, [0, 16) for others."""
+    bounds = {} if int_range is not None else index_bounds(prog)
+    return {p.name: tuple(int_range) if int_range is not None else
+            ((0, bounds[p.name]) if p.name in bounds else DEFAULT_INT_RANGE)
+            for p in prog.params if T.is_int(p.value.type.dtype)}
+
+
+def random_inputs(prog: Program, seed: int = 0, int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+    """Floats standard normal, bools a fair coin, u32 (keys, bits) uniform over all 2**32 values
+    (unless `int_range` is given), other ints uniform in int_ranges(prog, int_range): an integer
+    parameter used as ids over the dim it indexes, others in [0, 16); in parameter order, from one
+    stream."""
     rng = np.random.default_rng(seed)
+    ranges = int_ranges(prog, int_range)
     out = {}
     for p in prog.params:
         t = p.value.type
         if T.is_float(t.dtype):
             a = rng.standard_normal(t.shape)
+        elif t.dtype == "u32" and int_range is None:
+            a = rng.integers(0, 2**32, size=t.shape)
         elif T.is_int(t.dtype):
-            a = rng.integers(0, 16, size=t.shape)
+            lo, hi = ranges[p.name]
+            info = np.iinfo(T.np_dtype(t.dtype))
+            if lo >= hi or lo < info.min or hi - 1 > info.max:
+                raise SpmdError(f"cannot draw '{p.name}' ({t}) from the integer range [{lo}, {hi})"
+                                + (": it is empty" if lo >= hi else f": {t.dtype} holds [{info.min}, {info.max}]"),
+                                p.span or Span(prog.source, 1, 1))
+            a = rng.integers(lo, hi, size=t.shape)
         else:
             a = rng.random(t.shape) < 0.5
         out[p.name] = np.asarray(a).astype(T.np_dtype(t.dtype))

@@ -1,7 +1,7 @@
 """Resource limits: what spmdlang refuses, before it runs out of memory, stack or patience.
 
 Every limit here ends in a located `SpmdError` (exit 1) or a usage error naming the flag (exit 2),
-never a crash. The limits (also listed in the README):
+never a crash. The limits (also listed in docs/cli.md, "Limits"):
 
   source file                 at most MAX_SOURCE_BYTES, checked before it is read
   nesting                     expressions and blocks nest at most MAX_NESTING deep, and calls to

@@ -85,11 +85,43 @@ class Autoshard:
         chosen["collectives"] = [{"kind": x.kind, "axes": list(x.axes),
                                   "bytes_per_device": int(round(x.bytes_per_device)), "line": x.line, "op": x.op,
                                   "reason": x.reason} for x in self.chosen.collectives]
+        chosen["layouts"] = self._layouts()
         return {"mesh": {"axes": dict(self.compiled.mesh.axes)}, "solver": self.solver,
                 "solve_s": round(self.solve_s, 4), "solve_cpu_s": round(self.solve_cpu_s, 4),
                 "problem": self.problem,
                 "memory_per_device": self.budget, "chosen": chosen, "as_written": plan_json(self.as_written),
-                "runners_up": [plan_json(p) for p in self.runners_up], "source": self.source}
+                "runners_up": [plan_json(p) for p in self.runners_up], "plans": self._distinct_plans(),
+                "source": self.source}
+
+    def _layouts(self) -> list[dict]:
+        """Every parameter of the entry in the chosen plan: its sharding, and whether the program
+        wrote it, autoshard chose it, or propagation inferred it (a parameter left unannotated)."""
+        written = {p.name: p.sharding for p in self.as_written.compiled.canonical.params}
+        c = self.chosen.compiled
+        return [{"name": p.name, "sharding": str(c.propagation.shardings[p.value]),
+                 "from": "as written" if written.get(p.name) is not None
+                 else "autoshard" if p.name in self.chosen.params else "propagation"}
+                for p in c.canonical.params]
+
+    def _distinct_plans(self) -> list[dict]:
+        """The candidates, one entry per distinct compiled plan (the same per-partition program
+        under several labels is one plan): the chosen first, then the runners-up, then the program
+        as written; `fits` says whether the peak fits the memory budget (None: no budget)."""
+        plans = [self.chosen, *self.runners_up]
+        if self.as_written is not self.chosen:
+            plans.append(self.as_written)
+        out: list[dict] = []
+        seen: dict[str, dict] = {}
+        for p in plans:
+            key = p.compiled.spmd_ir
+            if key in seen:
+                seen[key]["labels"].append(p.label)
+                continue
+            peak = p.totals()["peak_bytes_per_device"]
+            seen[key] = {"labels": [p.label], "chosen": p is self.chosen, "totals": p.totals(),
+                         "fits": None if self.budget is None else peak <= self.budget}
+            out.append(seen[key])
+        return out
 
 
 def autoshard(program: str, mesh: dict | None = None, consts: dict | None = None, entry: str | None = None,
@@ -342,21 +374,77 @@ def _spec(s) -> str:
     return str(Sharding(s.dims))
 
 
-def _spec_edits(t: _Text, func, prob, sol, prog, results=True) -> dict:
+def _struct_leaves(structs: dict, name: str, prefix: str, lead: int = 0) -> list:
+    """(dotted path, field declaration, stacking dims before the field's own) of every leaf of a
+    value of struct `name`, depth-first."""
+    out = []
+    for f in structs[name].fields:
+        if f.type.dtype in structs:
+            out += _struct_leaves(structs, f.type.dtype, f"{prefix}.{f.name}", lead + len(f.type.dims or []))
+        else:
+            out.append((f"{prefix}.{f.name}", f, lead))
+    return out
+
+
+def _leaf_constraint(path: str, spec: str) -> str:
+    """`p = replace(p, blocks=replace(p.blocks, w1=shard(p.blocks.w1, {...})))`: one struct leaf constrained."""
+    parts = path.split(".")
+    value = f"shard({path}, {spec})"
+    for k in range(len(parts) - 1, 0, -1):
+        value = f"replace({'.'.join(parts[:k])}, {parts[k]}={value})"
+    return f"{parts[0]} = {value}"
+
+
+def _spec_edits(t: _Text, func, prob, sol, prog, results=True, structs: dict | None = None) -> dict:
     """Insert a spec on every parameter and result of `func` that has none; returns name -> spec of
-    every parameter. results: True (the search's layouts), False (none), or a list of specs."""
+    every parameter (a struct's leaves by their dotted names). results: True (the search's
+    layouts), False (none), or a list of specs. A struct's leaves are laid out by its field specs:
+    a field without one gets the layout the search chose for it in the first parameter of that
+    struct (when its stacking dims are unsplit); struct results follow their declaration."""
+    from .ir.mesh import Sharding
+
+    structs = structs or {}
     params = {}
     by_name = {p.name: p for p in prog.params}
+    fields: dict[int, tuple] = {}  # field declaration -> (it, [(leaf path, chosen sharding, lead)])
     for p in func.params:
+        if p.type.dtype in structs:
+            for path, fd, lead in _struct_leaves(structs, p.type.dtype, p.name, len(p.type.dims or [])):
+                if path not in by_name:
+                    continue
+                sh = prob.sharding(by_name[path], sol)
+                params[path] = _spec(sh)
+                if fd.spec is None:
+                    fields.setdefault(id(fd), (fd, []))[1].append((path, sh, lead))
+            continue
         if p.name not in by_name:
             continue
         params[p.name] = _spec(prob.sharding(by_name[p.name], sol))
         if p.spec is None:
             t.insert(t.span(p.type.span)[1], " " + params[p.name])
-    for i, r in enumerate(func.results):
+    # a field whose leaves the search lays out alike (stacking dims unsplit) gets that spec; the
+    # leaves of one that differs (weights replicated, their Adam moments split) are constrained one
+    # by one at the top of the function
+    constraints = []
+    for fd, leaves in fields.values():
+        inner = {_spec(Sharding(tuple(sh.dims[lead:]))) for _, sh, lead in leaves}
+        if len(inner) == 1 and not any(any(sh.dims[:lead]) for _, sh, lead in leaves):
+            t.insert(t.span(fd.type.span)[1], " " + inner.pop())
+        else:
+            constraints += [(path, _spec(sh)) for path, sh, _ in leaves]
+    if constraints and func.body:
+        first = func.body[0]
+        indent = "\n" + " " * (first.span.col - 1)
+        t.insert(t.extent(first)[0], "".join(_leaf_constraint(path, spec) + indent for path, spec in constraints))
+    i = 0  # the result's (first leaf's) index in prog.results
+    for r in func.results:
+        if r.type.dtype in structs:
+            i += len(_struct_leaves(structs, r.type.dtype, "", len(r.type.dims or [])))
+            continue
         if r.spec is None and i < len(prog.results) and results is not False:
             spec = _spec(prob.value_sharding(prog.results[i].value, sol)) if results is True else results[i]
             t.insert(t.span(r.type.span)[1], " " + spec)
+        i += 1
     return params
 
 
@@ -375,7 +463,7 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
 
     def write(results, wrap: bool):
         t = _Text(text)
-        params = _spec_edits(t, func, prob, sol, prog, results=results)
+        params = _spec_edits(t, func, prob, sol, prog, results=results, structs=structs)
         constraints = _rewrap(t, func, others, chosen, got, prob, sol, c1) if wrap else []
         return _with_overrides(text, module, mesh, consts, base, t), params, constraints
 
@@ -388,8 +476,9 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
             return None
         return Plan(label, source, c, sol.cost, params, constraints)
 
+    structs = {s.name: s for s in module.structs}
     t = _Text(text)
-    params = _spec_edits(t, func, prob, sol, prog)
+    params = _spec_edits(t, func, prob, sol, prog, structs=structs)
     first = _with_overrides(text, module, mesh, consts, base, t)
     c1 = compile_once(first)
     plans = [Plan(label, first, c1, sol.cost, params, [])]
@@ -444,11 +533,16 @@ def _rewrap(t: _Text, func, others, chosen: dict, got: dict, prob, sol, c1) -> l
 def strip_annotations(text: str, keep: dict[str, str] | None = None, filename: str = "<input>",
                       entry: str | None = None) -> str:
     """The program with every sharding annotation of its entry function removed (parameter and
-    result specs, shard() calls), except the parameter specs in `keep` (name -> spec text)."""
+    result specs, the field specs of structs, shard() calls), except the parameter specs in `keep`
+    (name -> spec text)."""
     module, _source = parse(text, filename)
     func = _entry(module, entry)
     keep = keep or {}
     t = _Text(text)
+    for sd in module.structs:
+        for f in sd.fields:
+            if f.spec is not None:
+                t.edits.append((t.span(f.type.span)[1], t.span(f.spec.span)[1], ""))
     for p in func.params:
         if p.spec is not None:
             a = t.span(p.type.span)[1]
@@ -552,9 +646,9 @@ def render_autoshard(console, report: dict) -> None:
     heading(console, f"autoshard  mesh [{mesh}]  solver {report['solver']}  {report['solve_s']:.2f} s  "
             f"({prob['groups']} groups of {prob['units']} values and ops, {prob['variables']:,} variables)")
     chosen = report["chosen"]
-    t = table("parameter", "sharding")
-    for name, spec in chosen["params"].items():
-        t.add_row(escape(name), escape(spec))
+    t = table("parameter", "sharding", "from")
+    for x in chosen["layouts"]:
+        t.add_row(escape(x["name"]), escape(x["sharding"]), x["from"])
     console.print(t)
     if chosen["constraints"]:
         t = table("line", "shard()", "sharding")
@@ -572,12 +666,14 @@ def render_autoshard(console, report: dict) -> None:
     else:
         console.print("the chosen plan needs no collectives")
     heading(console, "plans (modelled step time: collectives + local work, tpu-v4 preset)")
-    t = table("plan", "colls", "bytes", "peak mem", "time us")
-    for p in [chosen] + report["runners_up"] + [report["as_written"]]:
+    budget = report["memory_per_device"]
+    t = table("plan", "colls", "bytes", "peak mem", *(("fits budget",) if budget is not None else ()), "time us")
+    for p in report["plans"]:
         x = p["totals"]
-        label = p["label"] + (" (chosen)" if p is chosen else "")
+        label = " = ".join(p["labels"]) + (" (chosen)" if p["chosen"] else "")
+        fits = (("yes" if p["fits"] else "NO: over budget",) if budget is not None else ())
         t.add_row(escape(label), str(x["collectives"]), f"{x['bytes_per_device']:,}",
-                  f"{x['peak_bytes_per_device']:,}", f"{x['modelled_time_us']:.1f}")
+                  f"{x['peak_bytes_per_device']:,}", *fits, f"{x['modelled_time_us']:.1f}")
     console.print(t)
-    if report["memory_per_device"] is not None:
-        console.print(f"memory budget: {report['memory_per_device']:,} bytes per device")
+    if budget is not None:
+        console.print(f"memory budget: {budget:,} bytes per device")

@@ -3,8 +3,8 @@
 `Generator(chooser).program()` returns the .spmd source text of one program: a mesh of 1-3 axes
 (sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
-contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, layout
-ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
+contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, jax.nn's
+activations, layout ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
 logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout, dynamic indexing x[l],
 dynamic_slice/dynamic_update_slice with value and static starts) and random `shard()`
 constraints, open `?` dims included; with `loops=True`, also `loop` statements (nested up to two
@@ -105,6 +105,22 @@ class Val:
         return prod(self.shape)
 
 
+# Functions that XLA computes with its own approximations, not bit-identical to numpy's: its f32
+# tanh saturates to 1.0 from |x| = 8, numpy's past 9, and 60% of its results differ in the last
+# bits, so ties and floors that argmax, top_k, sort and casts read can break differently (seed
+# 1100196 of the grad/loop generator was such a false alarm). Their results are not exact: no
+# discrete answer (comparison, floor, argmax, cast to int) is drawn from them. Real errors there
+# still show: the values themselves are compared to a tolerance. sqrt and division are correctly
+# rounded everywhere.
+_APPROXIMATE = re.compile(r"\b(tanh|sigmoid|log_sigmoid|gelu|sin|cos|exp|log|rsqrt|pow|erf|log1p|expm1|softplus|silu|"
+                          r"swish|elu|celu|selu|softmax|log_softmax|logsumexp|standardize)\(")
+
+
+def _portable(expr: str) -> bool:
+    """Whether `expr` (a generator form) computes bit-identical results on every backend."""
+    return not _APPROXIMATE.search(expr)
+
+
 def _ty(dtype, shape) -> str:
     return f"{dtype}[{', '.join(map(str, shape))}]"
 
@@ -120,8 +136,12 @@ def _broadcast(a, b):
 
 class Generator:
     def __init__(self, ch, max_devices: int = 24, min_ops: int = 2, max_ops: int = 8, exclude=(), grad=False,
-                 loops=False):
+                 loops=False, wild=False):
         self.ch = ch
+        # `wild`: ids and starts are sometimes i64 parameters (off by default: it draws more, and
+        # tests pin programs by seed); feed such programs `hostile_inputs`
+        self.wild = wild
+        self.index_params: set[str] = set()  # parameters used as ids or starts
         self.grad = grad  # grad_program() draws stop_gradient too
         # `loop` statements too (off by default: a new op would change every seed's program, and
         # tests pin programs by seed)
@@ -222,7 +242,7 @@ class Generator:
         if v.exact:
             forms += ["floor({} * 2.0)", "ceil({})", "sign({})"]
         form = self.ch.choice(forms)
-        return self.assign(form.format(v.name), v.shape, v.dtype, v.exact)
+        return self.assign(form.format(v.name), v.shape, v.dtype, v.exact and _portable(form))
 
     def other_operand(self, a: Val) -> tuple[str, tuple[int, ...], bool] | None:
         """Something to combine with `a` elementwise: a scalar, a pool value, or a fresh parameter."""
@@ -265,6 +285,7 @@ class Generator:
             form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})",
                                    "{} * {} + 1.0", "pow(abs({}) + 0.5, {})"]
                                   + ([] if literal else ["{} / (abs({}) + 1.0)"]))
+        exact = exact and _portable(form)
         if self.ch.chance(0.3):
             x, y = form.format(b, a.name), shape  # operands swapped: scalar on the left too
             return self.assign(x, y, a.dtype, a.exact and exact)
@@ -281,6 +302,33 @@ class Generator:
         form = self.ch.choice(["erf({})", "log1p(abs({}))", "expm1(tanh({}))", "square({})",
                                "gelu({}, approximate=false)", "clip({}, -0.5, 0.5)"])
         return self.assign(form.format(v.name), v.shape, v.dtype, v.exact and form.startswith("clip"))
+
+    def op_activation(self):
+        """jax.nn's activations: elementwise ones, glu on an even dim, log_softmax and standardize
+        over random axes."""
+        a = self.pick(lambda v: v.is_float)
+        if a is None:
+            return None
+        r = self.ch.int(0, 9)
+        if r < 6:
+            form = self.ch.choice(["softplus({})", "log_sigmoid({})", "silu({})", "swish({})", "relu6(4.0 * {})",
+                                   "hard_tanh({})", "leaky_relu({})", "leaky_relu({}, negative_slope=0.2)",
+                                   "elu({})", "elu({}, alpha=0.5)", "celu({}, alpha=2.0)", "selu({})"])
+            return self.assign(form.format(a.name), a.shape, a.dtype, a.exact and _portable(form))
+        even = [d for d, n in enumerate(a.shape) if n % 2 == 0]
+        if r < 8 and even:
+            ax = self.ch.choice(even)
+            shown = ax - len(a.shape) if self.ch.chance(0.5) else ax
+            shape = tuple(n // 2 if d == ax else n for d, n in enumerate(a.shape))
+            return self.assign(f"glu({a.name}, axis={shown})", shape, a.dtype, False)
+        if not a.shape:
+            return None
+        arg, _ = self.axes_arg(len(a.shape))
+        arg = arg or f", axis=[{', '.join(map(str, range(len(a.shape))))}]"
+        if self.ch.chance(0.5):
+            return self.assign(f"log_softmax({a.name}{arg})", a.shape, a.dtype, False)
+        eps = self.ch.choice(["", ", epsilon=0.01"])
+        return self.assign(f"standardize({a.name}{arg}{eps})", a.shape, a.dtype, False)
 
     def op_floor_mod(self):
         """a // b and a % b: on ints (by 0 included), and on exact f32 values only, where a
@@ -560,7 +608,32 @@ class Generator:
             return self.assign(f"dropout({a.name}, {rate}, {seed})", a.shape, "f32", a.exact)
         shape = self.shape()
         kind = "uniform" if r == 0 else "normal"
+        if self.ch.int(0, 1):  # version 3: jax.random's builtins with a key
+            return self.op_jax_random(seed)
         return self.assign(f"random_{kind}({seed}, {_ty('f32', shape)})", shape, "f32", kind == "uniform")
+
+    def op_jax_random(self, seed: str):
+        """A draw from a key (prng_key, random_split, fold_in); u32 bits meet the bitwise ops and
+        leave as i32 (the pool holds no u32)."""
+        key = self.ch.choice([f"prng_key({seed})", f"fold_in(prng_key({seed}), 5)",
+                              f"random_split(prng_key({seed}), 3)[2]"])
+        shape = self.shape()
+        r = self.ch.int(0, 4)
+        if r == 0:
+            a = self.pick(lambda v: v.dtype == "f32")
+            if a is not None:
+                rate = self.ch.choice(["0.1", "0.5"])  # x / keep rounds as XLA's may not: inexact
+                return self.assign(f"dropout({key}, {a.name}, {rate})", a.shape, "f32", False)
+        if r <= 1:
+            return self.assign(f"uniform({key}, {_ty('f32', shape)}, minval=-1.0, maxval=2.0)", shape, "f32", True)
+        if r == 2:
+            return self.assign(f"normal({key}, {_ty('f32', shape)})", shape, "f32", False)
+        if r == 3:
+            return self.assign(f"bernoulli({key}, 0.3, {_ty('bool', shape)})", shape, "bool", True)
+        bits = f"random_bits({key}, {_ty('u32', shape)})"
+        mixed = (f"bitwise_or(bitwise_and(right_shift({bits}, 7), bitwise_xor({bits}, 65535)), "
+                 f"left_shift({bits}, 20))")
+        return self.assign(f"cast(right_shift({mixed}, 1), i32)", shape, "i32", True)
 
     def op_top_k(self):
         a = self.pick(lambda v: v.shape and v.numeric and v.exact and v.dtype != "bf16")
@@ -591,7 +664,7 @@ class Generator:
         shape = a.shape[:ax] + (self.dim(),) + a.shape[ax + 1:]
         if not self.small(shape):
             return None
-        ids = self.param(shape, "i32")
+        ids = self.index_param(shape)
         return self.assign(f"take_along_axis({a.name}, {ids.name}, {ax})", shape, a.dtype, a.exact)
 
     def op_scatter(self):
@@ -599,7 +672,7 @@ class Generator:
         if a is None:
             return None
         ax = self.ch.int(0, len(a.shape) - 1)
-        ids = self.param(self.shape(self.ch.int(0, 2)), "i32")
+        ids = self.index_param(self.shape(self.ch.int(0, 2)))
         ushape = a.shape[:ax] + ids.shape + a.shape[ax + 1:]
         if not self.small(ushape):
             return None
@@ -748,11 +821,17 @@ class Generator:
             return self.assign(f"roll({a.name}, {shift})", a.shape, a.dtype, a.exact)
         return self.assign(f"roll({a.name}, {shift}, {ax})", a.shape, a.dtype, a.exact)
 
+    def index_param(self, shape) -> Val:
+        """A fresh parameter of ids or starts: i32, or now and then i64 in a wild program."""
+        v = self.param(shape, "i64" if self.wild and self.ch.chance(0.3) else "i32")
+        self.index_params.add(v.name)
+        return v
+
     def int_value(self) -> Val:
         fits = [v for v in self.pool if v.dtype == "i32" and v.exact and len(v.shape) <= 2]
         if fits and self.ch.chance(0.5):
             return self.ch.choice(fits)
-        return self.param(self.shape(self.ch.int(0, 2)), "i32")
+        return self.index_param(self.shape(self.ch.int(0, 2)))
 
     def op_take(self):
         a = self.pick(lambda v: v.shape and v.dtype != "bool")
@@ -775,7 +854,7 @@ class Generator:
         if self.ch.chance(0.15):
             return str(self.ch.int(-index_of, index_of - 1) if index_of else self.ch.int(-3, 9))
         fits = [v for v in self.pool if v.dtype == "i32" and v.exact and not v.shape]
-        v = self.ch.choice(fits) if fits and self.ch.chance(0.4) else self.param((), "i32")
+        v = self.ch.choice(fits) if fits and self.ch.chance(0.4) else self.index_param(())
         return f"{v.name} - {self.ch.int(1, 9)}" if self.ch.chance(0.2) else v.name
 
     def op_dynamic_slice(self):
@@ -886,14 +965,14 @@ class Generator:
         self.lines.append("  }")
         del self.pool[saved:]
         self.pool.remove(carry)
-        exact = carry.exact and b.exact
+        exact = carry.exact and b.exact and _portable(update)
         return self.assign(carry.name, carry.shape, "f32", exact)
 
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
            ("expand_squeeze", 1), ("slice", 2), ("concat", 2), ("pad", 2), ("roll", 2), ("take", 2),
            ("one_hot", 1), ("iota", 1), ("cast", 2), ("shard", 4), ("logical", 1), ("conv", 1), ("scan", 2),
-           ("unary_more", 2), ("floor_mod", 2),
+           ("unary_more", 2), ("floor_mod", 2), ("activation", 2),
            ("top_k", 1), ("sort", 1), ("take_along", 1), ("scatter", 1), ("einsum3", 1),
            ("pool", 1), ("random", 1), ("dynamic_slice", 1), ("dynamic_update", 1))
 
@@ -971,3 +1050,81 @@ class Generator:
         return (f"{mesh}\nfunc loss({plain}) -> f32[] {{\n{body}\n  return {terms}\n}}\n"
                 f"func main({params}) -> {ret} {{\n  {', '.join(lhs)} = {call}\n"
                 f"  return {', '.join(lhs)}\n}}\n")
+
+
+# ---------------------------------------------------------------------------------- hostile inputs
+
+_FAR_IDS = {"i32": (-2**31, 2**31 - 1, -1, -7, 40, 1000), "i64": (2**32, 2**32 + 1, -2**32, 2**40 + 3, 2**63 - 1,
+                                                                   -2**63, -1, 40)}
+
+
+def reassociates(src: str) -> bool:
+    """Whether the program has an einsum of three or more operands: the partitioner may contract
+    it in another pairwise order than the reference, and with infinities that is not only a
+    rounding difference (inf * (-inf + 1) is -inf, inf * -inf + inf * 1 is NaN)."""
+    return any(spec.split("->")[0].count(",") >= 2 for spec in re.findall(r'einsum\("([^"]*)"', src))
+
+
+_MULTIPLYING = frozenset({"mul", "div", "einsum", "conv"})
+
+
+def multiplies_pending_sums(compiled) -> bool:
+    """Whether the plan multiplies a value that still owes a sum (a partial value, as GSPMD and
+    XLA also do: x @ w distributes over the pending sum of x). Each shard's part holds zeros where
+    another shard holds the numbers, and 0 * inf is NaN where inf * (sum of the parts) is not: with
+    infinities that is IEEE arithmetic not surviving distributivity, not a wrong plan, so such
+    programs are fed NaN only (NaN propagates alike either way)."""
+    produced = compiled.spmd.produced
+
+    def walk(ops) -> bool:
+        for op in ops:
+            if op.kind in _MULTIPLYING and any(getattr(produced.get(v), "partial", ()) for v in op.operands):
+                return True
+            if any(walk(r.ops) for r in op.regions):
+                return True
+        return False
+
+    return walk(compiled.program.ops)
+
+
+def special_floats(src: str, compiled=None) -> tuple[float, ...]:
+    """The non-finite values hostile inputs may hold for program `src` (compiled as `compiled`):
+    NaN and +-inf; NaN only where an einsum reassociates or the plan multiplies a pending sum;
+    none where it convolves (XLA skips a conv's padding and dilation holes, the reference
+    multiplies them as zeros: 0 * inf and 0 * NaN are NaN there; docs/language.md says so)."""
+    if re.search(r"\bconv\(", src):
+        return ()
+    if reassociates(src) or (compiled is not None and multiplies_pending_sums(compiled)):
+        return (float("nan"),)
+    return (float("nan"), float("inf"), float("-inf"))
+
+
+def hostile_inputs(prog, index_params=(), seed: int = 0, special=(float("nan"), float("inf"), float("-inf"))):
+    """Inputs for a compiled program's parameters (`prog`: its IR program) as `random_inputs`
+    gives them, made hostile: some float parameters get `special` values (NaN, +inf, -inf; pass
+    `special_floats(src)`) at random places, and the ids and starts (`index_params`, e.g.
+    Generator.index_params) get out-of-range values, negative and past the end, up to the
+    extremes of their width. Most elements stay ordinary, so that results are still compared on
+    real numbers."""
+    import numpy as np
+
+    from spmdlang.inputs import random_inputs
+
+    rng = np.random.default_rng(seed)
+    out = random_inputs(prog, seed)
+    for p in prog.params:
+        a = out[p.name].copy()
+        if not a.size:
+            continue
+        flat = a.reshape(-1)
+        kind = a.dtype.kind if a.dtype.name != "bfloat16" else "f"
+        if kind == "f" and special and rng.random() < 0.4:
+            hit = rng.random(flat.size) < 0.1
+            hit[rng.integers(flat.size)] = True
+            flat[hit] = rng.choice(np.array(special, np.float32), hit.sum()).astype(a.dtype)
+        elif kind in "iu" and p.name in index_params:
+            hit = rng.random(flat.size) < 0.4
+            far = np.array(_FAR_IDS.get(str(p.value.type.dtype), _FAR_IDS["i32"]), dtype=a.dtype)
+            flat[hit] = rng.choice(far, hit.sum())
+        out[p.name] = a
+    return out

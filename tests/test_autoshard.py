@@ -389,3 +389,61 @@ def test_measured_collectives_no_more_than_xla_with_the_hand_annotations(name):
     assert ours[0] <= xla[0] and ours[1] <= xla[1], (ours, xla)
     if name.startswith("train_"):  # and no more bytes than our partitioner on the hand annotations
         assert ours[1] <= measured(spmdlang.compile(str(ROOT / "programs" / name)), "jax")[1]
+
+
+# ---------------------------------------------------------------------------------- the report
+
+
+def _report_text(rep: dict, width: int = 200) -> str:
+    import io
+
+    from rich.console import Console
+
+    from spmdlang.shard_search import render_autoshard
+
+    out = io.StringIO()
+    render_autoshard(Console(file=out, width=width, color_system=None), rep)
+    return out.getvalue()
+
+
+def test_report_lists_each_distinct_plan_once_and_every_parameters_layout():
+    """mlp annotates x, w1 and w2: the search's plan compiles to the program as written, so the
+    two are one row; every parameter says what it gets and where that came from."""
+    r = autoshard(str(ROOT / "programs" / "mlp.spmd"))
+    rep = r.report()
+    labels = [lab for p in rep["plans"] for lab in p["labels"]]
+    assert len(labels) == len(set(labels)) == 2 + len(rep["runners_up"])  # every candidate, once
+    assert rep["plans"][0]["chosen"] and rep["plans"][0]["labels"] == ["autoshard", "as written"]
+    assert len({json.dumps(p["totals"], sort_keys=True) for p in rep["plans"]}) == len(rep["plans"])
+    got = {x["name"]: (x["sharding"], x["from"]) for x in rep["chosen"]["layouts"]}
+    assert got == {"x": ("{data, _}", "as written"), "w1": ("{_, model}", "as written"),
+                   "b1": ("{model}", "autoshard"), "w2": ("{model, _}", "as written"), "b2": ("{_}", "autoshard")}
+    text = _report_text(rep)
+    assert text.count("as written") == 1 + 3 and "autoshard = as written (chosen)" in text  # 3: the layouts
+
+
+def test_report_when_the_program_is_kept_as_written():
+    """The program as written chosen: one row for it, and its parameters' layouts are listed
+    (written, or inferred by propagation), never an empty table."""
+    import dataclasses
+
+    r = autoshard(str(ROOT / "programs" / "mlp.spmd"))
+    kept = dataclasses.replace(r, chosen=r.as_written, runners_up=[r.chosen, *r.runners_up])
+    rep = kept.report()
+    assert [p["labels"] for p in rep["plans"]][0] == ["as written", "autoshard"]
+    assert sum("as written" in p["labels"] for p in rep["plans"]) == 1
+    got = {x["name"]: (x["sharding"], x["from"]) for x in rep["chosen"]["layouts"]}
+    assert got["b1"] == ("{model}", "propagation") and got["x"] == ("{data, _}", "as written")
+    assert len(got) == 5
+    text = _report_text(rep)
+    assert "as written = autoshard (chosen)" in text and "b1          {model}      propagation" in text
+
+
+def test_report_under_a_budget_marks_the_plans_that_do_not_fit():
+    r = searched("mlp.spmd", 2_362_400)
+    rep = r.report()
+    assert rep["plans"][0]["chosen"] and rep["plans"][0]["fits"]
+    over = [p for p in rep["plans"] if p["totals"]["peak_bytes_per_device"] > 2_362_400]
+    assert over and all(p["fits"] is False for p in over)
+    text = _report_text(rep)
+    assert text.count("NO: over budget") == len(over) and "fits budget" in text

@@ -13,7 +13,7 @@ from test_errors import M, check
     ("max(e, axis=0)", "0)", "max over an empty dimension has no identity"),
     ("min(e, 0)", "0)", "min over an empty dimension has no identity"),
     ("argmax(e, axis=0)", "0)", "argmax of an empty dimension"),
-    ("where(t, t, t)", "t, t, t", "where: the condition must be bool, got f32[4, 3]"),
+    ('where("yes", t, t)', '"yes"', "argument 'cond' of where() must be a tensor, got a string"),
     ("concat([t, i], 0)", "[t, i]", "concat: shapes f32[4, 3] and f32[2] differ outside axis 0"),
     ("pad(t, [[0, -1]])", "[[0, -1]]", "pad: padding must be non-negative"),
     ("reshape(t, [5, 2])", "[5, 2]", "reshape: cannot reshape f32[4, 3] (12 elements) to [5, 2] (10)"),

@@ -27,6 +27,7 @@ _NP = {
     "bool": np.dtype(np.bool_),
     "f64": np.dtype(np.float64),
     "i64": np.dtype(np.int64),
+    "u32": np.dtype(np.uint32),
 }
 _NAME = {v: k for k, v in _NP.items()}
 _TOL = {"f32": (1e-5, 1e-5), "f64": (1e-12, 1e-12), "f16": (2e-3, 2e-3), "bf16": (2e-2, 2e-2)}
@@ -87,6 +88,8 @@ def _random(dtype: str, shape, rng) -> np.ndarray:
         return rng.random(shape) < 0.5
     if dtype in ("i32", "i64"):
         return rng.integers(-8, 8, size=shape).astype(_NP[dtype])
+    if dtype == "u32":
+        return rng.integers(0, 2**32, size=shape).astype(np.uint32)
     return rng.standard_normal(shape).astype(_NP[dtype])
 
 
@@ -187,6 +190,8 @@ _UNARY_F = [
     ("log1p", np.log1p, (3, 5)),
     ("expm1", np.expm1, None),
     ("square", np.square, None),
+    ("softplus", lambda x: np.logaddexp(x, 0), None),
+    ("relu6", lambda x: np.minimum(np.maximum(x, 0), 6), None),
 ]
 
 
@@ -240,6 +245,12 @@ def _unary_cases():
                     tol=(1e-6, 0)))
     out.append(Case("expm1-tiny", "x: f32[3]", "expm1(x)", lambda x: np.expm1(x), {"x": lambda r: [1e-10, 0, -1e-7]},
                     tol=(1e-6, 0)))
+    out.append(Case("relu6-large", "x: f32[6]", "relu6(x)", lambda x: np.minimum(np.maximum(x, 0), 6),
+                    {"x": lambda r: [-7, 0, 3, 6, 8, np.inf]}))
+    out.append(Case("softplus-large", "x: f32[6]", "softplus(x)", lambda x: np.logaddexp(x, 0).astype(f32),
+                    {"x": lambda r: [-np.inf, -100, -20, 0, 20, 100]}, tol=(1e-6, 0)))
+    out.append(Case("relu6-i32", "x: i32[5]", "relu6(x)", lambda x: np.clip(x, 0, 6).astype(f32),
+                    {"x": lambda r: [-3, 0, 4, 6, 9]}))
     out.append(Case("clip", "x: f32[3, 5]", "clip(x, -0.5, 0.5)", lambda x: np.clip(x, -0.5, 0.5)))
     out.append(Case("clip-tensor-bounds", "x: f32[3, 5], lo: f32[5], hi: f32[3, 1]", "clip(x, lo, hi)",
                     lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi)))
@@ -794,7 +805,54 @@ def _random_cases():
         Case("dropout", "x: f32[4, 6]", "dropout(x, 0.25, 11)",
              lambda x: np.where(uniform_ref(11, (4, 6)) >= f32(0.25), x * f32(1 / 0.75), f32(0)), tol=(1e-6, 1e-6)),
         Case("dropout-rate-0", "x: f32[4]", "dropout(x, 0, 1)", lambda x: x),
+        *_jax_random_cases(),
     ]
+
+
+def _jax_random_cases():
+    """Version 3's builtins against the jax.random function of the same name (jax itself)."""
+    import jax
+
+    r = jax.random
+    k = {"k": lambda rng: rng.integers(0, 2**32, size=2)}
+    a = lambda f: lambda *xs: np.asarray(f(*xs))  # noqa: E731
+    return [
+        Case("prng_key", "s: i32[]", "prng_key(s)", a(lambda s: r.key_data(r.PRNGKey(int(s)))), {"s": lambda rng: -5}),
+        Case("random_split", "k: u32[2]", "random_split(k, 3)", a(lambda k: r.split(k, 3)), k),
+        Case("fold_in", "k: u32[2]", "fold_in(k, 4000000000)", a(lambda k: r.fold_in(k, 4000000000)), k),
+        Case("random_bits", "k: u32[2]", "random_bits(k, u32[3, 7])", a(lambda k: r.bits(k, (3, 7))), k),
+        Case("uniform", "k: u32[2]", "uniform(k, f32[5, 3], minval=-1.5, maxval=2.0)",
+             a(lambda k: r.uniform(k, (5, 3), np.float32, -1.5, 2.0)), k, tol=(0, 0)),
+        Case("normal", "k: u32[2]", "normal(k, f32[4, 5])", a(lambda k: r.normal(k, (4, 5))), k, tol=(3e-7, 3e-7)),
+        Case("bernoulli", "k: u32[2]", "bernoulli(k, 0.3, bool[6, 4])", a(lambda k: r.bernoulli(k, 0.3, (6, 4))), k),
+        Case("dropout-key", "k: u32[2], x: f32[4, 6]", "dropout(k, x, 0.25)",
+             a(lambda k, x: jax.lax.select(r.bernoulli(k, 0.75, x.shape), x / 0.75, np.zeros_like(x))),
+             k, tol=(2e-7, 0)),
+    ]
+
+
+def _bitwise_cases():
+    u = "a: u32[3, 5], b: u32[3, 5]"
+    s = {"b": lambda rng: rng.integers(0, 40, size=(3, 5))}  # counts of 32 and more too
+    return [
+        Case("bitwise_and", u, "bitwise_and(a, b)", np.bitwise_and),
+        Case("bitwise_or", u, "bitwise_or(a, b)", np.bitwise_or),
+        Case("bitwise_xor", u, "bitwise_xor(a, b)", np.bitwise_xor),
+        Case("bitwise_and-bool", "a: bool[4], b: bool[4]", "bitwise_and(a, b)", np.bitwise_and),
+        Case("left_shift", u, "left_shift(a, b)",
+             lambda a, b: np.where(b < 32, a << np.minimum(b, 31), 0).astype(np.uint32), s),
+        Case("right_shift", u, "right_shift(a, b)",
+             lambda a, b: np.where(b < 32, a >> np.minimum(b, 31), 0).astype(np.uint32), s),
+        Case("right_shift-i32", "a: i32[3, 5], b: i32[3, 5]", "right_shift(a, b)",
+             lambda a, b: np.where(b < 32, a >> np.minimum(b, 31), np.where(a < 0, -1, 0)).astype(np.int32),
+             {"a": lambda rng: rng.integers(-2**31, 2**31, size=(3, 5)), **s}),
+        Case("u32-literal", "a: u32[4]", "right_shift(a, 9) + 1", lambda a: (a >> 9) + np.uint32(1)),
+    ]
+
+
+@cases(*_bitwise_cases())
+def test_bitwise(case):
+    check_case(case)
 
 
 def normal_ref(seed, shape):
@@ -1735,7 +1793,8 @@ CONTRACT_BUILTINS = (
     "softmax logsumexp einsum transpose reshape broadcast_to expand_dims squeeze concat pad roll "
     "take one_hot conv iota zeros ones full erf log1p expm1 square clip cumsum cumprod cummax "
     "top_k sort argsort take_along_axis scatter_add max_pool avg_pool random_uniform random_normal dropout "
-    "dynamic_slice dynamic_update_slice"
+    "dynamic_slice dynamic_update_slice "
+    "prng_key random_split fold_in random_bits uniform normal bernoulli"  # version 3: jax.random
 ).split()
 
 
@@ -1754,6 +1813,7 @@ def test_every_contract_builtin_exists_and_is_tested():
             _einsum_many_cases(),
             _pool_cases(),
             _random_cases(),
+            _bitwise_cases(),
             *(m.args[1] for f in list(globals().values()) for m in getattr(f, "pytestmark", []) if m.args),
         )
         for c in group

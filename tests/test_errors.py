@@ -79,11 +79,35 @@ def test_syntax_error(src, at, fragment, nth):
 
 
 def test_syntax_error_at_end_of_file():
-    src = M + "func main(x: f32[4]) -> f32[4] {\n  return x"
+    src = M + "func main(x: f32[4]) -> f32[4] {\n  return sum(x,"
     e = compile_error(src)
     # the caret sits just past the last character, on the last line
-    assert (e.line, e.col) == (3, len("  return x") + 1)
-    assert "unexpected end of file" in e.message and "'}'" in e.message
+    assert (e.line, e.col) == (3, len("  return sum(x,") + 1)
+    assert "unexpected end of file" in e.message
+
+
+@pytest.mark.parametrize(
+    "src, at, found",
+    [
+        # the file ends inside the function: the function's brace
+        (M + "func main(x: f32[4]) -> f32[4] {\n  y = x + 1.0\n  return y\n", "{\n  y", "end of file"),
+        # the next function starts: the first function's brace, not the line after its statement
+        (M + "func f(x: f32[4]) -> f32[4] {\n  return x\n\nfunc main(x: f32[4]) -> f32[4] {\n  return f(x)\n}\n",
+         "{\n  return x", "keyword 'func'"),
+        # a loop's block is left open: the `}` that closes the function tells which brace lost its own
+        (M + "func main(x: f32[4]) -> f32[4] {\n  loop i in range(3) {\n    x = x + 1.0\n"
+         "  return x\n}\n", "{\n    x", "end of file"),
+    ],
+)
+def test_missing_closing_brace_is_reported_at_the_unclosed_brace(src, at, found):
+    e = compile_error(src)
+    assert (e.line, e.col) == locate(src, at), e.render()
+    assert e.message == f"this '{{' is never closed: expected '}}' before {found}"
+
+
+def test_a_closed_brace_is_not_blamed_for_another_syntax_error():
+    e = compile_error(M + "func main(x: f32[4]) -> f32[4] {\n  y = x x\n  return y\n}\n")
+    assert "never closed" not in e.message
 
 
 def test_syntax_error_says_what_was_expected():
@@ -251,9 +275,9 @@ def test_open_dims_allowed_in_shard():
                 "@ needs numeric operands",
             ),
             (
-                M + "func main(a: f32[4], b: f32[4]) -> f32[4] { return where(a, a, b) }",
-                "a, a, b",
-                "the condition must be bool",
+                M + 'func main(a: f32[4], b: f32[4]) -> f32[4] { return where("a", a, b) }',
+                '"a"',
+                "argument 'cond' of where() must be a tensor",
             ),
             (
                 M + "func main(a: f32[4, 3], b: f32[4, 2]) -> f32[8, 3] { return concat([a, b], 0) }",
@@ -520,9 +544,14 @@ def test_two_meshes():
                 "devices; at most",
             ),
             (
-                M + "const A = 1.5\nfunc main(a: f32[4]) -> f32[4] { return a }",
-                "1.5",
-                "const 'A' must be a static integer",
+                M + "const A = true\nfunc main(a: f32[4]) -> f32[4] { return a }",
+                "true",
+                "const 'A' must be an integer or a float, got a bool",
+            ),
+            (
+                M + "const A = 1.5\nfunc main(a: f32[A]) -> f32[4] { return a }",
+                "A]",
+                "a dimension must be a static integer; 'A' is a float const (1.5)",
             ),
             (
                 M + "const A = 1\nconst A = 2\nfunc main(a: f32[4]) -> f32[4] { return a }",
@@ -833,9 +862,9 @@ def test_override_with_bad_size():
 @pytest.mark.parametrize(
     "kw, at, fragment",
     [
-        ({"consts": {"B": 2.5}}, "B =", "--set B=2.5: consts are integers"),
-        ({"consts": {"B": True}}, "B =", "consts are integers"),
-        ({"consts": {"B": "4"}}, "B =", "consts are integers"),
+        ({"consts": {"B": 2.5}}, "B =", "--set B=2.5: 'B' is an integer const; give an integer"),
+        ({"consts": {"B": True}}, "B =", "'B' is an integer const"),
+        ({"consts": {"B": "4"}}, "B =", "'B' is an integer const"),
         ({"mesh": {"x": True}}, "x=2", "sizes must be positive integers"),
     ],
 )
@@ -951,6 +980,6 @@ def test_render_shows_the_right_line_after_a_form_feed():
 
 
 def test_render_caret_at_end_of_line():
-    e = compile_error(M + "func main(x: f32[4]) -> f32[4] { return x")
+    e = compile_error(M + "func main(x: f32[4]) -> f32[4] { return sum(x,")
     lines = e.render().splitlines()
     assert lines[2].index("^") == e.col - 1 == len(lines[1])

@@ -144,7 +144,7 @@ RULES += [(f"{op} like reduce_sum", op, [(8, 16, 4)], {"axes": (1,)}, "([i, j, k
           for op in ("reduce_prod", "reduce_min")]
 RULES += [("argmin", "argmin", [(8, 16)], {"axis": 0}, "([i, j]) -> ([j]) reduction={i}")]
 RULES += [(f"{op} like exp", op, [(8, 16)], {}, "([i, j]) -> ([i, j])")
-          for op in "gelu_erf erf log1p expm1 square stop_gradient".split()]
+          for op in "gelu_erf erf log1p expm1 square stop_gradient softplus relu6".split()]
 RULES += [(f"{op} like add", op, [(8, 16), (8, 16)], {}, "([i, j], [i, j]) -> ([i, j])") for op in ("floordiv", "mod")]
 RULES += [
     # scans: the scanned dim is a permutation factor (a local scan and a prefix of shard totals)
@@ -166,7 +166,16 @@ RULES += [
      "([i, j, k, l]) -> ([i, m, n, l]) permutation={j, k, m, n}"),
     # random: elementwise in the counter; the seed is a scalar
     ("random", "random", [(I32, ()), (I32, (4, 8))], {"dist": "uniform", "dtype": "f32"}, "([], [i, j]) -> ([i, j])"),
+    # jax.random's draws: the key is read whole; every result dim may be split (global counters),
+    # except the pair of key words of a split
+    ("random_draw", "random_draw", [("u32", (2,))], {"dist": "uniform", "dtype": "f32", "shape": (4, 8),
+                                                     "minval": 0.0, "maxval": 1.0},
+     "([i]) -> ([j, k]) need_replication={i}"),
+    ("random_draw split", "random_draw", [("u32", (2,))], {"dist": "split", "dtype": "u32", "shape": (5,)},
+     "([i]) -> ([j, k]) need_replication={i, k}"),
 ]
+RULES += [(f"{op} like add", op, [("u32", (8, 16)), ("u32", (8, 16))], {}, "([i, j], [i, j]) -> ([i, j])")
+          for op in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift")]
 
 
 @pytest.mark.parametrize("name, op, operands, attrs, expected", RULES, ids=[r[0] for r in RULES])

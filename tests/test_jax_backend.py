@@ -17,7 +17,7 @@ from math import prod
 from pathlib import Path
 
 import pytest
-from progen import Generator, RandomChooser
+from progen import Generator, RandomChooser, hostile_inputs, special_floats
 
 import spmdlang
 from spmdlang.backend_jax.hlo import collectives, compiled_text
@@ -39,7 +39,8 @@ def _tol(src: str):
 def _hlo_collectives(c, backend: str):
     r = c.runner(backend)
     inputs = c.random_inputs(0)
-    args = r.module.place([inputs[p.name] for p in c.program.params], r.mesh)
+    m = r.module  # struct parameters go in as nested dicts
+    args = m.place(m._nest([inputs[p.name] for p in c.program.params], m.GLOBAL_SHAPES), r.mesh)
     return collectives(compiled_text(r.fn, *args))
 
 
@@ -83,18 +84,22 @@ ISSUE_SEEDS = (100175, 100605, 400580, 400681, 400820)  # wrong answers / a cras
 KNOWN_JAX_FAILURES: dict[int, str] = {}  # none open; seed 300061 (scatter_add) was fixed and stays in the sweep
 
 
-def jax_sweep(seeds, max_devices: int = 16, compiler_options=FAST_CPU_COMPILE) -> None:
-    """Programs `Generator(RandomChooser(seed), max_devices).program()`: ref == sim == jax."""
+def jax_sweep(seeds, max_devices: int = 16, compiler_options=FAST_CPU_COMPILE, wild: bool = False) -> None:
+    """Programs `Generator(RandomChooser(seed), max_devices, wild=wild).program()`: ref == sim ==
+    jax. `wild`: i64 ids and starts among the parameters, and `hostile_inputs` (NaN and +-inf in
+    some float parameters, ids and starts out of range, up to the extremes of their width)."""
     failures = []
-    known = KNOWN_JAX_FAILURES if max_devices == 16 else {}
+    known = KNOWN_JAX_FAILURES if max_devices == 16 and not wild else {}
     for seed in seeds:
-        src = Generator(RandomChooser(seed), max_devices=max_devices).program()
+        gen = Generator(RandomChooser(seed), max_devices=max_devices, wild=wild)
+        src = gen.program()
         try:
             c = spmdlang.compile(src)
             if compiler_options is not None:  # this test's cheaper compile; diff is unchanged
                 c._runners["jax"] = ModuleRunner(c.jax_source, "spmdlang_jax", c.mesh.size, program=c.program,
                                                  compiler_options=compiler_options)
-            d = c.diff(backends=["ref", "sim", "jax"], rtol=_tol(src), atol=_tol(src))
+            inputs = hostile_inputs(c.program, gen.index_params, seed, special_floats(src, c)) if wild else None
+            d = c.diff(inputs, backends=["ref", "sim", "jax"], rtol=_tol(src), atol=_tol(src))
             if not d["ok"]:
                 bad = [r for r in d["results"] if not r["ok"]]
                 failures.append(f"seed {seed}: {bad}\n{src}")
@@ -109,13 +114,14 @@ def jax_sweep(seeds, max_devices: int = 16, compiler_options=FAST_CPU_COMPILE) -
 
 @pytest.mark.parametrize("block", range(6))
 def test_random_programs_on_jax(block):
-    jax_sweep(range(300_000 + block * 50, 300_000 + (block + 1) * 50))
+    """Half the blocks as ever, half wild (NaN/inf inputs, i64 and out-of-range ids): same time."""
+    jax_sweep(range(300_000 + block * 50, 300_000 + (block + 1) * 50), wild=block % 2 == 1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", range(20))
 def test_random_programs_on_jax_long(block):
-    jax_sweep(range(310_000 + block * 250, 310_000 + (block + 1) * 250), max_devices=64)
+    jax_sweep(range(310_000 + block * 250, 310_000 + (block + 1) * 250), max_devices=64, wild=block % 2 == 1)
 
 
 @pytest.mark.parametrize("seed", ISSUE_SEEDS)

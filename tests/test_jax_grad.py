@@ -51,8 +51,10 @@ def _loss(c, backend, arrays, floats, cotangents):
             full[i] = x
         # the module's place() pads uneven dims with numpy; pad with jnp so jax.grad sees through
         padded = [jnp.pad(jnp.asarray(a), [(0, t - n) for n, t in zip(a.shape, mod._padded_shape(a.shape, s, r.mesh))])
-                  for a, s in zip(full, mod.IN_SPECS)]
-        outs = r.fn(*padded)
+                  if np.ndim(a) else jnp.asarray(a)  # jnp.pad rejects scalars
+                  for a, s in zip(full, mod._leaves(mod.IN_SPECS, mod.GLOBAL_SHAPES))]
+        # a struct parameter or result is a nested dict in the module: flat leaves in, flat leaves out
+        outs = mod._leaves(r.fn(*mod._nest(padded, mod.GLOBAL_SHAPES)), mod.RESULT_SHAPES)
         total = 0.0
         for o, ct in zip(outs, cotangents):
             if ct is not None:

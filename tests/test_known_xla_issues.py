@@ -147,3 +147,21 @@ def test_single_strided_slice_into_a_finely_split_dim_reproduction():
     out = _run_snippet(_doc_snippets()[4])
     assert "unsharded [1. 4.]" in out  # unpartitioned: right
     assert "sharded   [0. 3.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
+
+
+def test_gather_of_a_window_reproduction_shows_xla_clamps_to_the_operand():
+    out = _run_snippet(_doc_snippets()[5])
+    assert "eager   10.0" in out and "clamped 10.0" in out  # right
+    assert "jit     60.0" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
+
+
+def test_all_reduce_max_drops_nan_reproduction():
+    out = _run_snippet(_doc_snippets()[6])
+    assert "jnp.max nan" in out  # right
+    assert "pmax    [1.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
+
+
+def test_multiply_by_a_converted_bool_reproduction_shows_xla_drops_nan():
+    out = _run_snippet(_doc_snippets()[7])
+    assert "eager  nan" in out and "select nan" in out  # right
+    assert "jit    0.0" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"

@@ -28,6 +28,7 @@ LAYERS = {
     "spmdlang.explain": 5,
     "spmdlang.oplist": 5,
     "spmdlang.api": 6,
+    "spmdlang.importer": 6,  # from_jax: traces with jax, writes .spmd source, compiles through the API
     "spmdlang.shard_search": 6,  # autoshard: compiles candidates through the API
     "spmdlang.search": 2,
     "spmdlang.cli": 7,

@@ -68,11 +68,30 @@ def _entry(**over):
     ({"stage": Stage.local}, "never partitioned"),
     ({"constraint": True}, "global programs only"),
     ({"colour": "red"}, "unexpected keyword"),
+    ({"builtin": "floats"}, "builtin 'floats' is not one of"),
+    ({"builtin": "float", "example": (("f32[2]",), {"k": 1})}, "no attributes"),
+    ({"builtin": "float", "family": Family.layout}, "is elementwise"),
 ])
 def test_register_rejects_incomplete_entries(over, message):
     with pytest.raises(OpTableError, match=message):
         registry.register("test_incomplete_op", **_entry(**over))
     assert "test_incomplete_op" not in registry.OPS
+
+
+def test_the_builtins_of_an_op_name_come_from_the_table():
+    """An entry with `builtin` is the builtin of its name, one tensor per operand, and a float-only
+    one computes ints in floats (as numpy does); gelu_erf, without it, is no builtin."""
+    import spmdlang
+    from spmdlang.frontend.builtins import BUILTINS
+
+    declared = [op for op in registry.OPS.values() if op.builtin is not None]
+    assert {"exp", "relu", "logical_not", "maximum", "pow", "logical_and"} <= {op.name for op in declared}
+    for op in declared:
+        params = [(p[0], str(p[1])) for p in BUILTINS[op.name].params]
+        assert params == ([("x", "tensor")] if len(op.example[0]) == 1 else [("a", "tensor"), ("b", "tensor")])
+    assert "gelu_erf" not in BUILTINS and "add" not in BUILTINS
+    ir = spmdlang.compile("mesh [d=2]\nfunc main(x: i32[4]) -> f32[4] { return exp(x) }").ir
+    assert "cast" in ir and "exp" in ir
 
 
 def test_register_rejects_a_second_entry_of_a_name():

@@ -89,3 +89,80 @@ def test_no_token_is_split_across_lines(width):
         assert token in text, f"'{token}' is split across lines at {width} columns"
     for v in report["values"]:
         assert v["sharding"] in text and v["type"] in text
+
+
+# ---------------------------------------------------------------------------------- piped output
+# What `spmdlang ... | less` or `> file` shows: stdout is not a terminal, the width is COLUMNS (80
+# when unset). A table too wide for it wraps its cells; no character is ever cut.
+
+PIPED = {
+    "check_moe": ["check", "programs/moe.spmd"],
+    "explain_train_stack_scan": ["explain", "programs/train_stack_scan.spmd"],
+    "explain_mlp_show_h": ["explain", "programs/mlp.spmd", "--show", "h"],
+    "autoshard_mlp_budget": ["autoshard", "programs/mlp.spmd", "--memory-per-device", "2362400", "-o", "{tmp}"],
+    "run_mlp": ["run", "programs/mlp.spmd", "--backend", "ref", "--set", "B=4,D=8,F=8"],
+}
+
+
+def _piped(argv: list[str], width: int, tmp_path) -> str:
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(width)}
+    env.pop("LINES", None)
+    argv = [a.replace("{tmp}", str(tmp_path / "out.spmd")) for a in argv]
+    r = subprocess.run([sys.executable, "-m", "spmdlang", *argv], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[bold]" not in r.stdout and "…" not in r.stdout
+    # the solve time is the one figure that changes from run to run
+    return "\n".join(line.rstrip() for line in re.sub(r"solver (\w+)  [0-9.]+ s", r"solver \1  T s",
+                                                     r.stdout).splitlines()) + "\n"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("case", sorted(PIPED))
+def test_piped_output_golden(case, width, tmp_path):
+    text = _piped(PIPED[case], width, tmp_path)
+    assert max(len(line) for line in text.splitlines()) <= width
+    _check(text, GOLDEN / f"piped_{case}_{width}.txt")
+
+
+def _lost(text: str, cells: list[str]) -> dict:
+    """The characters of `cells` that `text` does not show (as many times as the cells hold them)."""
+    from collections import Counter
+
+    missing = Counter("".join(cells).replace(" ", "")) - Counter(text.replace(" ", "").replace("\n", ""))
+    return dict(missing)
+
+
+# programs whose tables rich used to cut at 80 columns (the "why" column, or a column pushed off the edge)
+CUT_BEFORE = ("moe", "moe_top2", "pipeline", "train_pipeline_microbatch", "train_stack_scan", "mlp")
+
+
+@pytest.mark.parametrize("width", (50, 80, 200))
+@pytest.mark.parametrize("name", CUT_BEFORE)
+def test_no_table_cell_is_cut(name, width):
+    c = _compiled(name)
+    report = c.explain_report()
+    text = _render(width, lambda con: render_explain(con, c, report))
+    cells = [str(v[k]) for v in report["values"] for k in ("name", "type", "sharding", "reason")]
+    cells += [x["reason"] + x["kind"] + f"{x['bytes_per_device']:,}" for x in report["collectives"]]
+    assert not _lost(text, cells), f"cut at {width} columns: {_lost(text, cells)}"
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+
+
+def test_no_autoshard_or_diff_or_bench_cell_is_cut():
+    from spmdlang.shard_search import autoshard, render_autoshard
+
+    rep = autoshard(str(ROOT / "programs" / "mlp.spmd"), memory_per_device=2_362_400).report()
+    for width in (40, 80):
+        text = _render(width, lambda con: render_autoshard(con, rep))
+        cells = [x["reason"] for x in rep["chosen"]["collectives"]] + [" = ".join(p["labels"]) for p in rep["plans"]]
+        cells += [x["name"] + x["sharding"] + x["from"] for x in rep["chosen"]["layouts"]]
+        assert not _lost(text, cells), (width, _lost(text, cells))
+        for draw, cells in ((lambda con: render_diff(con, DIFF), ["backend", "xla", "0.000977"]),
+                            (lambda con: render_bench(con, BENCH), ["786,432", "fastest call", "0.05 s"])):
+            text = _render(width, draw)
+            assert not _lost(text, cells), (width, _lost(text, cells))

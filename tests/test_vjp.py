@@ -98,14 +98,17 @@ def _shapes_with_scalars(rng, k: int, max_rank: int = 3):
 # Each generator: rng -> (arrays, attrs, ties). `ties`: values were drawn on the integer grid.
 
 _POSITIVE = {"log", "sqrt", "rsqrt", "log1p"}
-_GRID_OK = {"abs", "relu", "square", "neg", "sign", "floor", "ceil", "stop_gradient", "maximum", "minimum",
-            "add", "sub", "mul", "select"}
+_GRID_OK = {"abs", "relu", "relu6", "softplus", "square", "neg", "sign", "floor", "ceil", "stop_gradient",
+            "maximum", "minimum", "add", "sub", "mul", "select"}
 
 
 def _unary(name):
     def gen(rng):
         grid = name in _GRID_OK and rng.random() < 0.4
-        return [_floats(rng, _dims(rng, int(rng.integers(0, 4))), grid=grid, positive=name in _POSITIVE)], {}, grid
+        x = _floats(rng, _dims(rng, int(rng.integers(0, 4))), grid=grid, positive=name in _POSITIVE)
+        if name == "relu6":  # relu6's kinks are at 0 and 6: the grid is stretched over both
+            x = 3.0 * x
+        return [x], {}, grid
     return gen
 
 
@@ -622,6 +625,23 @@ def test_max_pool_ties_follow_the_emitted_chain_not_reduce_window():
     assert not np.allclose(window, chain) and window.sum() == chain.sum() == ct.sum()
 
 
+@pytest.mark.parametrize("name, x", [("relu6", [-6.0, -0.0, 0.0, 3.0, 6.0, 9.0]),
+                                     ("softplus", [-np.inf, -30.0, -1.0, 0.0, 1.0, 30.0, np.inf])])
+def test_custom_jvp_activations_at_their_kinks(name, x):
+    """jax.nn.relu6 and jax.nn.softplus define their derivatives by custom rules; ours give the same
+    at the kinks (relu6: 0 at 0 and 6) and at the infinities (softplus: logaddexp's rule, 1 at +inf
+    where its +inf is replaced by 0, 0 at -inf)."""
+    jax = pytest.importorskip("jax")
+    x = np.asarray(x)
+    ct = np.arange(1.0, len(x) + 1)
+    with jax.enable_x64(True):
+        got, types = ours(name, [x], {}, [ct])
+        want = jax_vjp(getattr(jax.nn, name), [x], [ct], types)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=0)
+    if name == "relu6":
+        np.testing.assert_array_equal(got[0], [0, 0, 0, 4, 0, 0])
+
+
 @pytest.mark.slow
 def test_vjp_matches_jax_on_many_random_instances():
     """A hypothesis sweep over ops and seeds."""
@@ -660,6 +680,24 @@ COMPOSITIONS = [
      lambda jnp, jax, x: jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 1, 1, 1),
                                                ((0, 0), (0, 1), (0, 1), (0, 0))) / 4.0),
     ("sort(x, axis=1)", lambda jnp, jax, x: jnp.sort(x, axis=1)),
+    # jax.nn's activations (frontend/nn.py); on the grid: 0 (and 6 for relu6, +-1 for hard_tanh)
+    ("log_softmax(x)", lambda jnp, jax, x: jax.nn.log_softmax(x)),
+    ("log_softmax(x, axis=[0, 2])", lambda jnp, jax, x: jax.nn.log_softmax(x, axis=(0, 2))),
+    ("sigmoid(x)", lambda jnp, jax, x: jax.nn.sigmoid(x)),
+    ("softplus(x)", lambda jnp, jax, x: jax.nn.softplus(x)),
+    ("log_sigmoid(x)", lambda jnp, jax, x: jax.nn.log_sigmoid(x)),
+    ("silu(x) + swish(2.0 * x)", lambda jnp, jax, x: jax.nn.silu(x) + jax.nn.swish(2.0 * x)),
+    ("relu6(3.0 * x)", lambda jnp, jax, x: jax.nn.relu6(3.0 * x)),
+    ("hard_tanh(x)", lambda jnp, jax, x: jax.nn.hard_tanh(x)),
+    ("leaky_relu(x) + leaky_relu(x, negative_slope=0.3)",
+     lambda jnp, jax, x: jax.nn.leaky_relu(x) + jax.nn.leaky_relu(x, negative_slope=0.3)),
+    ("elu(x) + elu(x, alpha=0.5)", lambda jnp, jax, x: jax.nn.elu(x) + jax.nn.elu(x, alpha=0.5)),
+    ("celu(x) + celu(x, alpha=2.0)", lambda jnp, jax, x: jax.nn.celu(x) + jax.nn.celu(x, alpha=2.0)),
+    ("selu(x)", lambda jnp, jax, x: jax.nn.selu(x)),
+    ("glu(concat([x, x + 1.0], axis=1), axis=1)",
+     lambda jnp, jax, x: jax.nn.glu(jnp.concatenate([x, x + 1.0], axis=1), axis=1)),
+    ("standardize(x)", lambda jnp, jax, x: jax.nn.standardize(x)),
+    ("standardize(x, axis=[1, 2], epsilon=0.1)", lambda jnp, jax, x: jax.nn.standardize(x, axis=(1, 2), epsilon=0.1)),
 ]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# The oldest jax the emitted modules run on (measured: see pyproject.toml's bound and README).
+# The oldest jax the emitted modules run on (measured: see pyproject.toml's bound and docs/performance.md).
 MIN_JAX = (0, 6, 1)
 
 

@@ -16,7 +16,7 @@ import re
 
 from ..ir import registry
 from ..ir import types as T
-from ..ir.core import LOOP, Loop, Program, Value
+from ..ir.core import LOOP, Boundary, Loop, Program, Value, all_ops
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.printer import Namer
 from ..partition import permute
@@ -25,7 +25,8 @@ from ..partition import permute
 _MODULE_NAMES = {"jax", "jnp", "np", "P", "Mesh", "NamedSharding", "AxisType", "main", "run", "body", "mesh",
                  "make_mesh", "permute_pairs", "mesh_order_pairs", "args", "outs", "os", "build", "place",
                  "program_mesh", "AXES", "SHAPE", "DEVICE_ORDER", "IN_SPECS", "OUT_SPECS", "GLOBAL_SHAPES",
-                 "RESULT_SHAPES", "DTYPES", "PAD"}
+                 "RESULT_SHAPES", "DTYPES", "PAD", "_tree_map", "_leaves", "_nest", "_place", "_padded_shape", "_block",
+                 "_gather", "_BUILT"}
 
 
 def _helper_ops():
@@ -36,7 +37,15 @@ _RESERVED = _MODULE_NAMES | {op.name for op in _helper_ops()}
 
 
 def pyname(namer: Namer, v: Value) -> str:
-    name = namer(v)
+    """v's Python identifier: its IR name with dots as underscores (`h.1`, a struct leaf `p.emb`),
+    made unique in the module (`p.emb` and a value named `p_emb` do not share one)."""
+    py = namer.__dict__.setdefault("py", {})  # value -> identifier, for this module
+    if v in py:
+        return py[v]
+    return _unique(namer, _identifier(namer(v)), v)
+
+
+def _identifier(name: str) -> str:
     if name[0].isdigit():
         return f"t{name}"
     name = name.replace(".", "_")
@@ -46,6 +55,59 @@ def pyname(namer: Namer, v: Value) -> str:
 
         name += "_"
     return name
+
+
+def _unique(namer: Namer, name: str, owner) -> str:
+    py = namer.__dict__.setdefault("py", {})
+    taken = namer.__dict__.setdefault("py_taken", set())
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    py[owner] = name
+    return name
+
+
+def _grouped(texts: list[str], trees) -> list[str]:
+    """Per entry parameter (or result): its leaf's text, or for a struct a dict literal of its
+    fields' texts, nested as the struct (`trees`: ir.core.Boundary's; None: all tensors)."""
+    if trees is None:
+        return list(texts)
+    it = iter(texts)
+
+    def go(tree):
+        if tree is None:
+            return next(it)
+        return "{" + ", ".join(f"{name!r}: {go(sub)}" for name, sub in tree) + "}"
+
+    return [go(t) for t in trees]
+
+
+def _trees(prog: Program):
+    """(parameter trees, result trees) of the boundary, or (None, None) when no struct is involved."""
+    b = prog.boundary
+    if b is None or all(t is None for _, t in b.params) and all(t is None for t in b.results):
+        return None, None
+    return [t for _, t in b.params], list(b.results)
+
+
+def _signature(prog: Program, namer: Namer, leaf_params: list[str]) -> tuple[list[str], list[str]]:
+    """The body's parameter names (a struct parameter is one argument, a nested dict) and the lines
+    that bind its leaves' names."""
+    in_trees, _ = _trees(prog)
+    if in_trees is None:
+        return leaf_params, []
+    names, lines = [], []
+    it = iter(leaf_params)
+    for (pname, tree) in prog.boundary.params:
+        if tree is None:
+            names.append(next(it))
+            continue
+        arg = _unique(namer, _identifier(pname), ("struct", pname))
+        names.append(arg)
+        for path in Boundary.paths(tree, ""):
+            keys = "".join(f"[{k!r}]" for k in path.strip(".").split("."))
+            lines.append(f"    {next(it)} = {arg}{keys}")
+    return names, lines
 
 
 def spec_text(s: Sharding) -> str:
@@ -125,6 +187,9 @@ def _imports(prog: Program) -> list[str]:
              "from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P"]
     if uses64:
         lines.append('jax.config.update("jax_enable_x64", True)')
+    ops = [*all_ops(prog.ops), *(op for g in prog.grads for op in all_ops(g.forward))]
+    if any(op.kind.startswith("random_draw") for op in ops):
+        lines.append('jax.config.update("jax_threefry_partitionable", True)  # the bits jax.random draws by default')
     return lines
 
 
@@ -138,16 +203,50 @@ def _script(prog: Program) -> list[str]:
         '    if "device_count" not in os.environ.get("XLA_FLAGS", ""):',
         f'        jax.config.update("jax_num_cpu_devices", {n})  # only used where there is no accelerator',
         "    rng = np.random.default_rng(0)",
-        "    ins = [rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else",
-        "           (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5)",
-        "           for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
-        "    for i, out in enumerate(run(*ins)):",
+        "    draw = lambda s, d: (rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else  # noqa: E731",
+        "                         rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else",
+        "                         rng.random(s) < 0.5)",
+        "    ins = [_tree_map(draw, s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]",
+        "    for i, out in enumerate(_leaves(run(*ins), RESULT_SHAPES)):",
         '        print(f"out{i}: {out.dtype}{list(out.shape)}")',
     ]
 
 
 # The part of both modules that places inputs, caches the jitted function and gathers results.
 _API = '''
+
+def _tree_map(fn, like, *trees):
+    """fn over the leaves of `like` and of trees shaped alike: a struct value is a dict of its
+    fields (nested for nested structs), anything else is a leaf."""
+    if isinstance(like, dict):
+        out = {}
+        for k, v in like.items():
+            parts = []
+            for t in trees:
+                try:
+                    parts.append(t[k])
+                except (KeyError, TypeError, IndexError):
+                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), "
+                                     f"got {type(t).__name__}") from None
+            out[k] = _tree_map(fn, v, *parts)
+        return out
+    return fn(like, *trees)
+
+
+def _leaves(values, like):
+    """The leaves of a list of values shaped like `like` (GLOBAL_SHAPES or RESULT_SHAPES), a
+    struct's fields depth-first in declaration order (jax hands dicts back with sorted keys)."""
+    out = []
+    for v, t in zip(values, like, strict=True):
+        _tree_map(lambda _, x: out.append(x), t, v)
+    return out
+
+
+def _nest(leaves, like):
+    """Flat leaves (depth-first) as values shaped like `like` (GLOBAL_SHAPES or RESULT_SHAPES)."""
+    it = iter(leaves)
+    return [_tree_map(lambda _: next(it), t) for t in like]
+
 
 def _padded_shape(shape, spec, mesh):
     """Each dim rounded up to a multiple of its shard count (uneven dims are padded with zeros)."""
@@ -178,20 +277,22 @@ def place(arrays, mesh, axis_names=None):
     blocks its devices hold. jax.Arrays may be on any sharding and any mesh (or none): they are
     resharded with jax.device_put."""
     mesh = program_mesh(mesh, axis_names)
-    out = []
-    for a, shape, spec, dtype in zip(arrays, GLOBAL_SHAPES, IN_SPECS, DTYPES, strict=True):
-        if tuple(a.shape) != tuple(shape):
-            raise ValueError(f"expected shape {shape}, got {tuple(a.shape)}")
-        sharding = NamedSharding(mesh, spec)
-        target = _padded_shape(shape, spec, mesh)
-        if isinstance(a, jax.Array):
-            a = a.astype(dtype)
-            if target != tuple(shape):
-                a = jnp.pad(a, [(0, t - n) for n, t in zip(shape, target)])
-            out.append(a if a.sharding == sharding else jax.device_put(a, sharding))
-        else:
-            out.append(jax.make_array_from_callback(target, sharding, lambda index, a=a: _block(a, index, dtype)))
-    return out
+    return [_tree_map(lambda shape, a, spec, dtype: _place(a, shape, spec, dtype, mesh), shape, a, spec, dtype)
+            for a, shape, spec, dtype in zip(arrays, GLOBAL_SHAPES, IN_SPECS, DTYPES, strict=True)]
+
+
+def _place(a, shape, spec, dtype, mesh):
+    """One global array laid out as `spec` (see place)."""
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"expected shape {shape}, got {tuple(a.shape)}")
+    sharding = NamedSharding(mesh, spec)
+    target = _padded_shape(shape, spec, mesh)
+    if isinstance(a, jax.Array):
+        a = a.astype(dtype)
+        if target != tuple(shape):
+            a = jnp.pad(a, [(0, t - n) for n, t in zip(shape, target)])
+        return a if a.sharding == sharding else jax.device_put(a, sharding)
+    return jax.make_array_from_callback(target, sharding, lambda index, a=a: _block(a, index, dtype))
 
 
 def _gather(out, shape):
@@ -216,7 +317,7 @@ def run(*arrays, mesh=None, axis_names=None):
     if key not in _BUILT:
         _BUILT[key] = build(mesh, axis_names)
     outs = _BUILT[key](*place(arrays, mesh, axis_names))
-    return [_gather(o, shape) for o, shape in zip(outs, RESULT_SHAPES)]
+    return [_tree_map(lambda shape, o: _gather(o, shape), shape, o) for o, shape in zip(outs, RESULT_SHAPES)]
 '''
 
 
@@ -359,6 +460,21 @@ def _np_dtype(t) -> str:
     return {"bf16": "jnp.bfloat16"}.get(t.dtype, f"np.{T.np_dtype(t.dtype).name}")
 
 
+def _tables(prog: Program, in_shardings, out_shardings) -> list[str]:
+    """IN_SPECS, OUT_SPECS, GLOBAL_SHAPES, RESULT_SHAPES, DTYPES: one entry per parameter or result,
+    a struct's a dict of its fields' (nested as the struct)."""
+    in_trees, out_trees = _trees(prog)
+
+    def table(name, texts, trees):
+        return f"{name} = (" + "".join(t + ", " for t in _grouped(texts, trees)) + ")"
+
+    return [table("IN_SPECS", [spec_text(s) for s in in_shardings], in_trees),
+            table("OUT_SPECS", [spec_text(s) for s in out_shardings], out_trees),
+            table("GLOBAL_SHAPES", [repr(p.value.type.shape) for p in prog.params], in_trees),
+            table("RESULT_SHAPES", [repr(r.value.type.shape) for r in prog.results], out_trees),
+            table("DTYPES", [_np_dtype(p.value.type) for p in prog.params], in_trees)]
+
+
 def emit_shard_map(spmd) -> str:
     """Our per-partition program as a module: shard_map over the mesh, jax.lax collectives."""
     prog: Program = spmd.program
@@ -375,16 +491,17 @@ def emit_shard_map(spmd) -> str:
     lines += ["", ""]
     lines.append(inspect.getsource(permute.mesh_order_pairs).rstrip())
     lines.append("")
-    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops()).splitlines()
-    lines += ["", "", f"def body({', '.join(params)}):", '    """The per-partition program: local shapes."""']
+    used = {op.kind for op in all_ops(prog.ops)}  # the helpers this program calls
+    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops() if op.name in used).splitlines()
+    _, out_trees = _trees(gprog)
+    args, unpack = _signature(gprog, namer, params)
+    lines += ["", "", f"def body({', '.join(args)}):", '    """The per-partition program: local shapes."""']
+    lines += unpack
     lines += _body(prog, namer)
-    lines.append(f"    return ({', '.join(pyname(namer, r.value) for r in prog.results)},)")
+    results = _grouped([pyname(namer, r.value) for r in prog.results], out_trees)
+    lines.append(f"    return ({''.join(r + ', ' for r in results)})")
     lines += ["", ""]
-    lines.append("IN_SPECS = (" + "".join(spec_text(s) + ", " for s in spmd.in_shardings) + ")")
-    lines.append("OUT_SPECS = (" + "".join(spec_text(s) + ", " for s in spmd.out_shardings) + ")")
-    lines.append("GLOBAL_SHAPES = (" + "".join(repr(p.value.type.shape) + ", " for p in gprog.params) + ")")
-    lines.append("RESULT_SHAPES = (" + "".join(repr(r.value.type.shape) + ", " for r in gprog.results) + ")")
-    lines.append("DTYPES = (" + "".join(_np_dtype(p.value.type) + ", " for p in gprog.params) + ")")
+    lines += _tables(gprog, spmd.in_shardings, spmd.out_shardings)
     lines += [
         "PAD = True  # uneven dims travel padded to a multiple of their shard count",
         "",
@@ -420,7 +537,9 @@ def emit_xla(prog: Program, in_shardings, out_shardings) -> str:
                           "XLA partitions it. run(*arrays) takes and returns global numpy arrays.")
     lines += _imports(prog)
     lines += ["", ""] + _mesh_code(mesh)
-    lines += ["", "", "def body(mesh, " + ", ".join(params) + "):", '    """The global program."""']
+    args, unpack = _signature(prog, namer, params)
+    lines += ["", "", "def body(mesh, " + ", ".join(args) + "):", '    """The global program."""']
+    lines += unpack
     for p, s_in, s in zip(prog.params, ins, in_shardings):
         if s_in != s:
             name = pyname(namer, p.value)
@@ -431,13 +550,9 @@ def emit_xla(prog: Program, in_shardings, out_shardings) -> str:
     for i, (s_out, s) in enumerate(zip(outs, out_shardings)):
         if s_out != s:
             res[i] = f"jax.lax.with_sharding_constraint({res[i]}, NamedSharding(mesh, {spec_text(s)}))"
-    lines.append(f"    return ({', '.join(res)},)")
+    lines.append(f"    return ({''.join(r + ', ' for r in _grouped(res, _trees(prog)[1]))})")
     lines += ["", ""]
-    lines.append("IN_SPECS = (" + "".join(spec_text(s) + ", " for s in ins) + ")")
-    lines.append("OUT_SPECS = (" + "".join(spec_text(s) + ", " for s in outs) + ")")
-    lines.append("GLOBAL_SHAPES = (" + "".join(repr(p.value.type.shape) + ", " for p in prog.params) + ")")
-    lines.append("RESULT_SHAPES = (" + "".join(repr(r.value.type.shape) + ", " for r in prog.results) + ")")
-    lines.append("DTYPES = (" + "".join(_np_dtype(p.value.type) + ", " for p in prog.params) + ")")
+    lines += _tables(prog, ins, outs)
     lines += [
         "PAD = False  # jax places uneven dims itself",
         "",
@@ -445,7 +560,7 @@ def emit_xla(prog: Program, in_shardings, out_shardings) -> str:
         "def build(mesh, axis_names=None):",
         '    """The jitted global program, partitioned by XLA, with IN_SPECS / OUT_SPECS as in/out shardings."""',
         "    mesh = program_mesh(mesh, axis_names)",
-        "    shard = lambda specs: tuple(NamedSharding(mesh, s) for s in specs)  # noqa: E731",
+        "    shard = lambda specs: tuple(_tree_map(lambda s: NamedSharding(mesh, s), s) for s in specs)  # noqa: E731",
         "    return jax.jit(lambda *a: body(mesh, *a), in_shardings=shard(IN_SPECS), out_shardings=shard(OUT_SPECS))",
     ]
     lines += _API.rstrip().splitlines() + ["", ""] + _script(prog)

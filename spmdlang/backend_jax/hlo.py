@@ -1,8 +1,8 @@
 """The collectives XLA actually runs: parsed from a compiled module's HLO text.
 
 Each collective instruction (the -start half of async pairs) with its group size and the bytes one
-device sends, by the ledger's own formulas (partition.cost.step_bytes), so our plan and XLA's can
-be compared like for like.
+device sends, by the ledger's own formulas (the collective table, ir.collectives), so our plan and
+XLA's can be compared like for like.
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from __future__ import annotations
 import re
 from math import prod
 
-from ..partition.cost import step_bytes
+from ..ir.collectives import BY_HLO, COLLECTIVES, step_bytes
 
-_KINDS = {"all-gather": "all_gather", "all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter",
-          "all-to-all": "all_to_all", "collective-permute": "collective_permute"}
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
           "s64": 8, "u64": 8, "f64": 8}
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<shape>.+?)\s+"
-                    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\(")
+                    r"(?P<op>" + "|".join(map(re.escape, BY_HLO)) + r")(?P<start>-start)?\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 
 
@@ -91,7 +89,7 @@ def collectives(hlo_text: str) -> list[dict]:
         m = _INSTR.match(line)
         if not m:
             continue
-        kind = _KINDS[m.group("op")]
+        kind = BY_HLO[m.group("op")]
         shape = m.group("shape")
         if m.group("start") and shape.startswith("("):
             # async start ops return (operands, results, ...): the last element is the result
@@ -100,8 +98,7 @@ def collectives(hlo_text: str) -> list[dict]:
         size = _shape_bytes(shape)
         k = _group_size(line)
         # the shape is the result's; the formulas take the operand's local bytes
-        operand = size / k if kind == "all_gather" else size * k if kind == "reduce_scatter" else size
-        sent = step_bytes(kind, k, operand) if k else 0
+        sent = step_bytes(kind, k, COLLECTIVES[kind].operand_bytes(size, k)) if k else 0
         out.append({"kind": kind, "group": k, "bytes_per_device": sent, "trip_count": runs.get(current, 1)})
     return out
 

@@ -95,7 +95,7 @@ def _worker(work: Path, rank: int, processes: int, port: int) -> None:
 
     module = load((work / "module.py").read_text(), "spmdlang_mp")
     arrays = [np.load(work / f"in{i}.npy", mmap_mode="r") for i in range(n_inputs)]
-    outs = module.run(*arrays)
+    outs = module._leaves(module.run(*module._nest(arrays, module.GLOBAL_SHAPES)), module.RESULT_SHAPES)
     if rank == 0:
         np.savez(work / "out.npz", **{f"out{i}": _portable(o) for i, o in enumerate(outs)},
                  **{f"dtype{i}": np.array(o.dtype.name) for i, o in enumerate(outs)})

@@ -117,10 +117,13 @@ class ModuleRunner:
         self._compiled = None
 
     def __call__(self, arrays):
-        if self.compiler_options is None:
-            return self.module.run(*arrays, mesh=self.mesh)
+        """Parameters' leaves in (a struct's leaves depth-first), results' leaves out, flat."""
         m = self.module
-        args = m.place(arrays, self.mesh)
+        values = m._nest(arrays, m.GLOBAL_SHAPES)
+        if self.compiler_options is None:
+            return m._leaves(m.run(*values, mesh=self.mesh), m.RESULT_SHAPES)
+        args = m.place(values, self.mesh)
         if self._compiled is None:
             self._compiled = self.fn.lower(*args).compile(compiler_options=self.compiler_options)
-        return [m._gather(o, shape) for o, shape in zip(self._compiled(*args), m.RESULT_SHAPES)]
+        return m._leaves([m._tree_map(lambda shape, o: m._gather(o, shape), shape, o)
+                          for o, shape in zip(self._compiled(*args), m.RESULT_SHAPES)], m.RESULT_SHAPES)

@@ -93,6 +93,14 @@ class Subscript(Node):
 
 
 @dataclass
+class Attribute(Node):
+    """`base.name`: a struct's field."""
+
+    base: Node
+    name: str
+
+
+@dataclass
 class TupleLit(Node):
     items: list[Node]
 
@@ -116,9 +124,18 @@ class SpecExpr(Node):
 
 
 @dataclass
+class ShapeVar(Node):
+    """`..S` among a type's dims: any shape, bound per call of a generic function."""
+
+    name: str
+
+
+@dataclass
 class TypeExpr(Node):
+    """`f32[4, N]`, a stacked struct `Block[L]`, or (bare) a struct `Params`: `dims` is None."""
+
     dtype: str
-    dims: list[Node]
+    dims: list[Node] | None
     dtype_span: Span = field(repr=False, compare=False, default=None)
 
 
@@ -177,6 +194,20 @@ class FuncDef(Node):
     results: list[ResultType]
     parenthesised: bool
     body: list[Node]
+    type_params: list[str] = field(default_factory=list)  # `func f[T](...)`: dtype variables
+
+
+@dataclass
+class FieldDecl(Node):
+    name: str
+    type: TypeExpr
+    spec: SpecExpr | None
+
+
+@dataclass
+class StructDecl(Node):
+    name: str
+    fields: list[FieldDecl]
 
 
 @dataclass
@@ -203,3 +234,4 @@ class Module(Node):
     meshes: list[MeshDecl]
     consts: list[ConstDecl]
     funcs: list[FuncDef]
+    structs: list[StructDecl] = field(default_factory=list)

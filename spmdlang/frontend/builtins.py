@@ -8,26 +8,59 @@ op-table primitives; everything downstream sees primitives only. A lowering gets
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from .. import ops as _ops  # noqa: F401  (registers the op table the elementwise builtins are read from)
 from ..errors import ShapeError, Span, SpmdError
+from ..ir import registry
 from ..ir import types as T
 from ..ir.core import Value
+from ..ir.registry import Named, Takes
 from ..ir.types import TensorType
 from ..ops.contract import conv_attrs, conv_output_size, parse_einsum
 from . import ast as A
-from .values import Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
+from .values import (
+    WEAK,
+    Dtype,
+    StaticType,
+    StructValue,
+    describe,
+    did_you_mean,
+    float_for,
+    is_weak,
+    loop_index_note,
+    scalar_value,
+)
 
 _REQUIRED = object()
+
+
+class Kind(Named):
+    """What a builtin parameter takes; declared as the text after the colon ("x:tensor")."""
+
+    tensor = "tensor"  # a tensor or a static scalar (the lowering makes it a constant where needed)
+    tensors = "tensors"  # a non-empty list of tensors, [a, b]
+    rest = "tensors*"  # the last parameter: every remaining positional argument, each a tensor
+    any = "any"  # any value; the lowering checks it
+    spec = "spec"  # a sharding spec written in place, {data, _}
+    int = "int"  # a static integer
+    number = "number"  # a static int, float or bool
+    axes = "axes"  # a static integer, a list of them, or None
+    ints = "ints"  # a list of static integers
+    bool = "bool"
+    dtype = "dtype"  # a dtype name: the lowering gets the name
+    type = "type"  # a tensor type such as f32[4, 8]: the lowering gets the TensorType
+    str = "str"
 
 
 @dataclass(frozen=True)
 class Builtin:
     name: str
-    params: tuple[tuple[str, str, Any], ...]  # (name, kind, default)
+    params: tuple[tuple[str, Kind, Any], ...]  # (name, kind, default)
     lower: Callable
     doc: str = ""
+    pick: Callable | None = None  # (ctx, call, env) -> the Builtin of this call, where a name has two signatures
 
 
 BUILTINS: dict[str, Builtin] = {}
@@ -39,7 +72,7 @@ def builtin(name: str, *params: str, doc: str = ""):
     for p in params:
         head, has_default, default = p.partition("=")
         pname, _, kind = head.partition(":")
-        parsed.append((pname, kind, _parse_default(default) if has_default else _REQUIRED))
+        parsed.append((pname, Kind(kind), _parse_default(default) if has_default else _REQUIRED))
 
     def register(fn):
         BUILTINS[name] = Builtin(name, tuple(parsed), fn, doc)
@@ -51,10 +84,12 @@ def builtin(name: str, *params: str, doc: str = ""):
 def _parse_default(text: str):
     if text in ("None", "true", "false"):
         return {"None": None, "true": True, "false": False}[text]
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
 
 
 # ---------------------------------------------------------------------------------- argument binding
@@ -75,9 +110,12 @@ class Args:
         return self.spans.get(k, self.call.span)
 
 
-def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
+def call_builtin(ctx, b: Builtin, node: A.Call, env, on_struct=None) -> Any:
+    """Bind the call's arguments and lower it; with a struct argument, `on_struct` lowers it instead."""
+    if b.pick is not None:
+        b = b.pick(ctx, node, env)
     names = [p[0] for p in b.params]
-    variadic = b.params and b.params[-1][1] == "tensors*"
+    variadic = b.params and b.params[-1][1] == Kind.rest
     values: dict[str, Any] = {}
     spans: dict[str, Span] = {}
     if not variadic and len(node.args) > len(names):
@@ -85,7 +123,7 @@ def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
                         f"got {len(node.args)}", node.args[len(names)].span)
     for i, a in enumerate(node.args):
         if variadic and i >= len(names) - 1:
-            values.setdefault(names[-1], []).append(_eval_arg(ctx, b, "tensor", a, env, names[-1]))
+            values.setdefault(names[-1], []).append(_eval_arg(ctx, b, Kind.tensor, a, env, names[-1]))
             spans.setdefault(names[-1], a.span)
             continue
         pname, kind, _ = b.params[i]
@@ -101,66 +139,61 @@ def call_builtin(ctx, b: Builtin, node: A.Call, env) -> Any:
         spans[kw.name] = kw.value.span
     for pname, kind, default in b.params:
         if pname not in values:
-            if kind == "tensors*":
+            if kind == Kind.rest:
                 raise SpmdError(f"{b.name}() needs at least one tensor argument", node.span)
             if default is _REQUIRED:
                 raise SpmdError(f"{b.name}() is missing argument '{pname}'", node.span)
             values[pname] = default
+    if on_struct is not None and any(isinstance(v, StructValue) for v in values.values()):
+        return on_struct(ctx, b, node, values, spans)  # leafwise (frontend/structs.py)
     return b.lower(ctx, node.span, Args(values, spans, node))
 
 
-def _eval_arg(ctx, b: Builtin, kind: str, node, env, pname):
+def _static_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class _Check:
+    """An argument of one kind: what it accepts, what it must be (said with `{got}` for what it
+    was), and what the lowering gets of it."""
+
+    accepts: Callable[[Any], bool]
+    must_be: str
+    convert: Callable[[Any], Any] = lambda v: v
+
+
+_CHECKS = {
+    Kind.tensor: _Check(lambda v: isinstance(v, (Value, int, float, bool, StructValue)), "a tensor, got {got}"),
+    Kind.tensors: _Check(lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, Value) for x in v),
+                         "a non-empty list of tensors, e.g. [a, b]"),
+    Kind.int: _Check(_static_int, "a static integer, got {got}"),
+    Kind.number: _Check(lambda v: isinstance(v, (int, float, bool)), "a number, got {got}"),
+    Kind.axes: _Check(lambda v: v is None or all(_static_int(x) for x in (v if isinstance(v, list) else [v])),
+                      "an integer or a list of integers, got {got}"),
+    Kind.ints: _Check(lambda v: isinstance(v, list) and all(_static_int(x) for x in v),
+                      "a list of integers, e.g. [4, 8], got {got}"),
+    Kind.bool: _Check(lambda v: isinstance(v, bool), "true or false, got {got}"),
+    Kind.dtype: _Check(lambda v: isinstance(v, Dtype), f"a dtype ({', '.join(T.DTYPES)}), got {{got}}",
+                       lambda v: v.name),
+    Kind.type: _Check(lambda v: isinstance(v, StaticType), "a type such as f32[4, 8], got {got}", lambda v: v.type),
+    Kind.str: _Check(lambda v: isinstance(v, str), "a string, got {got}"),
+}
+
+
+def _eval_arg(ctx, b: Builtin, kind: Kind, node, env, pname):
     where = f"argument '{pname}' of {b.name}()"
-    if kind == "spec":
+    if kind == Kind.spec:
         if not isinstance(node, A.SpecExpr):
             raise SpmdError(f"{where} must be a sharding spec such as {{data, _}}", node.span)
         return node
     v = ctx.expr(node, env)
-    if kind in ("tensor", "any"):
-        if kind == "tensor" and not isinstance(v, (Value, int, float, bool)):
-            raise SpmdError(f"{where} must be a tensor, got {describe(v)}", node.span)
+    check = _CHECKS.get(kind)
+    if check is None:  # Kind.any
         return v
-    if kind == "tensors":
-        if not isinstance(v, list) or not v or not all(isinstance(x, Value) for x in v):
-            raise SpmdError(f"{where} must be a non-empty list of tensors, e.g. [a, b]", node.span)
-        return v
-    if kind == "int":
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise SpmdError(f"{where} must be a static integer, got {describe(v)}", node.span)
-        return v
-    if kind == "number":
-        if isinstance(v, Value) or not isinstance(v, (int, float, bool)):
-            raise SpmdError(f"{where} must be a number, got {describe(v)}", node.span)
-        return v
-    if kind == "axes":  # int, list of ints, or None
-        if v is None:
-            return None
-        items = v if isinstance(v, list) else [v]
-        for x in items:
-            if isinstance(x, bool) or not isinstance(x, int):
-                raise SpmdError(f"{where} must be an integer or a list of integers, got {describe(v)}", node.span)
-        return v
-    if kind == "ints":
-        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            raise SpmdError(f"{where} must be a list of integers, e.g. [4, 8], got {describe(v)}", node.span)
-        return v
-    if kind == "bool":
-        if not isinstance(v, bool):
-            raise SpmdError(f"{where} must be true or false, got {describe(v)}", node.span)
-        return v
-    if kind == "dtype":
-        if not isinstance(v, Dtype):
-            raise SpmdError(f"{where} must be a dtype ({', '.join(T.DTYPES)}), got {describe(v)}", node.span)
-        return v.name
-    if kind == "type":
-        if not isinstance(v, StaticType):
-            raise SpmdError(f"{where} must be a type such as f32[4, 8], got {describe(v)}", node.span)
-        return v.type
-    if kind == "str":
-        if not isinstance(v, str):
-            raise SpmdError(f"{where} must be a string, got {describe(v)}", node.span)
-        return v
-    return v
+    if not check.accepts(v):
+        raise SpmdError(f"{where} must be {check.must_be.format(got=describe(v))}", node.span)
+    return check.convert(v)
 
 
 def tensor(ctx, args: Args, name: str, dtype: str | None = None) -> Value:
@@ -213,38 +246,22 @@ def _stop_gradient(ctx, span, args):
 
 # ---------------------------------------------------------------------------------- elementwise
 
-# a new elementwise op is one entry in ops/elementwise.py and its name here
-_UNARY = ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "sin", "cos",
-          "floor", "ceil", "sign", "logical_not", "erf", "log1p", "expm1", "square"]
-_FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "gelu_erf", "sin", "cos", "floor", "ceil",
-               "erf", "log1p", "expm1"}
 
-
-def _unary(name):
+def _elementwise(name, takes: Takes, prim=None):
+    """The builtin `name(x)` of one op of the table; ints go to floats for a float-only op, as numpy."""
     def lower(ctx, span, args):
         x = args["x"]
-        prim = name
-        if name == "gelu" and not args["approximate"]:
-            prim = "gelu_erf"
+        weak = is_weak(x)  # of a literal (or a value computed from literals only): weakly typed, as in jax
         if not isinstance(x, Value):
-            x = ctx.materialize(x, args.span("x"), "f32" if prim in _FLOAT_ONLY else None)
-        if prim in _FLOAT_ONLY and T.is_int(x.type.dtype):
+            x = ctx.materialize(x, args.span("x"), "f32" if takes == Takes.float else None)
+        if takes == Takes.float and T.is_int(x.type.dtype):
             x = ctx.cast(x, float_for(x.type.dtype), span)  # numpy computes float functions of ints in floats
-        return ctx.b.emit(prim, x, span=span)
+        out = ctx.b.emit(prim or name, x, span=span)
+        if weak and T.kind(out.type.dtype) != "bool":
+            WEAK.add(out)
+        return out
 
     return lower
-
-
-for _n in _UNARY:
-    builtin(_n, "x:tensor")(_unary(_n))
-builtin("gelu", "x:tensor", "approximate:bool=true",
-        doc="GELU; approximate=true is the tanh form, false the exact erf form")(_unary("gelu"))
-
-
-@builtin("clip", "x:tensor", "lo:tensor", "hi:tensor", doc="minimum(maximum(x, lo), hi), as numpy")
-def _clip(ctx, span, args):
-    low = ctx.binary("maximum", args["x"], args["lo"], span, args.span("x"), args.span("lo"))
-    return ctx.binary("minimum", low, args["hi"], span, span, args.span("hi"))
 
 
 def _binary(name):
@@ -254,15 +271,36 @@ def _binary(name):
     return lower
 
 
-for _n in ("maximum", "minimum", "pow", "logical_and", "logical_or"):
-    builtin(_n, "a:tensor", "b:tensor")(_binary(_n))
+# the ops of the table that are builtins of their own name (OpDef.builtin): exp(x), maximum(a, b), ...
+ELEMENTWISE_BUILTINS: list[str] = []  # their names (structs map them over leaves)
+for _op in registry.OPS.values():
+    if _op.builtin is not None:  # elementwise, with no attributes (registry._validate)
+        if len(_op.example[0]) == 1:
+            builtin(_op.name, "x:tensor")(_elementwise(_op.name, _op.builtin))
+        else:
+            builtin(_op.name, "a:tensor", "b:tensor")(_binary(_op.name))
+        ELEMENTWISE_BUILTINS.append(_op.name)
+
+
+@builtin("gelu", "x:tensor", "approximate:bool=true",
+         doc="GELU; approximate=true is the tanh form, false the exact erf form")
+def _gelu(ctx, span, args):
+    return _elementwise("gelu", Takes.float, "gelu" if args["approximate"] else "gelu_erf")(ctx, span, args)
+
+
+@builtin("clip", "x:tensor", "lo:tensor", "hi:tensor", doc="minimum(maximum(x, lo), hi), as numpy")
+def _clip(ctx, span, args):
+    low = ctx.binary("maximum", args["x"], args["lo"], span, args.span("x"), args.span("lo"))
+    return ctx.binary("minimum", low, args["hi"], span, span, args.span("hi"))
 
 
 @builtin("where", "cond:tensor", "a:tensor", "b:tensor")
 def _where(ctx, span, args):
     c = args["cond"]
-    if not isinstance(c, Value) and not isinstance(c, bool):
-        raise SpmdError(f"where: the condition must be bool, got {describe(c)}", args.span("cond"))
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        c = bool(c != 0)  # as jnp.where: any dtype, nonzero (NaN included) is true
+    if isinstance(c, Value) and c.type.dtype != "bool":
+        c = ctx.binary("ne", c, 0, args.span("cond"))
     (a, b), dt, shape = ctx.unify([args["a"], args["b"]], [args.span("a"), args.span("b")], span)
     c = c if isinstance(c, Value) else ctx.materialize(c, args.span("cond"))
     shape = ctx.broadcast_shapes([c.type.shape, shape], span)
@@ -384,16 +422,17 @@ def _softmax(ctx, span, args):
 
 
 @builtin("logsumexp", "x:tensor", "axis:axes=-1", "keepdims:bool=false",
-         doc="max + log(sum(exp(x - max))), with a max of -inf treated as 0")
+         doc="max + log(sum(exp(x - max))), with a max of +-inf treated as 0 (jax.nn.logsumexp)")
 def _logsumexp(ctx, span, args):
     x = tensor(ctx, args, "x")
     if not T.is_float(x.type.dtype):
         x = ctx.cast(x, float_for(x.type.dtype), span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
     m = ctx.b.emit("reduce_max", x, span=span, axes=axes)
-    # rows that are all -inf would give -inf - -inf = nan; shift those by 0 instead
-    m = ctx.b.emit("select", ctx.binary("eq", m, float("-inf"), span), ctx.materialize(0.0, span, m.type.dtype),
-                   m, span=span)
+    # rows that are all -inf would give -inf - -inf = nan, rows holding +inf inf - inf = nan: shift
+    # those by 0 instead (-inf and inf, as jax.nn.logsumexp gives)
+    infinite = ctx.binary("eq", ctx.b.emit("abs", m, span=span), float("inf"), span)
+    m = ctx.b.emit("select", infinite, ctx.materialize(0.0, span, m.type.dtype), m, span=span)
     e = ctx.b.emit("exp", ctx.b.emit("sub", x, _expand_back(ctx, m, x.type.shape, axes, span), span=span), span=span)
     out = ctx.b.emit("add", ctx.b.emit("log", ctx.b.emit("reduce_sum", e, span=span, axes=axes), span=span), m,
                      span=span)
@@ -745,7 +784,23 @@ def _starts(ctx, args, x: Value, name: str) -> list:
                 raise SpmdError(f"{name}: start {i} must be an integer scalar, got {s.type}", where)
         elif isinstance(s, bool) or not isinstance(s, int):
             raise SpmdError(f"{name}: start {i} must be an integer scalar, got {describe(s)}", where)
+        elif not -2**63 <= s < 2**63:
+            raise SpmdError(f"{name}: start {i} ({_short_int(s)}) does not fit in 64 bits", where)
     return starts
+
+
+def _short_int(n: int) -> str:
+    text = str(n)
+    return text if len(text) <= 24 else f"{text[:3]}...({len(text)} digits)"
+
+
+def _start_value(ctx, s: Value, n: int, m: int, span) -> Value:
+    """A value start as the i32 the IR's window ops take: a wider start is clamped into [0, n - m]
+    in its own width first, so that 2^32 + 1 is past the end, not 1 (as jax.lax clamps an i64 start)."""
+    if T.itemsize(s.type.dtype) > 4:
+        lo, hi = ctx.materialize(0, span, s.type.dtype), ctx.materialize(n - m, span, s.type.dtype)
+        s = ctx.b.emit("minimum", ctx.b.emit("maximum", s, lo, span=span), hi, span=span)
+    return ctx.cast(s, "i32", span)
 
 
 def dynamic_window(ctx, x: Value, starts, sizes, span) -> Value:
@@ -757,7 +812,8 @@ def dynamic_window(ctx, x: Value, starts, sizes, span) -> Value:
     dynamic = [isinstance(s, Value) and m < n for s, n, m in zip(starts, shape, sizes)]
     out = x
     if any(dynamic):
-        ops = [ctx.cast(s, "i32", span) if dyn else ctx.materialize(0, span, "i32") for s, dyn in zip(starts, dynamic)]
+        ops = [_start_value(ctx, s, n, m, span) if dyn else ctx.materialize(0, span, "i32")
+               for s, dyn, n, m in zip(starts, dynamic, shape, sizes)]
         out = ctx.b.emit("dynamic_slice", x, *ops, span=span,
                          sizes=tuple(m if dyn else n for m, n, dyn in zip(sizes, shape, dynamic)))
     lo, hi = [0] * x.type.rank, list(out.type.shape)
@@ -798,7 +854,8 @@ def _dynamic_update_slice(ctx, span, args):
         raise SpmdError(f"dynamic_update_slice: the update is {upd.type.dtype} but x is {x.type.dtype}; cast it",
                         args.span("update"))
     starts = _starts(ctx, args, x, "dynamic_update_slice")
-    ops = [ctx.cast(s, "i32", span) if isinstance(s, Value) else ctx.materialize(s, span, "i32") for s in starts]
+    ops = [_start_value(ctx, s, n, m, span) if isinstance(s, Value) else ctx.materialize(min(max(s, 0), n - m), span, "i32")
+           for s, n, m in zip(starts, x.type.shape, upd.type.shape)]
     return ctx.b.emit("dynamic_update_slice", x, upd, *ops, span=span)
 
 
@@ -829,7 +886,10 @@ def _seed(ctx, args) -> Value:
         return ctx.materialize(seed - 2**32 if seed >= 2**31 else seed, args.span("seed"), "i32")
     if seed.type.rank != 0 or not T.is_int(seed.type.dtype):
         raise SpmdError(f"the seed must be an integer scalar, got {seed.type}", args.span("seed"))
-    return ctx.cast(seed, "i32", args.span("seed"))
+    if seed.type.dtype != "i32":  # narrowing would draw 2^32 + 5 as 5, silently
+        raise SpmdError(f"the seed is a 32-bit integer, got {seed.type}: cast it to i32 (that keeps its low "
+                        "32 bits)", args.span("seed"))
+    return seed
 
 
 def _draw(ctx, span, seed: Value, shape, dist: str, dtype: str) -> Value:
@@ -887,6 +947,160 @@ def _dropout(ctx, span, args):
     if x.type.rank:
         zero = ctx.b.emit("broadcast_in_dim", zero, span=span, shape=x.type.shape, dims=())
     return ctx.b.emit("select", keep, scaled, zero, span=span)
+
+
+# ---------------------------------------------------------------------------------- jax.random
+# Keys are jax's raw threefry keys (u32[2]); the draws are ops/random.py's random_draw, which
+# every backend computes as jax.random does (jax_threefry_partitionable=True).
+
+KEY = TensorType("u32", (2,))
+
+
+def _key(ctx, args, name: str = "key") -> Value:
+    k = args[name]
+    if not isinstance(k, Value) or k.type != KEY:
+        raise SpmdError(f"{name} must be a random key u32[2] (from prng_key, random_split or fold_in), "
+                        f"got {k.type if isinstance(k, Value) else describe(k)}", args.span(name))
+    return k
+
+
+def _u32_scalar(ctx, args, name: str, lo: int) -> Value:
+    """A static integer in [lo, 2**32) as a u32 constant (wrapped), or an integer scalar value cast to u32."""
+    v = args[name]
+    if isinstance(v, int) and not isinstance(v, bool):
+        if not lo <= v < 2**32:
+            raise SpmdError(f"{v} does not fit in 32 bits (range {lo}..{2**32 - 1})", args.span(name))
+        return ctx.materialize(v % 2**32, args.span(name), "u32")
+    if not isinstance(v, Value) or v.type.rank != 0 or v.type.dtype not in ("i32", "u32"):
+        raise SpmdError(f"{name} must be an i32 or u32 scalar, got {v.type if isinstance(v, Value) else describe(v)}",
+                        args.span(name))
+    return ctx.cast(v, "u32", args.span(name))
+
+
+def random_draw(ctx, span, key: Value, dist: str, shape, dtype: str = "f32", *data, **params) -> Value:
+    """ops/random.py's random_draw; params: minval and maxval (uniform), p (bernoulli)."""
+    size = 1
+    for n in shape:
+        size *= n
+    if size >= 2**32:
+        raise SpmdError(f"random draws of 2**32 elements or more are not supported: {list(shape)}", span)
+    return ctx.b.emit("random_draw", key, *data, span=span, dist=dist, dtype=dtype, shape=tuple(shape),
+                      **{k: float(v) for k, v in params.items()})
+
+
+@builtin("prng_key", "seed:tensor", doc="jax.random.PRNGKey(seed): the raw u32[2] threefry key [0, seed mod 2**32]")
+def _prng_key(ctx, span, args):
+    lo = _u32_scalar(ctx, args, "seed", -2**31)
+    hi = ctx.b.emit("full", span=span, dtype="u32", shape=(1,), value=0)
+    return ctx.b.emit("concat", hi, ctx.b.emit("reshape", lo, span=span, shape=(1,)), span=span, axis=0)
+
+
+@builtin("random_split", "key:tensor", "n:int=2", doc="jax.random.split(key, n): u32[n, 2], n new keys")
+def _random_split(ctx, span, args):
+    if args["n"] < 0:
+        raise SpmdError(f"random_split: n must be non-negative, got {args['n']}", args.span("n"))
+    return random_draw(ctx, span, _key(ctx, args), "split", (args["n"],), "u32")
+
+
+@builtin("fold_in", "key:tensor", "data:tensor", doc="jax.random.fold_in(key, data): a new key")
+def _fold_in(ctx, span, args):
+    return random_draw(ctx, span, _key(ctx, args), "fold_in", (), "u32", _u32_scalar(ctx, args, "data", 0))
+
+
+def _draw_type(args, dtypes, what) -> TensorType:
+    t: TensorType = args["type"]
+    if t.dtype not in dtypes:
+        raise SpmdError(f"{what} draws {' or '.join(dtypes)}, got {t}", args.span("type"))
+    return t
+
+
+@builtin("random_bits", "key:tensor", "type:type", doc="jax.random.bits(key, shape): u32 random bits")
+def _random_bits(ctx, span, args):
+    t = _draw_type(args, ("u32",), "random_bits")
+    return random_draw(ctx, span, _key(ctx, args), "bits", t.shape, "u32")
+
+
+@builtin("uniform", "key:tensor", "type:type", "minval:number=0", "maxval:number=1",
+         doc="jax.random.uniform(key, shape, dtype, minval, maxval)")
+def _uniform(ctx, span, args):
+    t = _draw_type(args, ("f32", "bf16", "f16"), "uniform")
+    return random_draw(ctx, span, _key(ctx, args), "uniform", t.shape, t.dtype,
+                       minval=args["minval"], maxval=args["maxval"])
+
+
+@builtin("normal", "key:tensor", "type:type", doc="jax.random.normal(key, shape, dtype)")
+def _normal(ctx, span, args):
+    t = _draw_type(args, ("f32", "bf16", "f16"), "normal")
+    return random_draw(ctx, span, _key(ctx, args), "normal", t.shape, t.dtype)
+
+
+@builtin("bernoulli", "key:tensor", "p:number", "type:type", doc="jax.random.bernoulli(key, p, shape): bool")
+def _bernoulli(ctx, span, args):
+    t = _draw_type(args, ("bool",), "bernoulli")
+    return random_draw(ctx, span, _key(ctx, args), "bernoulli", t.shape, "f32", p=args["p"])
+
+
+def _dropout_key(ctx, span, args):
+    """flax's nn.Dropout with this key: mask = jax.random.bernoulli(key, 1 - rate, x.shape),
+    select(mask, x / (1 - rate), 0); rate 0 is x, rate 1 zeros."""
+    key = _key(ctx, args)
+    x = tensor(ctx, args, "x")
+    rate = args["rate"]
+    if not 0 <= rate <= 1:
+        raise SpmdError(f"dropout: rate must be in [0, 1], got {rate}", args.span("rate"))
+    if not T.is_float(x.type.dtype):
+        raise SpmdError(f"dropout needs a float tensor, got {x.type}", args.span("x"))
+    if rate == 0:
+        return x
+    zero = ctx.materialize(0.0, span, x.type.dtype)
+    if x.type.rank:
+        zero = ctx.b.emit("broadcast_in_dim", zero, span=span, shape=x.type.shape, dims=())
+    if rate == 1:
+        return zero
+    keep = 1.0 - rate
+    mask = random_draw(ctx, span, key, "bernoulli", x.type.shape, "f32", p=keep)
+    scaled = ctx.b.emit("div", x, ctx.materialize(keep, span, x.type.dtype), span=span)
+    return ctx.b.emit("select", mask, scaled, zero, span=span)
+
+
+_DROPOUT_SEED = BUILTINS.pop("dropout")  # version 2's dropout(x, rate, seed)
+builtin("dropout", "key:tensor", "x:tensor", "rate:number",
+        doc="flax's nn.Dropout with a key: x / (1 - rate) where jax.random.bernoulli(key, 1 - rate) holds, else 0; "
+            "also dropout(x, rate, seed) (version 2)")(_dropout_key)
+
+
+def _pick_dropout(ctx, node: A.Call, env) -> Builtin:
+    """dropout(key, x, rate) when its first argument is a key (u32[2]) or `key=` is given;
+    version 2's dropout(x, rate, seed) otherwise."""
+    names = {kw.name for kw in node.kwargs}
+    if "key" in names:
+        return BUILTINS["dropout"]
+    if "seed" in names or not node.args:
+        return _DROPOUT_SEED
+    arg = node.args[0]
+    if isinstance(arg, A.Name) and arg.id in env:
+        first = env[arg.id]
+    else:
+        first = ctx.expr(arg, env)  # evaluated again by the call; the unused copy is dropped
+    return BUILTINS["dropout"] if isinstance(first, Value) and first.type == KEY else _DROPOUT_SEED
+
+
+BUILTINS["dropout"] = replace(BUILTINS["dropout"], pick=_pick_dropout)
+
+
+# ---------------------------------------------------------------------------------- bitwise (u32 keys and bits)
+
+def _bitwise(name):
+    def lower(ctx, span, args):
+        if not isinstance(args["a"], Value) and not isinstance(args["b"], Value):
+            raise SpmdError(f"{name} needs a tensor operand (cast a literal, e.g. cast(9, u32))", span)
+        return ctx.binary(name, args["a"], args["b"], span, args.span("a"), args.span("b"))
+
+    return lower
+
+
+for _n in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"):
+    builtin(_n, "a:tensor", "b:tensor")(_bitwise(_n))
 
 
 # ---------------------------------------------------------------------------------- constants

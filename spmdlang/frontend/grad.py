@@ -11,9 +11,10 @@ from __future__ import annotations
 from ..errors import SpmdError
 from ..ir import types as T
 from ..ir.autodiff import Differentiator, backward_pass
-from ..ir.core import GradCall, Value
+from ..ir.core import GradCall
 from . import ast as A
-from .values import describe, did_you_mean
+from . import structs as S
+from .values import StructType, StructValue, describe, did_you_mean
 
 
 def lower_grad(ctx, node: A.Call, env, with_value: bool):
@@ -46,16 +47,21 @@ def lower_grad(ctx, node: A.Call, env, with_value: bool):
     if len(f.results) != 1:
         raise SpmdError(f"{name}() needs a function with one result, a float scalar; '{f.name}' declares "
                         f"{len(f.results)}", fnode.span)
-    rt = ctx.type_of(f.results[0].type)
+    rt = ctx.type_of(f.results[0].type, ctx.bind_generics(f, args, [None] * len(args), node.span))
+    if isinstance(rt, StructType):
+        raise SpmdError(f"{name}() needs a function whose result is a float scalar such as f32[]; "
+                        f"'{f.name}' returns the struct {rt}", fnode.span)
     if rt.rank != 0 or not T.is_float(rt.dtype):
         raise SpmdError(f"{name}() needs a function whose result is a float scalar such as f32[]; "
                         f"'{f.name}' returns {rt}", fnode.span)
     argnums = _argnums(ctx, argnums_node, env, len(args), name, fnode.span)
     for i in argnums:
-        if not T.is_float(args[i].type.dtype):
-            where = node.args[1 + i].span if 1 + i < len(node.args) else node.span
-            raise SpmdError(f"{name}(): argument {i} ('{f.params[i].name}') is {args[i].type}; only float "
-                            "arguments can be differentiated", where)
+        for leaf in S.flat(args[i]):
+            if not T.is_float(leaf.type.dtype):
+                where = node.args[1 + i].span if 1 + i < len(node.args) else node.span
+                what = f"{args[i].type}" if leaf is args[i] else f"a struct {args[i].type} with the leaf {leaf.type}"
+                raise SpmdError(f"{name}(): argument {i} ('{f.params[i].name}') is {what}; only float "
+                                "arguments can be differentiated", where)
     return _differentiate(ctx, f, args, argnums, node, with_value)
 
 
@@ -80,22 +86,31 @@ def _argnums(ctx, kw, env, n: int, name: str, span) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _differentiate(ctx, f, args: list[Value], argnums, node, with_value: bool):
+def _differentiate(ctx, f, args: list, argnums, node, with_value: bool):
+    """A struct argument is its leaves: one fresh parameter per leaf, and its gradient is a struct
+    of their gradients, laid out as the argument."""
     b = ctx.b
-    params = [Value(a.type, p.name) for a, p in zip(args, f.params)]
+    structured = [ctx.fresh(a.type, p.name) for a, p in zip(args, f.params)]
     start, calls = len(b.ops), len(ctx.grad_calls)
-    (out,) = ctx.call_function(f, params, node.span)
+    (out,) = ctx.call_function(f, structured, node.span)
     forward = tuple(b.ops[start:])
+    params = [leaf for v in structured for leaf in S.flat(v)]
+    first = [0]
+    for v in structured:
+        first.append(first[-1] + len(S.flat(v)))
+    leaf_argnums = [k for i in argnums for k in range(first[i], first[i + 1])]
+    args = [leaf for a in args for leaf in S.flat(a)]
     d = Differentiator(b)
     d.span = node.span
     seed = d.const(1.0, out.type.dtype)
-    cts = backward_pass(d, list(forward), [params[i] for i in argnums], [(out, seed)])
+    cts = backward_pass(d, list(forward), [params[i] for i in leaf_argnums], [(out, seed)])
     grads = []
-    for i, ct in zip(argnums, cts):
+    for i, ct in zip(leaf_argnums, cts):
         if ct is None:  # the result does not depend on this argument
             d.span = node.span
             ct = d.zeros(params[i].type)
         grads.append(ct)
+    argnums = leaf_argnums
     # no dead cotangents: drop backward ops the gradients do not need (rules build every operand's)
     live = set(grads)
     kept = []
@@ -116,5 +131,18 @@ def _differentiate(ctx, f, args: list[Value], argnums, node, with_value: bool):
     grads = [subst.get(g, g) for g in grads]
     ctx.grad_calls.append(GradCall(tuple(params), forward, out, tuple(args), tuple(argnums), tuple(grads),
                                    node.span))
+    grads_it = iter(grads)
+    grads = [S.unflatten(ctx, v.type, grads_it) if isinstance(v, StructValue) else next(grads_it)
+             for v in (structured[i] for i in _arg_positions(structured, argnums, first))]
     results = ([subst.get(out, out)] if with_value else []) + grads
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def _arg_positions(structured, leaf_argnums, first) -> list[int]:
+    """The argument positions whose leaves leaf_argnums lists, in order."""
+    out = []
+    for k in leaf_argnums:
+        i = next(i for i in range(len(structured)) if first[i] <= k < first[i + 1])
+        if not out or out[-1] != i:
+            out.append(i)
+    return out

@@ -8,18 +8,35 @@ User functions are inlined at each call; `for` loops over `range` are unrolled.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import OverrideError, Source, Span, SpmdError
 from ..ir import types as T
 from ..ir.builder import Builder
-from ..ir.core import Op, Param, Program, Region, Result, Value, make_loop, map_values
+from ..ir.core import Boundary, Op, Param, Program, Region, Result, Value, make_loop, map_values
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.types import TensorType
 from ..limits import MAX_CALL_DEPTH, MAX_DEVICES, MAX_OPS, MAX_UNROLLED, check_type
 from . import ast as A
+from . import nn as _nn  # noqa: F401  (registers jax.nn's activations as builtins)
+from . import structs as S
 from .builtins import BUILTINS, call_builtin, dynamic_window
-from .values import LOOP_INDICES, Dtype, StaticType, describe, did_you_mean, float_for, loop_index_note, scalar_value
+from .values import (
+    LOOP_INDICES,
+    WEAK,
+    Dtype,
+    StaticType,
+    StructType,
+    StructValue,
+    describe,
+    did_you_mean,
+    float_for,
+    is_value,
+    is_weak,
+    loop_index_note,
+    scalar_value,
+)
 from .values import static_int as _check_static_int
 
 # Unrolling and inlining happen at compile time; past these limits (spmdlang.limits) a program is a
@@ -34,8 +51,9 @@ class Lowerer:
         self.source = source
         self.mesh_override = dict(mesh_override or {})
         self.const_override = dict(const_override or {})
-        self.consts: dict[str, int] = {}
+        self.consts: dict[str, int | float] = {}
         self.funcs: dict[str, A.FuncDef] = {}
+        self.structs: dict[str, S.StructDef] = {}
         self.mesh: Mesh | None = None
         self.b = Builder()
         self.names: dict[Value, str] = {}
@@ -51,11 +69,14 @@ class Lowerer:
         m = self.module
         self._lower_consts()
         self._lower_mesh()
+        self.structs = S.declare(self, m.structs)
         for f in m.funcs:
             if f.name in self.funcs:
                 raise SpmdError(f"function '{f.name}' is defined twice", f.span)
             if f.name in BUILTINS:
                 raise SpmdError(f"function '{f.name}' has the name of a builtin", f.span)
+            if f.name in self.structs:
+                raise SpmdError(f"function '{f.name}' has the name of a struct", f.span)
             self.funcs[f.name] = f
         if not m.funcs:
             raise SpmdError("no function defined; add e.g. `func main(x: f32[8]) -> f32[8] { return x }`",
@@ -72,22 +93,25 @@ class Lowerer:
         else:
             raise SpmdError("several functions and none is 'main'; name the entry with --entry",
                             m.funcs[0].span)
+        if _is_generic(fdef):
+            raise SpmdError(f"'{fdef.name}' is generic (dtype variables or `..S` shapes) and cannot be the entry: "
+                            "the entry's parameters need fixed types", fdef.span)
         prog = self._lower_entry(fdef)
         self._check_uncalled(fdef.name)
         return prog
 
     def _lower_consts(self):
+        """Consts in order, each an int or a float; an override replaces its value, an integer
+        const's with an integer, a float const's with any number."""
         for c in self.module.consts:
             if c.name in self.consts:
                 raise SpmdError(f"const '{c.name}' is defined twice", c.span)
+            value = self.static(c.value, {})
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SpmdError(f"const '{c.name}' must be an integer or a float, got {describe(value)}", c.value.span)
             if c.name in self.const_override:
-                value = self.const_override[c.name]
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise OverrideError(f"--set {c.name}={value!r}: consts are integers", c.span)
-                self.consts[c.name] = value
-                continue
-            self.consts[c.name] = _check_static_int(self.static(c.value, {}), c.value.span,
-                                                    f"const '{c.name}'")
+                value = _const_override(c, value, self.const_override[c.name])
+            self.consts[c.name] = value
 
     def _lower_mesh(self):
         meshes = self.module.meshes
@@ -131,11 +155,14 @@ class Lowerer:
         """Functions never reached by inlining are still type-checked on their own."""
         called = self.called
         for name, f in self.funcs.items():
-            if name != entry and name not in called:
+            if name != entry and name not in called and _is_generic(f):
+                self._check_params(f)  # its types are bound per call: only the signature is checked
+            elif name != entry and name not in called:
                 saved = (self.b, self.names, self.grad_calls)
                 self.b, self.names, self.grad_calls = Builder(), {}, []
                 try:
-                    params = [Value(self.type_of(p.type)) for p in f.params]
+                    self._check_params(f)
+                    params = [self.fresh(self.type_of(p.type), p.name) for p in f.params]
                     self.call_function(f, params, f.span)
                 finally:
                     self.b, self.names, self.grad_calls = saved
@@ -144,29 +171,52 @@ class Lowerer:
         self._check_params(f)
         params = []
         env: dict[str, Any] = {}
+        in_trees, out_trees = [], []
         for p in f.params:
             t = self.type_of(p.type)
+            if isinstance(t, StructType):  # its leaves, named by dotted paths, laid out as declared
+                leaves = []
+                for path, lt, spec in S.leaf_layout(self, t, p.name):
+                    v = Value(lt, path)
+                    params.append(Param(v, path, self.sharding_of(spec, lt, allow_open=False) if spec else None,
+                                        p.span))
+                    leaves.append(v)
+                env[p.name] = S.unflatten(self, t, iter(leaves))
+                in_trees.append((p.name, S.tree(self, t)))
+                continue
             spec = self.sharding_of(p.spec, t, allow_open=False) if p.spec else None
             v = Value(t, p.name)
             params.append(Param(v, p.name, spec, p.span))
             env[p.name] = v
-        named: dict[str, tuple[Value, Span]] = {p.name: (v.value, v.span) for p, v in zip(f.params, params)}
+            in_trees.append((p.name, None))
+        named: dict[str, tuple[Value, Span]] = {p.name: (p.value, p.span) for p in params}
         self.stack.append(f.name)
         outs = self.body(f, env, named)
         self.stack.pop()
         results = []
         for r, v in zip(f.results, outs):
+            if isinstance(v, StructValue):
+                specs = [spec for _, _, spec in S.leaf_layout(self, v.type, "")]
+                for (_, leaf), spec in zip(v.leaves(), specs):
+                    sh = self.sharding_of(spec, leaf.type, allow_open=False) if spec else None
+                    if sh is not None:
+                        leaf = self.b.emit("shard", leaf, span=r.span, sharding=sh)
+                    results.append(Result(leaf, sh, r.span))
+                out_trees.append(S.tree(self, v.type))
+                continue
             spec = self.sharding_of(r.spec, v.type, allow_open=False) if r.spec else None
             if spec is not None:  # the caller receives this layout: a constraint like shard()
                 v = self.b.emit("shard", v, span=r.span, sharding=spec)
             results.append(Result(v, spec, r.span))
+            out_trees.append(None)
         ops, rename = self._finalize_names()
         params = [Param(rename.get(p.value, p.value), p.name, p.sharding, p.span) for p in params]
         results = [Result(rename.get(r.value, r.value), r.sharding, r.span) for r in results]
         names = tuple((n, rename.get(v, v), s) for n, (v, s) in named.items())
         grads = tuple(g.remapped(rename) for g in self.grad_calls)
+        boundary = Boundary(tuple(in_trees), tuple(out_trees)) if self.structs else None
         return Program(f.name, self.mesh, tuple(params), tuple(ops), tuple(results), names, self.source,
-                       grads=grads)
+                       grads=grads, boundary=boundary)
 
     def _finalize_names(self) -> tuple[list[Op], dict[Value, Value]]:
         """Give values the source names they were assigned to, in one pass over the ops."""
@@ -179,15 +229,102 @@ class Lowerer:
 
     def _check_params(self, f: A.FuncDef):
         seen = set()
+        generic = _is_generic(f)
+        for tv in f.type_params:
+            if T.is_dtype(tv) or tv in self.structs:
+                raise SpmdError(f"type variable '{tv}' of '{f.name}' has the name of a "
+                                f"{'dtype' if T.is_dtype(tv) else 'struct'}", f.span)
+        if len(set(f.type_params)) != len(f.type_params):
+            raise SpmdError(f"'{f.name}' names a type variable twice", f.span)
         for p in f.params:
             if p.name in seen:
                 raise SpmdError(f"parameter '{p.name}' is declared twice", p.span)
             seen.add(p.name)
+            if p.spec is not None and generic:
+                raise SpmdError(f"parameter '{p.name}' of the generic function '{f.name}' has a spec; a generic "
+                                "function's parameters carry no specs (use shard() inside, or specs at the caller)",
+                                p.spec.span)
+            if p.spec is not None and self._names_struct(p.type):
+                raise SpmdError(f"parameter '{p.name}' is a struct, whose leaves' layouts come from its declaration; "
+                                "drop the spec (or constrain one leaf with shard(p.field, {...}))", p.spec.span)
+        for r in f.results:
+            if r.spec is not None and generic:
+                raise SpmdError(f"a result of the generic function '{f.name}' has a spec; a generic function's "
+                                "results carry no specs", r.spec.span)
+            if r.spec is not None and self._names_struct(r.type):
+                raise SpmdError("a struct result takes its leaves' layouts from its declaration; drop the spec",
+                                r.spec.span)
         if not f.results:
             raise SpmdError(f"function '{f.name}' declares no results", f.span)
 
-    def call_function(self, f: A.FuncDef, args: list[Value], span: Span) -> list[Value]:
-        """Inline f with tensor arguments; declared specs become shard() constraints."""
+    def _names_struct(self, t: A.TypeExpr) -> bool:
+        return t.dtype in self.structs
+
+    def fresh(self, t, name: str | None = None):
+        """A new value of type t with no producer: a tensor, or a struct of new leaves."""
+        if isinstance(t, StructType):
+            return S.unflatten(self, t, iter(Value(lt, path) for path, lt, _ in S.leaf_layout(self, t, name or "")))
+        return Value(t, name)
+
+    def bind_generics(self, f: A.FuncDef, args: list, spans: list, span: Span) -> dict:
+        """The dtype variables and `..S` shapes of a generic f, bound by the types of its tensor arguments;
+        a variable bound two ways is an error at the argument that disagrees."""
+        bound: dict[str, Any] = {}
+        origin: dict[str, tuple[str, Any]] = {}
+        call_note = f"in the call to '{f.name}' at line {span.line}, column {span.col}" if span else None
+        for p, a, sp in zip(f.params, args, spans):
+            t = p.type
+            if not isinstance(a, Value) or self._names_struct(t):
+                continue
+            if t.dtype in f.type_params:
+                if t.dtype in bound and bound[t.dtype] != a.type.dtype:
+                    first, ft = origin[t.dtype]
+                    raise SpmdError(f"type variable {t.dtype} of '{f.name}' is bound two ways: {bound[t.dtype]} by "
+                                    f"argument '{first}' ({ft}), {a.type.dtype} by argument '{p.name}' ({a.type})",
+                                    sp or span, call_note)
+                bound.setdefault(t.dtype, a.type.dtype)
+                origin.setdefault(t.dtype, (p.name, a.type))
+            svars = [i for i, d in enumerate(t.dims) if isinstance(d, A.ShapeVar)]
+            if len(svars) > 1:
+                raise SpmdError("a type has at most one `..S` shape", t.dims[svars[1]].span)
+            if not svars:
+                continue
+            k = svars[0]
+            fixed = len(t.dims) - 1
+            if a.type.rank < fixed:
+                raise SpmdError(f"argument '{p.name}' of '{f.name}' must have rank >= {fixed} "
+                                f"({_type_text(t)}), got {a.type}", sp or span, call_note)
+            name = t.dims[k].name
+            shape = a.type.shape[k: a.type.rank - (fixed - k)]
+            if name in bound and bound[name] != shape:
+                first, ft = origin[name]
+                raise SpmdError(f"`..{name}` of '{f.name}' is bound two ways: {list(bound[name])} by argument "
+                                f"'{first}' ({ft}), {list(shape)} by argument '{p.name}' ({a.type})", sp or span,
+                                call_note)
+            bound.setdefault(name, shape)
+            origin.setdefault(name, (p.name, a.type))
+        return bound
+
+    def prepare_args(self, f: A.FuncDef, values: list, spans: list, span: Span) -> list:
+        """Arguments of a call of f: numbers materialized as the parameter's (bound) dtype."""
+        bound = self.bind_generics(f, values, spans, span)
+        out = []
+        for p, v, sp in zip(f.params, values, spans):
+            if not is_value(v):
+                if self._names_struct(p.type) or not isinstance(v, (int, float, bool)):
+                    raise SpmdError(f"argument '{p.name}' of '{f.name}' must be {_type_text(p.type)}, got "
+                                    f"{describe(v)}", sp)
+                dt = bound.get(p.type.dtype, p.type.dtype)
+                dims_ok = not p.type.dims or all(isinstance(d, A.ShapeVar) for d in p.type.dims)
+                if not dims_ok or (p.type.dims and bound.get(p.type.dims[0].name, ()) != ()):
+                    raise SpmdError(f"argument '{p.name}' of '{f.name}' must be a tensor {_type_text(p.type)}, "
+                                    f"got {describe(v)}", sp)
+                v = self.materialize(v, sp, dtype=dt if T.is_dtype(dt) else None)
+            out.append(v)
+        return out
+
+    def call_function(self, f: A.FuncDef, args: list, span: Span, arg_spans: list | None = None) -> list:
+        """Inline f with tensor (or struct) arguments; declared specs become shard() constraints."""
         if f.name in self.stack:
             chain = " -> ".join(self.stack + [f.name])
             raise SpmdError(f"recursive call to '{f.name}' ({chain}); functions are inlined, "
@@ -197,24 +334,31 @@ class Lowerer:
                             f"-> {f.name}); functions are inlined, and this is the limit", span)
         self.called.add(f.name)
         self._check_params(f)
-        env: dict[str, Any] = {}
-        for p, a in zip(f.params, args):
-            t = self.type_of(p.type)
-            if a.type != t:
-                raise SpmdError(f"argument '{p.name}' of '{f.name}' must be {t}, got {a.type}", span)
+        spans = list(arg_spans) if arg_spans else [None] * len(args)
+        bound = self.bind_generics(f, args, spans, span)
+        env: dict[str, Any] = {tv: Dtype(bound[tv]) for tv in f.type_params if tv in bound}
+        for p, a, sp in zip(f.params, args, spans):
+            t = self.type_of(p.type, bound)
+            if not is_value(a) or a.type != t:
+                got = a.type if is_value(a) else describe(a)
+                if sp is not None and span is not None and _is_generic(f):  # point at the argument, and the call
+                    raise SpmdError(f"argument '{p.name}' of '{f.name}' must be {t}, got {got}", sp,
+                                    f"in the call to '{f.name}' at line {span.line}, column {span.col}")
+                raise SpmdError(f"argument '{p.name}' of '{f.name}' must be {t}, got {got}", span)
             if p.spec is not None:
                 a = self.b.emit("shard", a, span=p.span, sharding=self.sharding_of(p.spec, t, allow_open=True))
             env[p.name] = a
         self.stack.append(f.name)
-        outs = self.body(f, env, None)
+        outs = self.body(f, env, None, bound)
         self.stack.pop()
+
         for i, (r, v) in enumerate(zip(f.results, outs)):
             if r.spec is not None:
                 outs[i] = self.b.emit("shard", v, span=r.span,
                                       sharding=self.sharding_of(r.spec, v.type, allow_open=True))
         return outs
 
-    def body(self, f: A.FuncDef, env: dict, named: dict | None) -> list[Value]:
+    def body(self, f: A.FuncDef, env: dict, named: dict | None, bound: dict | None = None) -> list:
         """Run the statements; returns the result values, checked against the declared types."""
         ret = self.statements(f.body, env, named)
         if ret is None:
@@ -226,11 +370,15 @@ class Lowerer:
             raise SpmdError(f"'{f.name}' returns {len(values)} value(s) but declares {len(f.results)}", node.span)
         outs = []
         for i, ((expr, v), r) in enumerate(zip(values, f.results)):
-            t = self.type_of(r.type)
-            if not isinstance(v, Value):
+            t = self.type_of(r.type, bound)
+            if not is_value(v):
+                if isinstance(t, StructType):
+                    raise SpmdError(f"result {i} of '{f.name}' is {describe(v)}, but the function declares {t}",
+                                    expr.span)
                 v = self.materialize(v, expr.span, dtype=t.dtype)
             if v.type != t:
-                raise SpmdError(f"result {i} of '{f.name}' is {v.type}, but the function declares {t}", expr.span)
+                got = v.type if isinstance(v, Value) else describe(v)
+                raise SpmdError(f"result {i} of '{f.name}' is {got}, but the function declares {t}", expr.span)
             outs.append(v)
         return outs
 
@@ -241,12 +389,12 @@ class Lowerer:
                 raise SpmdError(f"the program unrolls and inlines to more than {MAX_OPS} operations", s.span)
             if isinstance(s, A.Assign):
                 v = self.expr(s.value, env)
-                if isinstance(v, tuple) and len(v) > 0 and all(isinstance(x, Value) for x in v):
+                if isinstance(v, tuple) and len(v) > 0 and all(is_value(x) for x in v):
                     raise SpmdError(f"the call returns {len(v)} values; unpack them as `a, b = ...`", s.value.span)
                 self.assign(s.target, v, env, named, s.span)
             elif isinstance(s, A.MultiAssign):
                 v = self.expr(s.value, env)
-                if not isinstance(v, tuple) or not all(isinstance(x, Value) for x in v):
+                if not isinstance(v, tuple) or not all(is_value(x) for x in v):
                     raise SpmdError(f"cannot unpack {describe(v)} into {len(s.targets)} names", s.value.span)
                 if len(v) != len(s.targets):
                     raise SpmdError(f"the call returns {len(v)} values but {len(s.targets)} names are assigned",
@@ -268,9 +416,16 @@ class Lowerer:
         return None
 
     def assign(self, name, value, env, named, span):
-        if isinstance(value, tuple) and value and all(isinstance(x, Value) for x in value):
+        if isinstance(value, tuple) and value and all(is_value(x) for x in value):
             raise SpmdError("cannot assign several values to one name", span)
         env[name] = value
+        if isinstance(value, StructValue):  # each leaf named by its dotted path
+            for path, leaf in value.leaves(name):
+                self._name_value(path, leaf, named, span)
+            return
+        self._name_value(name, value, named, span)
+
+    def _name_value(self, name, value, named, span):
         if isinstance(value, Value):
             # the first name wins, but the entry function's names beat an inlined callee's locals
             # (IR text and `check` then agree on what a value is called)
@@ -303,17 +458,41 @@ class Lowerer:
 
     # ------------------------------------------------------------------ types and specs
 
-    def type_of(self, t: A.TypeExpr) -> TensorType:
-        if not T.is_dtype(t.dtype):
+    def type_of(self, t: A.TypeExpr, bound: dict | None = None) -> TensorType | StructType:
+        """A written type; `bound` holds a generic function's dtype variables and `..S` shapes."""
+        bound = bound or {}
+        if t.dtype in self.structs:
+            lead = []
+            for d in t.dims or []:
+                n = _check_static_int(self.static(d, {}), d.span, "a stacking dimension")
+                if n < 0:
+                    raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
+                lead.append(n)
+            return StructType(t.dtype, tuple(lead))
+        dtype = bound.get(t.dtype, t.dtype)
+        if t.dims is None:
+            raise SpmdError(f"unknown type '{t.dtype}'; a type is a dtype with a shape such as f32[4, 8], or a "
+                            "struct" + did_you_mean(t.dtype, list(self.structs) + list(T.DTYPES)),
+                            t.dtype_span or t.span)
+        if not isinstance(dtype, str) or not T.is_dtype(dtype):
             raise SpmdError(f"unknown dtype '{t.dtype}'; dtypes are {', '.join(T.DTYPES)}"
-                            + did_you_mean(t.dtype, T.DTYPES), t.dtype_span or t.span)
+                            + did_you_mean(t.dtype, T.DTYPES + tuple(self.structs)), t.dtype_span or t.span)
         dims = []
         for d in t.dims:
-            n = _check_static_int(self.static(d, {}), d.span, "a dimension")
+            if isinstance(d, A.ShapeVar):
+                if d.name not in bound:
+                    raise SpmdError(f"`..{d.name}` is not bound: a `..S` shape stands only in a generic function's "
+                                    "signature, and one in a result must appear in a parameter too", d.span)
+                dims.extend(bound[d.name])
+                continue
+            n = self.static(d, {})
+            if isinstance(d, A.Name) and isinstance(n, float) and d.id in self.consts:
+                raise SpmdError(f"a dimension must be a static integer; '{d.id}' is a float const ({n})", d.span)
+            n = _check_static_int(n, d.span, "a dimension")
             if n < 0:
                 raise SpmdError(f"dimension must be non-negative, got {n}", d.span)
             dims.append(n)
-        out = TensorType(t.dtype, tuple(dims))
+        out = TensorType(dtype, tuple(dims))
         check_type(out, t.span)
         return out
 
@@ -368,9 +547,9 @@ class Lowerer:
             if name == s.var or name not in env:
                 continue
             v = env[name]
-            if not isinstance(v, Value):
+            if not is_value(v):
                 if not isinstance(v, (int, float, bool)):
-                    raise SpmdError(f"'{name}' is {describe(v)}; a loop carries only tensors and numbers",
+                    raise SpmdError(f"'{name}' is {describe(v)}; a loop carries only tensors, structs and numbers",
                                     assigned[name][0])
                 v = env[name] = self.materialize(v, s.span)
                 self.names.setdefault(v, name)
@@ -379,17 +558,25 @@ class Lowerer:
         self.b = Builder()
         index = Value(TensorType("i32", ()), s.var)
         LOOP_INDICES.add(index)
-        params = [Value(env[n].type, n) for n in carried]
+        # a carried struct is carried leaf by leaf
+        carried_as = {n: self.fresh(env[n].type, n) for n in carried}
+        params = [leaf for n in carried for leaf in S.flat(carried_as[n])]
         body_env = dict(env)
         body_env[s.var] = index
-        body_env.update(zip(carried, params))
+        body_env.update(carried_as)
         ret = self.statements(s.body, body_env, {} if named is not None else None)
         if ret is not None:
             raise SpmdError("return inside a loop is not supported", ret[0].span)
         nexts = []
-        for name, p in zip(carried, params):
-            v = body_env[name]
+        for name in carried:
+            p, v = carried_as[name], body_env[name]
             where = assigned[name][-1]
+            if isinstance(p, StructValue) or isinstance(v, StructValue):
+                if not is_value(v) or v.type != p.type:
+                    raise SpmdError(f"'{name}' is carried through the loop as {describe(p)}, but the body assigns it "
+                                    f"{describe(v)}; a carried value keeps its type on every iteration", where)
+                nexts.extend(S.flat(v))
+                continue
             if not isinstance(v, Value):
                 if not isinstance(v, (int, float, bool)) or p.type.rank:
                     raise SpmdError(f"'{name}' is carried through the loop as {p.type}, but the body "
@@ -406,8 +593,12 @@ class Lowerer:
         nexts = [cap_params.get(v, v) for v in nexts]
         body = Region((index, *params, *cap_params.values()), tuple(body_ops), tuple(nexts))
         results = [Value(p.type) for p in params]
-        self.b.ops.append(make_loop(start, stop, [env[n] for n in carried], captures, body, results, s.span))
-        for name, r in zip(carried, results):
+        inits = [leaf for n in carried for leaf in S.flat(env[n])]
+        self.b.ops.append(make_loop(start, stop, inits, captures, body, results, s.span))
+        it = iter(results)
+        for name in carried:
+            t = env[name].type
+            r = S.unflatten(self, t, it) if isinstance(t, StructType) else next(it)
             self.assign(name, r, env, named, assigned[name][-1])
 
     # ------------------------------------------------------------------ expressions
@@ -453,6 +644,9 @@ class Lowerer:
             return Dtype(n)
         if n in self.funcs:
             raise SpmdError(f"'{n}' is a function; call it as {n}(...)", node.span)
+        if n in self.structs:
+            fields = ", ".join(f"{f.name}=..." for f in self.structs[n].fields)
+            raise SpmdError(f"'{n}' is a struct; construct one as {n}({fields})", node.span)
         if n in BUILTINS:
             raise SpmdError(f"'{n}' is a builtin; call it as {n}(...)", node.span)
         if self.mesh and n in self.mesh.names:
@@ -462,10 +656,16 @@ class Lowerer:
 
     def expr_Neg(self, node, env):
         x = self.expr(node.operand, env)
+        if isinstance(x, StructValue):
+            return S.leafwise(self, lambda a: self.b.emit("neg", *a, span=node.span), [x], [node.operand.span],
+                              node.span, "negation")
         if isinstance(x, Value):
             if x.type.dtype == "bool":
                 raise SpmdError("cannot negate a bool tensor; use logical_not", node.span)
-            return self.b.emit("neg", x, span=node.span)
+            out = self.b.emit("neg", x, span=node.span)
+            if x in WEAK:
+                WEAK.add(out)
+            return out
         if isinstance(x, (int, float)) and not isinstance(x, bool):
             return -x
         raise SpmdError(f"cannot negate {describe(x)}", node.span)
@@ -473,6 +673,9 @@ class Lowerer:
     def expr_BinOp(self, node, env):
         a, b = self.expr(node.left, env), self.expr(node.right, env)
         if node.op == "@":
+            for v, sp in ((a, node.left.span), (b, node.right.span)):
+                if isinstance(v, StructValue):
+                    raise SpmdError(f"@ is not leafwise: it needs tensors, got {describe(v)}", sp)
             return self.matmul(a, b, node)
         kind = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod"}[node.op]
         return self.binary(kind, a, b, node.span, node.left.span, node.right.span)
@@ -489,21 +692,25 @@ class Lowerer:
     def expr_Call(self, node: A.Call, env):
         if node.func in self.funcs:
             f = self.funcs[node.func]
-            args = self._bind_user_args(f, node, env)
-            outs = self.call_function(f, args, node.span)
+            args, spans = self._bind_user_args(f, node, env, with_spans=True)
+            outs = self.call_function(f, args, node.span, spans)
             return outs[0] if len(outs) == 1 and not f.parenthesised else tuple(outs)
+        if node.func in self.structs:
+            return S.construct(self, node, env)
+        if node.func in S.SPECIAL:
+            return S.SPECIAL[node.func](self, node, env)
         if node.func in ("grad", "value_and_grad"):
             from .grad import lower_grad
 
             return lower_grad(self, node, env, with_value=node.func == "value_and_grad")
         if node.func in BUILTINS:
-            return call_builtin(self, BUILTINS[node.func], node, env)
+            return call_builtin(self, BUILTINS[node.func], node, env, on_struct=S.leafwise_builtin)
         if T.is_dtype(node.func):
             raise SpmdError(f"'{node.func}' is a dtype; to convert, write cast(x, {node.func})", node.func_span)
         raise SpmdError(f"unknown function '{node.func}'" + did_you_mean(node.func, list(self.funcs) + list(BUILTINS)),
                         node.func_span or node.span)
 
-    def _bind_user_args(self, f: A.FuncDef, node: A.Call, env) -> list[Value]:
+    def _bind_user_args(self, f: A.FuncDef, node: A.Call, env, with_spans: bool = False):
         names = [p.name for p in f.params]
         bound: dict[str, Any] = {}
         if len(node.args) > len(names):
@@ -516,22 +723,20 @@ class Lowerer:
             if kw.name in bound:
                 raise SpmdError(f"argument '{kw.name}' given twice", kw.span)
             bound[kw.name] = (kw.value, self.expr(kw.value, env))
-        args = []
         for p in f.params:
             if p.name not in bound:
                 raise SpmdError(f"missing argument '{p.name}' of '{f.name}'", node.span)
-            a, v = bound[p.name]
-            if not isinstance(v, Value):
-                t = self.type_of(p.type)
-                if t.rank != 0 or not isinstance(v, (int, float, bool)):
-                    raise SpmdError(f"argument '{p.name}' of '{f.name}' must be a tensor {t}, got {describe(v)}",
-                                    a.span)
-                v = self.materialize(v, a.span, dtype=t.dtype)
-            args.append(v)
-        return args
+        spans = [bound[p.name][0].span for p in f.params]
+        args = self.prepare_args(f, [bound[p.name][1] for p in f.params], spans, node.span)
+        return (args, spans) if with_spans else args
+
+    def expr_Attribute(self, node: A.Attribute, env):
+        return S.attribute(self, node, env)
 
     def expr_Subscript(self, node: A.Subscript, env):
         base = self.expr(node.base, env)
+        if isinstance(base, StructValue):
+            return S.index(self, base, node, env)
         if isinstance(base, Dtype):
             dims = []
             for d in node.indices:
@@ -653,13 +858,17 @@ class Lowerer:
         for v, sp in zip(values, spans):
             if not isinstance(v, (Value, int, float, bool)):
                 raise SpmdError(f"expected a tensor or a number, got {describe(v)}", sp)
+        strong = [v for v in tensors if v not in WEAK] or tensors  # weak values count as literals
         if tensors:
-            dt = tensors[0].type.dtype
-            for t in tensors[1:]:
+            dt = strong[0].type.dtype
+            for t in strong[1:]:
                 dt = T.promote(dt, t.type.dtype)
-            if any(isinstance(v, float) and not isinstance(v, bool) for v in values) and not T.is_float(dt):
+            weak = [v for v in values if is_weak(v) and not any(v is t for t in strong)]
+            kinds = {("float" if isinstance(v, float) else "int") if not isinstance(v, Value) else T.kind(v.type.dtype)
+                     for v in weak}
+            if "float" in kinds and not T.is_float(dt):
                 dt = float_for(dt)  # a float literal meets an int tensor: promote, as jax's weak floats do
-            elif any(type(v) is int for v in values) and dt == "bool":
+            elif "int" in kinds and dt == "bool":
                 dt = "i32"  # likewise an int literal meets a bool tensor (numpy: True * 2 == 2)
         else:
             dt = "f32" if any(isinstance(v, float) for v in values) else (
@@ -681,6 +890,9 @@ class Lowerer:
         return out, dt, shape
 
     def binary(self, kind: str, a, b, span, aspan=None, bspan=None):
+        if isinstance(a, StructValue) or isinstance(b, StructValue):  # leafwise
+            return S.leafwise(self, lambda ab: self.binary(kind, *ab, span, aspan, bspan), [a, b],
+                              [aspan or span, bspan or span], span, f"'{_SYMBOL.get(kind, kind)}'")
         if not isinstance(a, Value) and not isinstance(b, Value):
             return _fold(kind, a, b, span)
         values, dt, shape = self.unify([a, b], [aspan or span, bspan or span], span)
@@ -690,7 +902,10 @@ class Lowerer:
             values = [self.cast(v, float_for(dt), span) for v in values]  # true division, as numpy
         if kind in ("logical_and", "logical_or") and dt != "bool":
             raise SpmdError(f"{kind} needs bool operands", span)
-        return self.b.emit(kind, *values, span=span)
+        out = self.b.emit(kind, *values, span=span)
+        if is_weak(a) and is_weak(b) and T.kind(out.type.dtype) != "bool":
+            WEAK.add(out)  # computed from literals only: stays weak, as in jax (comparisons do not)
+        return out
 
     def matmul(self, a, b, node) -> Value:
         for v, sp in ((a, node.left.span), (b, node.right.span)):
@@ -730,6 +945,30 @@ class Lowerer:
         a, la = operand(a, ba, "mk")
         b, lb = operand(b, bb, "kn")
         return self.b.emit("einsum", a, b, span=node.span, spec=f"{la},{lb}->{letters}mn")
+
+
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "pow": "**", "lt": "<",
+           "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def _is_generic(f: A.FuncDef) -> bool:
+    """A function with dtype variables or a `..S` shape in a parameter's type."""
+    return bool(f.type_params) or any(
+        p.type.dims and any(isinstance(d, A.ShapeVar) for d in p.type.dims) for p in f.params)
+
+
+def _type_text(t: A.TypeExpr) -> str:
+    if t.dims is None:
+        return t.dtype
+
+    def dim(d):
+        if isinstance(d, A.ShapeVar):
+            return f"..{d.name}"
+        if isinstance(d, A.IntLit):
+            return str(d.value)
+        return d.id if isinstance(d, A.Name) else "?"
+
+    return f"{t.dtype}[{', '.join(dim(d) for d in t.dims)}]"
 
 
 def _assigned(stmts) -> dict[str, list[Span]]:
@@ -786,6 +1025,19 @@ def _fold(kind, a, b, span):
         }[kind]()
     except (ZeroDivisionError, OverflowError) as e:
         raise SpmdError(f"constant arithmetic failed: {e}", span) from None
+
+
+def _const_override(c: A.ConstDecl, declared: int | float, value) -> int | float:
+    """--set / consts= for const `c`: an integer const takes an integer, a float const any finite
+    number (as a float)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(declared, int):
+        if not number or not isinstance(value, int):
+            raise OverrideError(f"--set {c.name}={value!r}: '{c.name}' is an integer const; give an integer", c.span)
+        return value
+    if not number or not math.isfinite(value):
+        raise OverrideError(f"--set {c.name}={value!r}: '{c.name}' is a float const; give a finite number", c.span)
+    return float(value)
 
 
 def lower(module: A.Module, source: Source, mesh=None, consts=None, entry=None) -> Program:

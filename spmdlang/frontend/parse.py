@@ -6,6 +6,7 @@ what could have come there instead.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 
@@ -17,7 +18,7 @@ from ..errors import Source, Span, SpmdError
 from ..limits import MAX_NESTING, MAX_SOURCE_BYTES, format_bytes
 from . import ast as A
 
-_KEYWORDS = {"mesh", "devices", "const", "func", "return", "for", "loop", "in", "range", "true", "false"}
+_KEYWORDS = {"mesh", "devices", "const", "struct", "func", "return", "for", "loop", "in", "range", "true", "false"}
 
 # terminal name -> words for "expected ..." messages
 _TERMINALS = {
@@ -25,13 +26,14 @@ _TERMINALS = {
     "LSQB": "'['", "RSQB": "']'", "LPAR": "'('", "RPAR": "')'", "LBRACE": "'{'", "RBRACE": "'}'",
     "COMMA": "','", "COLON": "':'", "EQUAL": "'='", "SEMICOLON": "';'", "MINUS": "'-'",
     "QMARK": "'?'", "__ANON_0": "'->'", "BODY_LBRACE": "'{'", "COMP_OP": "a comparison", "PLUS": "'+'",
-    "MUL_OP": "'*', '/' or '@'", "$END": "end of file", "MORETHAN": "'>'",
+    "MUL_OP": "'*', '/' or '@'", "DOT": "'.'", "$END": "end of file", "MORETHAN": "'>'",
 }
 
 
 class _BodyBrace:
-    """Post-lexer: a `{` after `]` opens a spec when its matching `}` is followed by `{`, `,` or
-    `)` (more signature follows); otherwise it opens the function body. LALR(1) cannot see that."""
+    """Post-lexer: a `{` after `]` or a name opens a spec when its matching `}` is followed by `{`,
+    `,` or `)` (more signature follows); otherwise it opens a body (a function's, or a struct's).
+    Inside a struct's body every `{` opens a field's spec. LALR(1) cannot see that."""
 
     always_accept = ()
 
@@ -44,8 +46,12 @@ class _BodyBrace:
                 stack.append(i)
             elif t.type == "RBRACE" and stack:
                 depth_match[stack.pop()] = i
+        in_struct_until = -1
         for i, t in enumerate(buf):
-            if t.type == "LBRACE" and i > 0 and buf[i - 1].type == "RSQB":
+            if t.type == "LBRACE" and i >= 2 and buf[i - 2].type == "STRUCT":
+                in_struct_until = depth_match.get(i, len(buf))
+                t = Token.new_borrow_pos("BODY_LBRACE", t, t)
+            elif t.type == "LBRACE" and i > 0 and buf[i - 1].type in ("RSQB", "NAME") and i > in_struct_until:
                 j = depth_match.get(i, len(buf)) + 1
                 follows = buf[j].type if j < len(buf) else "$END"
                 if follows not in ("LBRACE", "COMMA", "RPAR"):
@@ -98,6 +104,35 @@ def _end_of_text(text: str) -> tuple[int, int]:
     return len(lines), len(lines[-1]) + 1
 
 
+def _unclosed_brace(text: str) -> tuple[int, int] | None:
+    """The `{` (line, col) that is never closed in `text`; None when every brace is closed. A `}`
+    that starts its line closes the brace opened on a line indented as it is: braces opened on more
+    indented lines in between are the ones left open (the usual way a `}` goes missing), the first
+    of them reported."""
+    opens: list[tuple[int, int, int]] = []  # (line, col, indentation of the opening line)
+    lost: tuple[int, int] | None = None
+    for n, raw in enumerate(text.split("\n"), start=1):
+        code = re.sub(r'"[^"\n]*"', lambda m: " " * len(m.group()), raw).split("#", 1)[0]
+        indent = len(code) - len(code.lstrip())
+        for i, ch in enumerate(code):
+            if ch == "{":
+                opens.append((n, i + 1, indent))
+            elif ch == "}" and opens:
+                if i == indent:  # first on its line: skip past braces opened further in
+                    while len(opens) > 1 and opens[-1][2] > indent:
+                        line, col, _ = opens.pop()
+                        lost = lost or (line, col)
+                opens.pop()
+    if lost is not None:
+        return lost
+    return (opens[-1][0], opens[-1][1]) if opens else None
+
+
+def unclosed_error(source: Source, at: tuple[int, int], found: str) -> SpmdError:
+    line, col = at
+    return SpmdError(f"this '{{' is never closed: expected '}}' before {found}", Span(source, line, col, line, col + 1))
+
+
 def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
     line, col = max(e.line, 1), max(e.column, 1)
     if isinstance(e, UnexpectedCharacters):
@@ -107,11 +142,18 @@ def _syntax_error(e: UnexpectedInput, source: Source) -> SpmdError:
             msg = "unterminated string"
         return SpmdError(msg, Span(source, line, col, line, col + 1))
     if isinstance(e, UnexpectedEOF):
+        unclosed = _unclosed_brace(source.text) if "RBRACE" in e.expected else None
+        if unclosed is not None:
+            return unclosed_error(source, unclosed, "end of file")
         line, col = _end_of_text(source.text)
         return SpmdError(f"unexpected end of file; expected {_expected_words(e.expected)}",
                          Span(source, line, col))
     assert isinstance(e, UnexpectedToken)
     tok = e.token
+    if "RBRACE" in e.expected:
+        unclosed = _unclosed_brace(source.text)
+        if unclosed is not None and (tok.type == "$END" or unclosed < (line, col)):
+            return unclosed_error(source, unclosed, _describe_token(tok))
     if tok.type == "$END":
         line, col = _end_of_text(source.text)
     msg = f"unexpected {_describe_token(tok)}; expected {_expected_words(e.expected)}"
@@ -188,7 +230,8 @@ class _ToAst(Transformer_NonRecursive):
         items = [i for i in items if isinstance(i, A.Node)]
         return A.Module(self.sp(meta), [i for i in items if isinstance(i, A.MeshDecl)],
                         [i for i in items if isinstance(i, A.ConstDecl)],
-                        [i for i in items if isinstance(i, A.FuncDef)])
+                        [i for i in items if isinstance(i, A.FuncDef)],
+                        [i for i in items if isinstance(i, A.StructDecl)])
 
     def mesh_decl(self, meta, children):
         axes = [c for c in children if isinstance(c, A.MeshAxis)]
@@ -206,12 +249,24 @@ class _ToAst(Transformer_NonRecursive):
         name, value = children
         return A.ConstDecl(_tok_span(self.source, name), str(name), value)
 
+    def struct_decl(self, meta, children):
+        name, *fields = children
+        return A.StructDecl(_tok_span(self.source, name), str(name),
+                            [f for f in fields if isinstance(f, A.FieldDecl)])
+
+    def field_decl(self, meta, children):
+        name, type_, spec = children
+        return A.FieldDecl(_tok_span(self.source, name), str(name), type_, spec)
+
     def func_def(self, meta, children):
-        name, *rest = children
+        name, type_params, *rest = children
         body = rest[-1]
         results, parenthesised = rest[-2]
         params = [p for p in rest[:-2] if p is not None]
-        return A.FuncDef(self.sp(meta), str(name), params, results, parenthesised, body)
+        return A.FuncDef(self.sp(meta), str(name), params, results, parenthesised, body, type_params or [])
+
+    def type_params(self, meta, children):
+        return [str(c) for c in children]
 
     def param(self, meta, children):
         name, type_, spec = children
@@ -231,6 +286,14 @@ class _ToAst(Transformer_NonRecursive):
         name, *dims = children
         return A.TypeExpr(self.sp(meta), str(name), [d for d in dims if d is not None],
                           _tok_span(self.source, name))
+
+    def bare_type(self, meta, children):
+        (name,) = children
+        return A.TypeExpr(self.sp(meta), str(name), None, _tok_span(self.source, name))
+
+    def shape_var(self, meta, children):
+        (name,) = children
+        return A.ShapeVar(self.sp(meta), str(name))
 
     def spec(self, meta, children):
         return A.SpecExpr(self.sp(meta), [c for c in children if c is not None])
@@ -309,6 +372,10 @@ class _ToAst(Transformer_NonRecursive):
     def subscript(self, meta, children):
         base, *indices = children
         return A.Subscript(self.sp(meta), base, [i for i in indices if i is not None])
+
+    def attribute(self, meta, children):
+        base, name = children
+        return A.Attribute(self.sp(meta), base, str(name))
 
     def slice_index(self, meta, children):
         start, stop, step = children

@@ -32,6 +32,41 @@ class Dtype:
     name: str
 
 
+@dataclass(frozen=True)
+class StructType:
+    """A declared struct, stacked `lead` times: `Block[L]` is StructType("Block", (L,))."""
+
+    name: str
+    lead: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.name}[{', '.join(map(str, self.lead))}]" if self.lead else self.name
+
+
+@dataclass(frozen=True, eq=False)
+class StructValue:
+    """A value of a struct type: its fields in declaration order, each a tensor or a struct."""
+
+    type: StructType
+    fields: tuple[tuple[str, object], ...]
+
+    def field(self, name: str):
+        return dict(self.fields)[name]
+
+    def leaves(self, prefix: str = "") -> list[tuple[str, Value]]:
+        """(dotted path, tensor) of every leaf, depth-first in declaration order."""
+        out = []
+        for name, v in self.fields:
+            path = f"{prefix}.{name}" if prefix else name
+            out.extend(v.leaves(path) if isinstance(v, StructValue) else [(path, v)])
+        return out
+
+
+def is_value(v) -> bool:
+    """A run-time value: a tensor or a struct of tensors."""
+    return isinstance(v, (Value, StructValue))
+
+
 def did_you_mean(name: str, options) -> str:
     import difflib
 
@@ -41,6 +76,15 @@ def did_you_mean(name: str, options) -> str:
 
 # the index values of `loop` statements being lowered: a static use of one gets its own message
 LOOP_INDICES: weakref.WeakSet = weakref.WeakSet()
+
+# values computed only from Python literals (jax's weakly typed values, e.g. `abs(3) + 0.5`): they
+# meet a tensor as a literal would, taking its dtype (`pow(abs(3) + 0.5, x)` is bf16 for a bf16 x)
+WEAK: weakref.WeakSet = weakref.WeakSet()
+
+
+def is_weak(v) -> bool:
+    """A Python number, or a value computed only from them."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or (isinstance(v, Value) and v in WEAK)
 
 
 def loop_index_note(value) -> str:
@@ -90,6 +134,8 @@ def float_for(dtype: str) -> str:
 def describe(value) -> str:
     if isinstance(value, Value):
         return f"a tensor {value.type}{loop_index_note(value)}"
+    if isinstance(value, StructValue):
+        return f"a struct {value.type}"
     if isinstance(value, bool):
         return "a bool"
     if isinstance(value, int):

@@ -17,6 +17,7 @@ from . import registry
 from . import types as T
 from .builder import Builder
 from .core import LOOP, Loop, Op, Region, Value, make_loop
+from .names import OpName
 from .registry import Grad
 from .types import TensorType
 
@@ -229,9 +230,9 @@ def _accumulate(d: Differentiator, made: dict, acc: Value, c: Value | None) -> V
     if c is None:
         return acc
     op = made.get(c)
-    if op is not None and op.kind == "dynamic_update_slice":
+    if op is not None and op.kind == OpName.DYNAMIC_UPDATE_SLICE:
         z = made.get(op.operands[0])
-        if z is not None and z.kind == "full" and z.attrs["value"] == 0:
+        if z is not None and z.kind == OpName.FULL and z.attrs["value"] == 0:
             u, starts = op.operands[1], op.operands[2:]
             old = d.emit("dynamic_slice", acc, *starts, sizes=tuple(u.type.shape))
             return d.emit("dynamic_update_slice", acc, d.add(old, u), *starts)
@@ -240,26 +241,44 @@ def _accumulate(d: Differentiator, made: dict, acc: Value, c: Value | None) -> V
 
 def _loop_vjp(d: Differentiator, op: Op, outs, depends: set) -> list[Value | None]:
     loop = Loop(op)
-    n, trips = loop.n, loop.trips
     dep_c, dep_k = _dependent_carries(loop, depends)
     cts: list[Value | None] = [None] * len(op.operands)
-    if trips == 0:  # the results are the inits
+    if loop.trips == 0:  # the results are the inits
         for k in dep_c:
             cts[k] = outs[k]
         return cts
     if not dep_c and not dep_k:
         return cts
-    # ---- the forward loop stacks the carries its body reads (in place of `op`, in d.b.ops)
-    read = {v for bop in loop.body.ops for v in bop.operands}
-    stacked = [k for k in range(n) if loop.carries[k] in read]
-    first = len(d.b.ops)
-    zeros = [d.zeros(loop.carries[k].type.with_shape((trips, *loop.carries[k].type.shape))) for k in stacked]
-    pre = d.b.ops[first:]
-    del d.b.ops[first:]
+    stacked, stacks = _stacking_forward(d, op, loop)
+    rc, rk = sorted(dep_c), sorted(dep_k)
+    results = _reverse_loop(d, op, loop, rc, rk, outs, stacked, stacks)
+    for k, r in zip(rc, results):
+        cts[k] = r
+    for k, r in zip(rk, results[len(rc):]):
+        cts[loop.n + k] = r
+    return cts
+
+
+def _body_differentiator(op: Op) -> Differentiator:
+    """A differentiator emitting backward ops into a loop body of its own."""
     body_b = Builder()
     body_b.backward = True
     bd = Differentiator(body_b)
     bd.span = op.span
+    return bd
+
+
+def _stacking_forward(d: Differentiator, op: Op, loop: Loop):
+    """The forward loop, in place of `op` in d.b.ops, also stacking (trips, ...) the carries its
+    body reads. Returns (their carry indices, the stacks)."""
+    trips = loop.trips
+    read = {v for bop in loop.body.ops for v in bop.operands}
+    stacked = [k for k in range(loop.n) if loop.carries[k] in read]
+    first = len(d.b.ops)
+    zeros = [d.zeros(loop.carries[k].type.with_shape((trips, *loop.carries[k].type.shape))) for k in stacked]
+    pre = d.b.ops[first:]
+    del d.b.ops[first:]
+    bd = _body_differentiator(op)
     stack_params = [Value(z.type, f"{loop.carries[k].name or 'carry'}_stack") for k, z in zip(stacked, zeros)]
     pos = loop.index if loop.start == 0 else bd.emit("sub", loop.index, _i32(bd, loop.start))
     zero = _i32(bd, 0)
@@ -270,22 +289,24 @@ def _loop_vjp(d: Differentiator, op: Op, outs, depends: set) -> list[Value | Non
         stored.append(bd.emit("dynamic_update_slice", sp, upd, pos, *[zero] * c.type.rank))
     body = loop.body
     fwd_body = Region((body.params[0], *loop.carries, *stack_params, *loop.capture_params),
-                      body.ops + tuple(body_b.ops), body.results + tuple(stored))
+                      body.ops + tuple(bd.b.ops), body.results + tuple(stored))
     stacks = [Value(z.type, sp.name) for z, sp in zip(zeros, stack_params)]
     fwd = make_loop(loop.start, loop.stop, [*loop.inits, *zeros], loop.captures, fwd_body,
                     [*op.results, *stacks], op.span, op.backward)
     at = next(i for i, o in enumerate(d.b.ops) if o is op)
     d.b.ops[at:at + 1] = [*pre, fwd]
     d.inserted += len(pre)
-    # ---- the reverse loop
-    rc = sorted(dep_c)
-    rk = sorted(dep_k)
+    return stacked, stacks
+
+
+def _reverse_loop(d: Differentiator, op: Op, loop: Loop, rc, rk, outs, stacked, stacks) -> list[Value]:
+    """The reverse loop: iteration j recomputes forward iteration trips-1-j from the stacked
+    carries and runs its backward pass; carries the cotangents of carries `rc` and accumulates
+    those of captures `rk`. Returns its results (those cotangents, in that order)."""
+    trips, body = loop.trips, loop.body
     inits = [outs[k] if outs[k] is not None else d.zeros(loop.carries[k].type) for k in rc]
     inits += [d.zeros(loop.captures[k].type) for k in rk]
-    body_b = Builder()
-    body_b.backward = True
-    bd = Differentiator(body_b)
-    bd.span = op.span
+    bd = _body_differentiator(op)
     j = Value(T.TensorType("i32", ()), "j")
     ct_params = [Value(loop.carries[k].type, f"{loop.carries[k].name or 'carry'}_ct") for k in rc]
     acc_params = [Value(loop.captures[k].type, f"{loop.capture_params[k].name or 'capture'}_ct") for k in rk]
@@ -303,28 +324,21 @@ def _loop_vjp(d: Differentiator, op: Op, outs, depends: set) -> list[Value | Non
     for c in loop.carries:  # carries no op reads (passed on as they are): stand-ins for their cotangents
         m.setdefault(c, Value(c.type, c.name))
     recomputed = _clone_ops(body.ops, m)
-    body_b.ops.extend(recomputed)
+    bd.b.ops.extend(recomputed)
     inputs = [m[loop.carries[k]] for k in rc] + [m[loop.capture_params[k]] for k in rk]
     seeds = [(m[body.results[k]], ct) for k, ct in zip(rc, ct_params)]
     got = backward_pass(bd, recomputed, inputs, seeds)
-    nexts = []
-    for k, c in zip(rc, got[:len(rc)]):
-        nexts.append(c if c is not None else bd.zeros(loop.carries[k].type))
-    made = {r: bop for bop in body_b.ops for r in bop.results}
+    nexts = [c if c is not None else bd.zeros(loop.carries[k].type) for k, c in zip(rc, got[:len(rc)])]
+    made = {r: bop for bop in bd.b.ops for r in bop.results}
     for acc, c in zip(acc_params, got[len(rc):]):
         nexts.append(_accumulate(bd, made, acc, c))
-    params = (j, *ct_params, *acc_params, *stack_in, *cap_in)
     live = set(nexts)
     kept = []
-    for bop in reversed(body_b.ops):
+    for bop in reversed(bd.b.ops):
         if any(r in live for r in bop.results):
             kept.append(bop)
             live.update(bop.operands)
-    rev_body = Region(params, tuple(kept[::-1]), tuple(nexts))
+    rev_body = Region((j, *ct_params, *acc_params, *stack_in, *cap_in), tuple(kept[::-1]), tuple(nexts))
     results = [Value(v.type, v.name) for v in nexts]
     d.b.ops.append(make_loop(0, trips, inits, [*stacks, *loop.captures], rev_body, results, op.span, True))
-    for k, r in zip(rc, results):
-        cts[k] = r
-    for k, r in zip(rk, results[len(rc):]):
-        cts[n + k] = r
-    return cts
+    return results

@@ -158,8 +158,40 @@ def all_ops(ops):
         yield op
 
 
-def has_regions(ops) -> bool:
-    return any(op.regions for op in ops)
+def rewrite_regions(op: Op, fn) -> Op:
+    """The one walk into loop bodies that rewriting passes share: `op` with each region's ops
+    replaced by fn(region), which returns the new ops, or (ops, results). A region whose ops and
+    results are all the same objects is kept, and so is `op` when no region changed (passes
+    compare by identity to tell what they rewrote)."""
+    if not op.regions:
+        return op
+    regions = []
+    for r in op.regions:
+        got = fn(r)
+        ops, results = got if isinstance(got, tuple) else (got, r.results)
+        results = tuple(results)
+        same = (len(ops) == len(r.ops) and all(a is b for a, b in zip(ops, r.ops))
+                and len(results) == len(r.results) and all(a is b for a, b in zip(results, r.results)))
+        regions.append(r if same else r.replace(ops=tuple(ops), results=results))
+    if all(a is b for a, b in zip(regions, op.regions)):
+        return op
+    return op.replace(regions=tuple(regions))
+
+
+def ancestry(ops) -> tuple[dict[Op, int], dict[Op, int]]:
+    """(op -> its index in `ops`, op -> its ancestors among `ops` as a bitset over those indices),
+    to tell which ops of a block are independent (a loop counts as one op)."""
+    index = {op: i for i, op in enumerate(ops)}
+    producer = {r: op for op in ops for r in op.results}
+    anc: dict[Op, int] = {}
+    for op in ops:
+        bits = 0
+        for v in op.operands:
+            if v in producer:
+                p = producer[v]
+                bits |= anc[p] | (1 << index[p])
+        anc[op] = bits
+    return index, anc
 
 
 def region_values(ops):
@@ -227,6 +259,35 @@ class GradCall:
                         self.argnums, tuple(m.get(v, v) for v in self.grads), self.span)
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """How the entry's parameters and results group into structs (the IR itself holds their leaves
+    only, as parameters and results in leaf order). A tree is None for a tensor, else a tuple of
+    (field, tree) in declaration order; `params` pairs each entry parameter's name with its tree."""
+
+    params: tuple[tuple[str, object], ...]
+    results: tuple[object, ...]
+
+    @staticmethod
+    def paths(tree, prefix: str) -> list[str]:
+        """The dotted leaf names of a tree, depth-first."""
+        if tree is None:
+            return [prefix]
+        return [p for name, sub in tree for p in Boundary.paths(sub, f"{prefix}.{name}")]
+
+    def result_names(self, prefix: str = "return") -> list[str]:
+        return [p for i, t in enumerate(self.results) for p in Boundary.paths(t, f"{prefix}{i}")]
+
+
+def result_names(prog, prefix: str = "return") -> list[str]:
+    """The user's names of a program's results: return0, return1, ..., a struct's leaves
+    return1.emb, return1.blocks.wq, ... (with `prefix` "out", the -o npz member names)."""
+    boundary = getattr(prog, "boundary", None)
+    if boundary is not None:
+        return boundary.result_names(prefix)
+    return [f"{prefix}{i}" for i in range(len(prog.results))]
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     """The entry function after inlining, with its mesh.
@@ -243,10 +304,11 @@ class Program:
     source: Source | None = None
     local: bool = False  # True for the per-partition program
     grads: tuple[GradCall, ...] = ()  # the grad calls (global programs), for the xla oracle
+    boundary: Boundary | None = None  # struct parameters and results (global programs with structs)
 
     def replace(self, **kw) -> Program:
         fields = {k: getattr(self, k) for k in
-                  ("name", "mesh", "params", "ops", "results", "names", "source", "local", "grads")}
+                  ("name", "mesh", "params", "ops", "results", "names", "source", "local", "grads", "boundary")}
         fields.update(kw)
         return Program(**fields)
 

@@ -29,6 +29,9 @@ An `OpDef` holds
             it is given (global or local); None: one per result element
   constraint  a sharding constraint (shard()): its `sharding` attr fixes its result's layout
   example   (operand types as text, attrs): one instance, for `spmdlang ops` and the tests
+  builtin   elementwise math ops that are also the builtin function of their name, taking their
+            operands as tensors (`exp(x)`, `maximum(a, b)`): the dtypes they take, a `Takes`; the
+            frontend declares those builtins from the table. None: not a builtin of its own name
   vjp       global ops: the reverse-mode derivative rule (ir.autodiff): (differentiator, op, result
             cotangent(s)) -> one cotangent per operand (None: zero), built from ops of this table;
             or `Grad.none` (integer-valued or piecewise constant: no gradient flows back), or
@@ -98,6 +101,14 @@ class Grad(Named):
     unsupported = "unsupported"  # differentiable, but no rule yet: grad through it is an error
 
 
+class Takes(Named):
+    """The operand dtypes of an op that is a builtin of its own name (OpDef.builtin)."""
+
+    float = "float"  # floats only: the frontend computes ints in floats, as numpy does
+    numeric = "numeric"  # ints or floats
+    bool = "bool"
+
+
 class OpTableError(ValueError):
     """An op-table entry that is not whole: a bug in spmdlang.ops, raised at import."""
 
@@ -125,6 +136,7 @@ class OpDef:
     simulate: Callable | None = None
     flops: Callable | None = None
     constraint: bool = False
+    builtin: Takes | None = None
     vjp: Callable | Grad | None = None
     example: tuple[tuple[str, ...], dict] | None = field(default=None, compare=False)
 
@@ -187,13 +199,17 @@ def _validate(op: OpDef) -> None:
         need(not op.jax_helper, "only per-partition ops bring jax helpers")
         need(op.example is not None, "a global op needs an example instance (for `spmdlang ops`)")
     need(not op.constraint or op.stage == Stage.global_, "a constraint lives in global programs only")
+    need(op.builtin is None or (isinstance(op.builtin, Takes) and op.family == Family.elementwise
+                                and op.example is not None and not op.example[1]),
+         "a builtin of its own name is elementwise with no attributes, and its `builtin` a Takes")
 
 
 def register(name: str, **fields) -> OpDef:
     """Add an entry to the table; OpTableError if it is incomplete or the name is taken."""
+    name = str(name)  # a CollectiveKind registers under its plain name
     if name in OPS:
         raise OpTableError(f"op {name!r} registered twice")
-    for key, enum in (("family", Family), ("stage", Stage), ("reduce_kind", ReduceKind)):
+    for key, enum in (("family", Family), ("stage", Stage), ("reduce_kind", ReduceKind), ("builtin", Takes)):
         if isinstance(fields.get(key), str):
             fields[key] = _member(enum, fields[key], name, key)
     if isinstance(fields.get("partial"), str):

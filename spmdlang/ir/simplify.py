@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from .core import LOOP, Loop, Op, Program, Region, Value, make_loop
+from .core import LOOP, Loop, Op, Program, Region, Value, make_loop, rewrite_regions
+from .names import OpName
 
 
 def _full_except(op: Op, axis: int) -> bool:
@@ -20,7 +21,7 @@ def _full_except(op: Op, axis: int) -> bool:
 
 
 def _rotation(op: Op, producers) -> Op | None:
-    if op.kind != "concat" or len(op.operands) != 2:
+    if op.kind != OpName.CONCAT or len(op.operands) != 2:
         return None
     axis = op.attrs["axis"]
     first, second = (producers.get(v) for v in op.operands)
@@ -42,24 +43,6 @@ def _key(op: Op):
     return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(op.attrs.items())), op.backward)
 
 
-def with_regions(op: Op, fn) -> Op:
-    """op with each region r replaced by fn(r) (op itself when nothing changes)."""
-    if not op.regions:
-        return op
-    regions = tuple(fn(r) for r in op.regions)
-    if all(a is b for a, b in zip(regions, op.regions)):
-        return op
-    return op.replace(regions=regions)
-
-
-def _cse_region(region: Region, keep, repl: dict) -> Region:
-    ops = _cse_ops(region.ops, keep, repl)
-    results = tuple(repl.get(v, v) for v in region.results)
-    if len(ops) == len(region.ops) and all(a is b for a, b in zip(ops, region.ops)) and results == region.results:
-        return region
-    return region.replace(ops=tuple(ops), results=results)
-
-
 def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
     seen: dict = {}
     ops = []
@@ -69,7 +52,7 @@ def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
             repl[op] = new
             op = new
         if op.regions:  # a loop: its body is deduplicated on its own, the loop never merged
-            new = with_regions(op, lambda r: _cse_region(r, keep, repl))
+            new = rewrite_regions(op, lambda r: (_cse_ops(r.ops, keep, repl), [repl.get(v, v) for v in r.results]))
             if new is not op:
                 repl[op] = new
             ops.append(new)
@@ -111,17 +94,10 @@ def live_ops(ops, roots) -> list[Op]:
     kept = []
     for op in reversed(ops):
         if any(r in live for r in op.results):
-            kept.append(with_regions(op, _live_region))
+            kept.append(rewrite_regions(op, lambda r: live_ops(r.ops, r.results)))
             live.update(op.operands)
     kept.reverse()
     return kept
-
-
-def _live_region(region: Region) -> Region:
-    ops = live_ops(region.ops, region.results)
-    if len(ops) == len(region.ops) and all(a is b for a, b in zip(ops, region.ops)):
-        return region
-    return region.replace(ops=tuple(ops))
 
 
 def dead_code(prog: Program, keep=()) -> Program:
@@ -131,12 +107,7 @@ def dead_code(prog: Program, keep=()) -> Program:
 
 def _rotations(ops_in) -> list[Op]:
     producers = {r: op for op in ops_in for r in op.results}
-    return [_rotation(op, producers) or with_regions(op, _region_rotations) for op in ops_in]
-
-
-def _region_rotations(region: Region) -> Region:
-    ops = _rotations(region.ops)
-    return region if all(a is b for a, b in zip(ops, region.ops)) else region.replace(ops=tuple(ops))
+    return [_rotation(op, producers) or rewrite_regions(op, lambda r: _rotations(r.ops)) for op in ops_in]
 
 
 def hoist_invariants(ops_in) -> list[Op]:

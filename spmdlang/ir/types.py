@@ -13,6 +13,7 @@ _DTYPES = {
     "bool": (np.dtype(np.bool_), "jnp.bool_", "bool", 1),
     "i32": (np.dtype(np.int32), "jnp.int32", "int", 4),
     "i64": (np.dtype(np.int64), "jnp.int64", "int", 8),
+    "u32": (np.dtype(np.uint32), "jnp.uint32", "int", 4),  # random keys and bits (jax.random's raw keys)
     "bf16": (np.dtype(ml_dtypes.bfloat16), "jnp.bfloat16", "float", 2),
     "f16": (np.dtype(np.float16), "jnp.float16", "float", 2),
     "f32": (np.dtype(np.float32), "jnp.float32", "float", 4),
@@ -76,6 +77,8 @@ def promote(a: str, b: str) -> str:
         return a if rank[ka] > rank[kb] else b
     if {a, b} == {"bf16", "f16"}:
         return "f32"
+    if {a, b} == {"i32", "u32"}:
+        return "i32"  # jax without x64: int64 canonicalised to int32
     return a if itemsize(a) >= itemsize(b) else b
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from . import registry
+from .collectives import spec
 from .core import LOOP, Loop, Op, Program, all_ops
 from .mesh import Mesh, Sharding
 from .types import TensorType
@@ -111,7 +112,11 @@ def _verify_ops(prog: Program, ops, defined: set, prefix: str) -> None:
 
 
 def _check_group(op: Op, mesh: Mesh, where: str) -> None:
-    """A collective (or partition index) names a group of mesh axes its attributes agree with."""
+    """A collective (or partition index) names a group of mesh axes its attributes agree with; a
+    collective carries the attributes its entry in the collective table (ir.collectives) names."""
+    collective = spec(op.kind)
+    if collective is not None and set(op.attrs) != set(collective.attrs):
+        raise VerifyError(f"{where}: attributes {sorted(op.attrs)}, but a {op.kind} carries {sorted(collective.attrs)}")
     axes = tuple(op.attrs["axes"])
     if not axes or len(set(axes)) != len(axes) or any(a not in mesh.names for a in axes):
         raise VerifyError(f"{where}: axes {list(axes)} are not distinct axes of mesh {mesh}")
@@ -122,8 +127,8 @@ def _check_group(op: Op, mesh: Mesh, where: str) -> None:
     if "reduce" in op.attrs and op.attrs["reduce"] not in tuple(registry.ReduceKind):
         raise VerifyError(f"{where}: unknown reduction {op.attrs['reduce']!r}")
     rank = op.operands[0].type.rank if op.operands else 0
-    for key in ("dim", "split_dim", "concat_dim"):
-        if key in op.attrs and not 0 <= op.attrs[key] < rank:
+    for key in collective.dims if collective else ():
+        if not 0 <= op.attrs[key] < rank:
             raise VerifyError(f"{where}: {key} {op.attrs[key]} out of range for rank {rank}")
 
 

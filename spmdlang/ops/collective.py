@@ -4,6 +4,10 @@ They appear only in per-partition programs. Collectives act on a group: the devi
 every mesh coordinate except those of `axes`; a device's index in its group is its linear
 coordinate over `axes` (first axis major), as `jax.lax.axis_index(axes)` counts.
 
+Each collective's record here is its semantics; what the rest of the compiler knows of it (cost,
+attributes, combining, reshard emission, HLO opcode) is its entry in the collective table,
+ir.collectives, under the same CollectiveKind.
+
 `simulate` runs a collective over all devices at once: it gets one array per mesh position and
 the mesh, and returns one array per position (the numpy simulator's semantics of the collective).
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.collectives import CollectiveKind
 from ..ir.types import TensorType, widen
 from ..partition.permute import permute_pairs
 from .registry import Family, Stage, check, no_flops, py_literal, register
@@ -65,7 +70,7 @@ def _sim_all_gather(arrays, attrs, mesh):
     return [out]
 
 
-register("all_gather", doc="concatenate the group's shards along `dim`, in group order",
+register(CollectiveKind.ALL_GATHER, doc="concatenate the group's shards along `dim`, in group order",
          family=Family.collective, stage=Stage.local,
          flops=no_flops, infer=_all_gather_infer, numpy=None, simulate=_sim_all_gather,
          jax=lambda a, attrs, out: (f"jax.lax.all_gather({a[0]}, {tuple(attrs['axes'])!r}, "
@@ -113,7 +118,20 @@ def all_reduce(x, axes, reduce):
 
     @jax.custom_jvp
     def extreme(x):
-        return collective(x, axes)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return collective(x, axes)
+        # XLA's all-reduce max/min on CPU drops NaN (docs/known_xla_issues.md #8), jnp.max keeps it:
+        # reduce integer keys that order floats totally instead, NaN made the winner (the largest
+        # for max, the smallest for min), and read the floats back.
+        wide = x.astype(jnp.float32) if x.dtype.itemsize < 4 else x
+        ints = jnp.int32 if wide.dtype.itemsize == 4 else jnp.int64
+        top = jnp.iinfo(ints).max
+        wide = jnp.where(jnp.isnan(wide), jnp.nan if reduce == "max" else -jnp.nan, wide)
+        bits = jax.lax.bitcast_convert_type(wide, ints)
+        key = jnp.where(bits < 0, bits ^ top, bits)  # sign-magnitude -> two's complement order
+        key = collective(key, axes)
+        out = jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ top, key), wide.dtype)
+        return out.astype(x.dtype)
 
     @extreme.defjvp
     def extreme_jvp(primals, tangents):
@@ -128,7 +146,8 @@ def all_reduce(x, axes, reduce):
 '''
 
 
-register("all_reduce", doc="combine (`reduce`: sum, max, min, prod) over the group; variadic: one collective",
+register(CollectiveKind.ALL_REDUCE,
+         doc="combine (`reduce`: sum, max, min, prod) over the group; variadic: one collective",
          family=Family.collective, stage=Stage.local,
          flops=no_flops, infer=lambda ops, attrs: ops, numpy=None,
          simulate=_sim_all_reduce, jax=_all_reduce_jax, jax_helper=_ALL_REDUCE_HELPER)
@@ -156,7 +175,7 @@ def _sim_reduce_scatter(arrays, attrs, mesh):
     return [out]
 
 
-register("reduce_scatter", doc="sum over the group, each member keeping its chunk of `dim`",
+register(CollectiveKind.REDUCE_SCATTER, doc="sum over the group, each member keeping its chunk of `dim`",
          family=Family.collective, stage=Stage.local,
          flops=no_flops, infer=_reduce_scatter_infer, numpy=None,
          simulate=_sim_reduce_scatter,
@@ -194,7 +213,8 @@ def all_to_all(x, axes, split_dim, concat_dim):
     return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
 '''
 
-register("all_to_all", doc="split `split_dim` into group chunks, send chunk m to member m, concatenate on `concat_dim`",
+register(CollectiveKind.ALL_TO_ALL,
+         doc="split `split_dim` into group chunks, send chunk m to member m, concatenate on `concat_dim`",
          family=Family.collective, stage=Stage.local,
          flops=no_flops, infer=_all_to_all_infer, numpy=None, simulate=_sim_all_to_all,
          jax=lambda a, attrs, out: (f"all_to_all({a[0]}, {tuple(attrs['axes'])!r}, "
@@ -225,7 +245,8 @@ def _permute_jax(a, attrs, out):
     return f"jax.lax.ppermute({a[0]}, {axes!r}, perm={pairs})"
 
 
-register("collective_permute", doc="send to the member that `rule` names (partition.permute); others receive zeros",
+register(CollectiveKind.COLLECTIVE_PERMUTE,
+         doc="send to the member that `rule` names (partition.permute); others receive zeros",
          family=Family.collective, stage=Stage.local,
          flops=no_flops, infer=lambda ops, attrs: ops[0], numpy=None,
          simulate=_sim_permute, jax=_permute_jax)

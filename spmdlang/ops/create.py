@@ -85,6 +85,15 @@ def _take_numpy(table, ids, *, axis):
     return np.take(table, np.clip(ids, 0, table.shape[axis] - 1), axis=axis)
 
 
+def gathered_axes(ctx) -> tuple[str, ...] | None:
+    """The axes splitting operand 0 along the gathered `axis`, where the gather can run on those
+    shards (a pending sum of what each finds); None: partition it generically (the axis is whole,
+    a bool has no sum, or operand 0 is itself a pending sum)."""
+    x, s = ctx.op.operands[0], ctx.layout(0)
+    axes = s.dims[ctx.attrs["axis"]]
+    return None if not axes or x.type.dtype == "bool" or s.partial else axes
+
+
 def shard_ids(ctx, ids, n: int, c: int, axes):
     """Ids into a dim of n split over `axes` in chunks of c: (valid, safe). `valid` marks the ids (clamped
     into [0, n) first) that fall in this shard's chunk; `safe` is their local index, 0 elsewhere."""
@@ -97,16 +106,25 @@ def shard_ids(ctx, ids, n: int, c: int, axes):
     return valid, ctx.emit("select", valid, local, ctx.constant(0, dt))
 
 
+def jax_clamped_ids(x: str, ids: str, axis: int) -> str:
+    """The emitted ids clamped into [0, n - 1] of x's `axis`, in the ids' own width, before jax
+    gathers with them: jnp narrows 64-bit ids to i32 first (2^32 would wrap to 0), and XLA on CPU
+    folds a gather from a dynamic_slice into a dynamic_slice of the whole operand, clamped to the
+    operand's bounds instead of the window's (docs/known_xla_issues.md), so mode='clip' alone is
+    not enough."""
+    return f"jnp.clip({ids}, 0, {x}.shape[{axis}] - 1)"
+
+
 def _take_partition(ctx):
     """Table split on the gathered axis (vocab split): every shard gathers the rows it owns, zeros
     the others, and the result is a pending sum over the vocab axes (one all_reduce, or a
     reduce_scatter if the consumer wants it split). Other splits are local (generic)."""
+    vocab = gathered_axes(ctx)
+    if vocab is None:
+        return ctx.generic()
     table, ids = ctx.op.operands
     axis = ctx.attrs["axis"]
     ts, ids_s = ctx.layout(0), ctx.layout(1)
-    vocab = ts.dims[axis]
-    if not vocab or table.type.dtype == "bool" or ts.partial:
-        return ctx.generic()
     t_dims = list(ts.dims)
     taken = {a for i, d in enumerate(t_dims) if i != axis for a in d} | set(vocab)
     id_dims = [tuple(a for a in d if a not in taken) for d in ids_s.dims]
@@ -126,7 +144,8 @@ register("take", doc="gather: the slices of `table` along `axis` at `ids` (ids c
          example=(("f32[100, 16]", "i32[4, 8]"), {"axis": 0}),
          flops=no_flops, infer=_take_infer, numpy=_take_numpy, rule=_take_rule, partition=_take_partition,
          partial=PartialMode.multilinear, partial_operands=(0,), family=Family.gather,
-         jax=lambda a, attrs, out: f"jnp.take({a[0]}, {a[1]}, axis={attrs['axis']}, mode='clip')")
+         jax=lambda a, attrs, out: f"jnp.take({a[0]}, {jax_clamped_ids(a[0], a[1], attrs['axis'])}, "
+                                   f"axis={attrs['axis']}, mode='clip')")
 
 # ---------------------------------------------------------------------------------- shard
 

@@ -91,11 +91,11 @@ def _ds_jax(args, attrs, out):
 
 
 def _start(ctx, i: int, n: int, m: int):
-    """Start i as a replicated i32 scalar, clamped into [0, n - m]."""
+    """Start i as a replicated i32 scalar, clamped into [0, n - m] (in its own width, then narrowed)."""
     s = ctx.reshard(i, Sharding(()))
-    if s.type.dtype != "i32":
-        s = ctx.emit("cast", s, dtype="i32")
-    return ctx.emit("minimum", ctx.emit("maximum", s, ctx.constant(0, "i32")), ctx.constant(n - m, "i32"))
+    dt = s.type.dtype
+    s = ctx.emit("minimum", ctx.emit("maximum", s, ctx.constant(0, dt)), ctx.constant(n - m, dt))
+    return s if dt == "i32" else ctx.emit("cast", s, dtype="i32")
 
 
 def _local_start(ctx, i: int, n: int, m: int, axes, c: int):

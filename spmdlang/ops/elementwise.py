@@ -14,7 +14,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import elementwise_rule
-from .registry import Family, Grad, PartialMode, check, no_flops, register, set_vjp
+from .registry import Family, Grad, PartialMode, Takes, check, no_flops, register, set_vjp
 
 
 def _same_shape(types) -> tuple[int, ...]:
@@ -56,6 +56,12 @@ _FLOAT_UNARY = {
     "cos": (np.cos, "jnp.cos({0})", "cosine"),
     "floor": (np.floor, "jnp.floor({0})", "round toward -inf"),
     "ceil": (np.ceil, "jnp.ceil({0})", "round toward +inf"),
+    # jax.nn's activations whose derivatives jax defines by custom rules (the others are
+    # compositions in frontend/nn.py)
+    "softplus": (lambda x: np.logaddexp(x, np.zeros((), x.dtype)), "jax.nn.softplus({0})",
+                 "log(1 + exp(x)), as jax.nn.softplus (logaddexp(x, 0))"),
+    "relu6": (lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)), np.asarray(6, x.dtype)),
+              "jax.nn.relu6({0})", "min(max(x, 0), 6), as jax.nn.relu6"),
 }
 _NUMERIC_UNARY = {
     "neg": (np.negative, "-{0}", "-x (linear: a pending sum passes through)"),
@@ -90,16 +96,20 @@ def _template(text):
 
 _UNARY_EXAMPLE = (("f32[4, 8]",), {})
 
+# gelu is the builtin gelu(x, approximate=true), gelu_erf its approximate=false: no builtin of their own
+_NOT_BUILTINS = {"gelu", "gelu_erf"}
+
 for _name, (_fn, _jax, _doc) in _FLOAT_UNARY.items():
     register(_name, doc=_doc, infer=_unary_infer(_name, {"float"}), numpy=_unary_numpy(_fn),
-             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE)
+             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE,
+             builtin=None if _name in _NOT_BUILTINS else Takes.float)
 for _name, (_fn, _jax, _doc) in _NUMERIC_UNARY.items():
     register(_name, doc=_doc, infer=_unary_infer(_name, {"float", "int"}), numpy=_unary_numpy(_fn),
              rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE,
-             partial=PartialMode.additive if _name == "neg" else None)
+             partial=PartialMode.additive if _name == "neg" else None, builtin=Takes.numeric)
 register("logical_not", doc="boolean not", infer=_unary_infer("logical_not", {"bool"}), numpy=np.logical_not,
          rule=_elementwise_rule, jax=_template("jnp.logical_not({0})"), family=Family.elementwise,
-         example=(("bool[4, 8]",), {}))
+         example=(("bool[4, 8]",), {}), builtin=Takes.bool)
 
 
 def _cast_infer(operands, attrs):
@@ -117,9 +127,19 @@ def _cast_numpy(x, *, dtype):
     return x.astype(target)
 
 
+def _cast_jax(args, attrs, out):
+    """x.astype(dtype); a bool to a float as a select of 1 and 0: XLA rewrites a multiply by a
+    converted bool into a select, so cast(b, f32) * NaN would be 0 where b is false, not NaN
+    (numpy's and IEEE's answer); a select is not rewritten so."""
+    x, dt = args[0], T.jnp_dtype(attrs["dtype"])
+    if not T.is_float(attrs["dtype"]):
+        return f"{x}.astype({dt})"
+    return f"(jnp.where({x}, jnp.ones((), {dt}), jnp.zeros((), {dt})) if {x}.dtype == jnp.bool_ else {x}.astype({dt}))"
+
+
 register("cast", doc="convert to `dtype` (floats to ints truncate toward zero, saturating)",
          flops=no_flops, infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
-         jax=lambda args, attrs, out: f"{args[0]}.astype({T.jnp_dtype(attrs['dtype'])})",
+         jax=_cast_jax,
          family=Family.elementwise, example=(("f32[4, 8]",), {"dtype": "i32"}))
 
 
@@ -204,16 +224,21 @@ def _arith_jax(name, text):
 
 _BINARY_EXAMPLE = (("f32[4, 8]", "f32[4, 8]"), {})
 
+# the arithmetic the language writes as operators (a + b, a // b) is no builtin of its own name
+_ARITH_BUILTINS = {"maximum", "minimum", "pow"}
+
 for _name, (_fn, _jax, _partial, _doc) in _ARITH.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int"}), numpy=_arith_numpy(_name, _fn),
              rule=_elementwise_rule, jax=_arith_jax(_name, _jax), family=Family.elementwise,
-             partial=_partial, partial_operands=(0,) if _name == "div" else None, example=_BINARY_EXAMPLE)
+             partial=_partial, partial_operands=(0,) if _name == "div" else None, example=_BINARY_EXAMPLE,
+             builtin=Takes.numeric if _name in _ARITH_BUILTINS else None)
 for _name, (_fn, _jax, _doc) in _COMPARE.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int", "bool"}, "bool"), numpy=_fn,
              rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_BINARY_EXAMPLE)
 for _name, (_fn, _jax, _doc) in _LOGICAL.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"bool"}), numpy=_fn, rule=_elementwise_rule,
-             jax=_template(_jax), family=Family.elementwise, example=(("bool[4, 8]", "bool[4, 8]"), {}))
+             jax=_template(_jax), family=Family.elementwise, example=(("bool[4, 8]", "bool[4, 8]"), {}),
+             builtin=Takes.bool)
 
 
 def _select_infer(operands, attrs):
@@ -266,6 +291,14 @@ def _gelu_erf(d, ct, x, y):
     return d.mul(ct, d.emit("add", cdf, d.mul(x, _sqrt2pi_exp(d, x))))
 
 
+def _softplus(d, ct, x, y):
+    """jax's logaddexp rule (softplus is logaddexp(x, 0)): ct * exp(x - y), +inf replaced by 0."""
+    def finite(v):
+        return d.select(d.emit("eq", v, d.like(math.inf, v)), d.zeros(v.type), v)
+
+    return d.mul(ct, d.emit("exp", d.emit("sub", finite(x), finite(y))))
+
+
 _UNARY_VJP = {
     "exp": lambda d, ct, x, y: d.mul(ct, y),
     "log": lambda d, ct, x, y: d.emit("div", ct, x),
@@ -285,6 +318,10 @@ _UNARY_VJP = {
     # jax: select(x >= 0, g, -g); relu (a custom_jvp): select(x > 0, g, 0)
     "abs": lambda d, ct, x, y: d.select(d.emit("ge", x, d.like(0.0, x)), ct, d.neg(ct)),
     "relu": lambda d, ct, x, y: d.select(d.emit("gt", x, d.like(0.0, x)), ct, d.zeros(ct.type)),
+    "softplus": _softplus,
+    # jax.nn.relu6's custom_jvp: select((x > 0) & (x < 6), g, 0)
+    "relu6": lambda d, ct, x, y: d.select(d.emit("logical_and", d.emit("gt", x, d.like(0.0, x)),
+                                                 d.emit("lt", x, d.like(6.0, x))), ct, d.zeros(ct.type)),
     "square": lambda d, ct, x, y: d.mul(ct, d.mul(d.like(2.0, x), x)),
 }
 for _name in ("floor", "ceil", "sign", "logical_not"):

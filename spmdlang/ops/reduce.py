@@ -77,7 +77,14 @@ def _reduce_numpy(fn):
 
 
 def _reduce_jax(fn):
-    return lambda args, attrs, out: f"{fn}({args[0]}, axis={tuple(attrs['axes'])})"
+    def emit(args, attrs, out):
+        # jnp.sum/prod widen small ints to the default int (int64 once the module enables x64): keep
+        # the op's dtype, as the IR types it and numpy computes it (wrapping)
+        widens = T.is_int(out[0].dtype) and fn in ("jnp.sum", "jnp.prod")
+        keep = f", dtype={T.jnp_dtype(out[0].dtype)}" if widens else ""
+        return f"{fn}({args[0]}, axis={tuple(attrs['axes'])}{keep})"
+
+    return emit
 
 
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
@@ -106,7 +113,9 @@ def _arg_rule(operands, results, attrs):
 def _arg_partition(kind):
     """Split along the arg axis: each shard finds its local extreme and its global index, then an
     all_reduce of the values picks the extreme and an all_reduce(min) of the indices that attain
-    it picks the first, as numpy does. Otherwise local (generic)."""
+    it picks the first, as numpy does. A NaN is the extreme (the index of the first NaN, as
+    jnp.argmax and np.argmax give): the max/min all_reduce propagates it, and a shard whose own
+    extreme is NaN attains it. Otherwise local (generic)."""
     def partition(ctx):
         (x,) = ctx.op.operands
         axis = ctx.attrs["axis"]
@@ -124,7 +133,11 @@ def _arg_partition(kind):
         top = ctx.collective("all_reduce", best, "the shards' extremes", axes=axes,
                              reduce="max" if kind == "argmax" else "min")
         big = ctx.constant(int(np.iinfo(np.int32).max), "i32")
-        cand = ctx.emit("select", ctx.emit("eq", best, top), idx,
+        hit = ctx.emit("eq", best, top)
+        if T.is_float(x.type.dtype):  # NaN is the extreme (jax's and numpy's argmax): a NaN shard holds it
+            hit = ctx.emit("logical_or", hit, ctx.emit("logical_and", ctx.emit("ne", best, best),
+                                                       ctx.emit("ne", top, top)))
+        cand = ctx.emit("select", hit, idx,
                         ctx.emit("broadcast_in_dim", big, shape=idx.type.shape, dims=()) if idx.type.rank else big)
         first = ctx.collective("all_reduce", cand, "the first index attaining it", axes=axes, reduce="min")
         ctx.set_result(first, Sharding(tuple(d for i, d in enumerate(s.dims) if i != axis)))
@@ -132,18 +145,13 @@ def _arg_partition(kind):
     return partition
 
 
-register("argmax", doc="index of the first largest element along `axis` (i32)",
-         example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer("argmax"), partition=_arg_partition("argmax"),
-         flops=operand_flops,
-         numpy=lambda x, *, axis: np.argmax(x, axis=axis).astype(np.int32), rule=_arg_rule,
-         jax=lambda a, attrs, out: f"jnp.argmax({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
-         family=Family.reduce)
-register("argmin", doc="index of the first smallest element along `axis` (i32)",
-         example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer("argmin"), partition=_arg_partition("argmin"),
-         flops=operand_flops,
-         numpy=lambda x, *, axis: np.argmin(x, axis=axis).astype(np.int32), rule=_arg_rule,
-         jax=lambda a, attrs, out: f"jnp.argmin({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
-         family=Family.reduce)
+for _name, _which, _fn in (("argmax", "largest", np.argmax), ("argmin", "smallest", np.argmin)):
+    register(_name, doc=f"index of the first {_which} element along `axis` (i32)",
+             example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer(_name), partition=_arg_partition(_name),
+             flops=operand_flops,
+             numpy=lambda x, *, axis, _fn=_fn: _fn(x, axis=axis).astype(np.int32), rule=_arg_rule,
+             jax=lambda a, attrs, out, _name=_name: f"jnp.{_name}({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
+             family=Family.reduce)
 
 
 # ---------------------------------------------------------------------------------- derivatives

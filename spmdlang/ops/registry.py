@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..ir.registry import OPS, Family, Grad, OpDef, PartialMode, ReduceKind, Stage, get, register, set_vjp
+from ..ir.registry import OPS, Family, Grad, OpDef, PartialMode, ReduceKind, Stage, Takes, get, register, set_vjp
 
-__all__ = ["OPS", "Family", "Grad", "OpDef", "PartialMode", "ReduceKind", "Stage", "check", "get", "no_flops",
-           "operand_flops", "py_literal", "register", "set_vjp"]
+__all__ = ["OPS", "Family", "Grad", "OpDef", "PartialMode", "ReduceKind", "Stage", "Takes", "check", "get",
+           "no_flops", "operand_flops", "py_literal", "register", "set_vjp"]
 
 
 def no_flops(operands, results, attrs) -> int:

@@ -14,15 +14,26 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
-from .create import shard_ids
+from .create import gathered_axes, jax_clamped_ids, shard_ids
 from .reduce import _fill
 from .registry import Family, Grad, check, no_flops, operand_flops, register, set_vjp
 
 
-def _sort_key(x: np.ndarray) -> np.ndarray:
-    """Values whose ascending stable order is x's descending order, ties by index (ints widened so
-    that negating the smallest does not wrap)."""
-    return -(x.astype(np.float64) if T.np_is_float(x.dtype) else x.astype(np.int64))
+def _descending(x: np.ndarray) -> np.ndarray:
+    """The indices that sort x along its last axis descending, ties by index, NaN (of either sign)
+    above +inf as jax.lax.top_k ranks a NaN (ints widened so that negating the smallest does not
+    wrap)."""
+    if not T.np_is_float(x.dtype):
+        return np.argsort(-x.astype(np.int64), axis=-1, kind="stable")
+    key = -x.astype(np.float64)
+    nan = np.isnan(key)
+    return np.lexsort((np.where(nan, 0.0, key), ~nan), axis=-1)
+
+
+def _nan_largest(x: str) -> str:
+    """jax.lax.top_k orders floats totally: a NaN with its sign bit set (as 0/0 and inf - inf give
+    on CPUs) ranks below -inf. spmdlang ranks every NaN above +inf: make them all positive NaNs."""
+    return f"jnp.where(jnp.isnan({x}), jnp.nan, {x})"
 
 
 def _zeros_equal(x: str) -> str:
@@ -55,7 +66,7 @@ def _top_k_rule(operands, results, attrs):
 
 
 def _top_k_numpy(x, *, k):
-    order = np.argsort(_sort_key(x), axis=-1, kind="stable")[..., :k]
+    order = _descending(x)[..., :k]
     return np.take_along_axis(x, order, axis=-1), order.astype(np.int32)
 
 
@@ -83,10 +94,12 @@ def _top_k_partition(ctx):
     ctx.set_result(ids, out, 1)
 
 
-register("top_k", doc="the k largest along the last axis, descending, and their i32 indices (ties: lower index)",
+register("top_k", doc="the k largest along the last axis, descending, and their i32 indices (ties: lower index; "
+                     "NaN above +inf)",
          example=(("f32[8, 16]",), {"k": 3}), infer=_top_k_infer, numpy=_top_k_numpy, rule=_top_k_rule,
          partition=_top_k_partition, flops=operand_flops, family=Family.reduce,
-         jax=lambda a, attrs, out: f"jax.lax.top_k({_zeros_equal(a[0])}, {attrs['k']})")
+         jax=lambda a, attrs, out: (f"jax.lax.top_k({_zeros_equal(_nan_largest(a[0]))}, {attrs['k']})"
+                                    if T.is_float(out[0].dtype) else f"jax.lax.top_k({a[0]}, {attrs['k']})"))
 
 
 # ---------------------------------------------------------------------------------- take_along_axis
@@ -124,12 +137,10 @@ def _taa_numpy(x, ids, *, axis):
 def _taa_partition(ctx):
     """Split along the taken axis: each shard looks up the ids in its range (clamped first), zeros
     the others, and the result is a pending sum over those axes, like a vocab-split take. Else local."""
-    x, ids = ctx.op.operands
-    axis = ctx.attrs["axis"]
-    xs, js = ctx.layout(0), ctx.layout(1)
-    axes = xs.dims[axis]
-    if not axes or x.type.dtype == "bool" or xs.partial:
+    axes = gathered_axes(ctx)
+    if axes is None:
         return ctx.generic()
+    x, axis, js = ctx.op.operands[0], ctx.attrs["axis"], ctx.layout(1)
     taken = set(axes)
     dims = [tuple(a for a in d if a not in taken) for d in js.dims]
     # x's other dims follow the ids' layout (those are the dims the result keeps)
@@ -147,11 +158,13 @@ def _taa_partition(ctx):
 register("take_along_axis", doc="x's elements at `ids` along `axis` (numpy's take_along_axis, ids clamped)",
          example=(("f32[8, 16]", "i32[8, 3]"), {"axis": 1}), infer=_taa_infer, numpy=_taa_numpy, rule=_taa_rule,
          partition=_taa_partition, flops=no_flops, family=Family.gather,
-         jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, jnp.clip({a[1]}, 0, None), axis={attrs['axis']}, "
-                                    f"mode='clip')"))
+         jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, {jax_clamped_ids(a[0], a[1], attrs['axis'])}, "
+                                    f"axis={attrs['axis']}, mode='clip')"))
 
 
 # ---------------------------------------------------------------------------------- sort / argsort
+# numpy sorts half floats (ml_dtypes' bfloat16) in their own order, NaN not last: they are sorted
+# as f32, which holds them exactly.
 
 
 def _sort_infer(name):
@@ -184,12 +197,13 @@ def _sort_partition(ctx):
 
 
 register("sort", doc="ascending along `axis` (stable)", example=(("f32[8, 16]",), {"axis": 1}),
-         infer=_sort_infer("sort"), numpy=lambda x, *, axis: np.sort(x, axis=axis, kind="stable"), rule=_sort_rule,
+         infer=_sort_infer("sort"), numpy=lambda x, *, axis: np.sort(T.widen(x), axis=axis, kind="stable").astype(x.dtype),
+         rule=_sort_rule,
          partition=_sort_partition, flops=operand_flops, family=Family.layout,
          jax=lambda a, attrs, out: f"jnp.sort({a[0]}, axis={attrs['axis']}, stable=True)")
 register("argsort", doc="i32 indices that sort along `axis`, ascending and stable",
          example=(("f32[8, 16]",), {"axis": 1}), infer=_sort_infer("argsort"),
-         numpy=lambda x, *, axis: np.argsort(x, axis=axis, kind="stable").astype(np.int32), rule=_sort_rule,
+         numpy=lambda x, *, axis: np.argsort(T.widen(x), axis=axis, kind="stable").astype(np.int32), rule=_sort_rule,
          partition=_sort_partition, flops=operand_flops, family=Family.layout,
          jax=lambda a, attrs, out: (f"jnp.argsort({_zeros_equal(a[0])}, "
                                     f"axis={attrs['axis']}, stable=True).astype(jnp.int32)"))

@@ -5,7 +5,8 @@ removes duplicates and dead collectives; doing it here keeps the ledger (what `e
 equal to what XLA actually runs, and the simulator and the emitted module see the same plan.
 Independent reduce_scatters and all_gathers over the same group and element type are combined
 the same way (XLA's reduce-scatter and all-gather combiners), each as one collective of the
-members' flattened operands side by side.
+members' flattened operands side by side. Which kinds combine, by what key, and how (side by
+side, or as one variadic op) is each kind's entry in the collective table (ir.collectives).
 
 Combining is a list schedule: ops run as soon as their operands are ready (in program order
 among the ready ones), while ready combinable collectives wait; only when nothing else can run is the
@@ -16,75 +17,13 @@ ever emitted, so the order stays valid, and independent all_reduces end up in on
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import replace
-from types import SimpleNamespace
 
-from ..ir.builder import Builder
-from ..ir.core import Op, Program, all_ops, freeze
-from ..ir.simplify import cse, dead_code, with_regions
-
-
-def _key(op: Op) -> tuple:
-    # XLA's compiled module splits a tuple all-reduce of mixed element types into one per type
-    if op.kind in _FUSED:
-        return op.kind, tuple(op.attrs["axes"]), op.attrs["group"], op.operands[0].type.dtype
-    return op.kind, tuple(op.attrs["axes"]), op.attrs["reduce"], op.operands[0].type.dtype
-
-
-def _fused_reduce_scatter(group: list[Op]) -> tuple[list[Op], Op]:
-    """Several reduce_scatters over one group as ONE (XLA's reduce-scatter combiner): each operand
-    laid out as [k, m_i] (its k chunks of `dim` first), concatenated to [k, sum m_i], scattered,
-    and each member's piece reshaped back into the member's own result value. Returns the ops and
-    the collective among them."""
-    b = Builder()
-    k = group[0].attrs["group"]
-    flat = []
-    for g in group:
-        (x,), d = g.operands, g.attrs["dim"]
-        shape = x.type.shape
-        y = b.emit("reshape", x, span=g.span, shape=(*shape[:d], k, shape[d] // k, *shape[d + 1:]))
-        if d:
-            y = b.emit("transpose", y, span=g.span, perm=(d, *[i for i in range(len(shape) + 1) if i != d]))
-        flat.append(b.emit("reshape", y, span=g.span, shape=(k, x.type.size // k)))
-    both = b.emit("concat", *flat, span=group[0].span, axis=1)
-    scattered = b.emit("reduce_scatter", both, span=group[0].span, axes=group[0].attrs["axes"], dim=0, group=k)
-    collective = b.ops[-1]
-    start = 0
-    for g, f in zip(group, flat):
-        m = f.type.shape[1]
-        piece = b.emit("slice", scattered, span=g.span, starts=(0, start), stops=(1, start + m), steps=(1, 1))
-        b.ops.append(Op("reshape", (piece,), g.results, freeze({"shape": g.result.type.shape}), g.span))
-        start += m
-    return b.ops, collective
-
-
-def _fused_all_gather(group: list[Op]) -> tuple[list[Op], Op]:
-    """Several all_gathers over one group as ONE (XLA's all-gather combiner): each operand
-    flattened to [1, m_i], concatenated to [1, sum m_i], gathered to [k, sum m_i], and each
-    member's [k, m_i] piece laid back out as its own result (the k shards side by side along the
-    member's `dim`). Returns the ops and the collective among them."""
-    b = Builder()
-    k = group[0].attrs["group"]
-    flat = [b.emit("reshape", g.operands[0], span=g.span, shape=(1, g.operands[0].type.size)) for g in group]
-    both = b.emit("concat", *flat, span=group[0].span, axis=1) if len(flat) > 1 else flat[0]
-    gathered = b.emit("all_gather", both, span=group[0].span, axes=group[0].attrs["axes"], dim=0, group=k)
-    collective = b.ops[-1]
-    start = 0
-    for g, f in zip(group, flat):
-        (x,), d = g.operands, g.attrs["dim"]
-        shape, m = x.type.shape, f.type.shape[1]
-        piece = b.emit("slice", gathered, span=g.span, starts=(0, start), stops=(k, start + m), steps=(1, 1))
-        y = b.emit("reshape", piece, span=g.span, shape=(k, *shape))
-        if d:
-            y = b.emit("transpose", y, span=g.span, perm=(*range(1, d + 1), 0, *range(d + 1, len(shape) + 1)))
-        b.ops.append(Op("reshape", (y,), g.results, freeze({"shape": g.result.type.shape}), g.span))
-        start += m
-    return b.ops, collective
-
-
-# the collectives that combine by flattening their members side by side (all_reduces combine as
-# one variadic op instead): kind -> the builder of the combined collective
-_FUSED = {"reduce_scatter": _fused_reduce_scatter, "all_gather": _fused_all_gather}
+from ..ir.collectives import combine_key, spec
+from ..ir.core import Op, Program, all_ops, ancestry, rewrite_regions
+from ..ir.simplify import cse, dead_code
+from .ledger import remapped
 
 
 def _combine(prog: Program, ledger):
@@ -95,121 +34,127 @@ def _combine(prog: Program, ledger):
     def region(r):
         nonlocal new_ledger
         ops, new_ledger = _combine_ops(tuple(r.ops), new_ledger)
-        return r.replace(ops=tuple(ops))
+        return ops
 
-    ops, new_ledger = _combine_ops(tuple(with_regions(op, region) for op in prog.ops), new_ledger)
+    ops, new_ledger = _combine_ops(tuple(rewrite_regions(op, region) for op in prog.ops), new_ledger)
     order = {op: i for i, op in enumerate(all_ops(ops))}
     new_ledger.sort(key=lambda c: order.get(c.local_op, -1))
     return prog.replace(ops=tuple(ops)), new_ledger
 
 
-def _combine_ops(prog_ops, ledger):
-    import heapq
+class _Schedule:
+    """The list schedule of one block's ops (the module doc): ready ops run in program order,
+    ready combinable collectives wait in groups by combining key until nothing else can run."""
 
-    prog = SimpleNamespace(ops=prog_ops)
-    index = {op: i for i, op in enumerate(prog.ops)}
-    producer = {r: op for op in prog.ops for r in op.results}
-    users: dict[Op, list[Op]] = {op: [] for op in prog.ops}
-    missing: dict[Op, int] = {}
-    for op in prog.ops:
-        deps = {producer[v] for v in op.operands if v in producer}
-        missing[op] = len(deps)
-        for d in deps:
-            users[d].append(op)
-    ready: list[tuple[int, int]] = []
-    pending: dict[tuple, list[Op]] = {}
-    ops: list[Op] = []
-    merged: dict[Op, list[Op]] = {}
-    extra = 0  # ops added by fusing reduce_scatters
+    def __init__(self, ops):
+        self.ops = ops
+        self.index, self.anc = ancestry(ops)
+        producer = {r: op for op in ops for r in op.results}
+        self.users: dict[Op, list[Op]] = {op: [] for op in ops}
+        self.missing: dict[Op, int] = {}
+        for op in ops:
+            deps = {producer[v] for v in op.operands if v in producer}
+            self.missing[op] = len(deps)
+            for d in deps:
+                self.users[d].append(op)
+        self.by_key: dict[tuple, list[Op]] = {}
+        for op in ops:
+            if _combinable(op):
+                self.by_key.setdefault(combine_key(op), []).append(op)
+        self.by_id = {id(op): op for op in ops}
+        self.ready: list[tuple[int, int]] = []
+        self.pending: dict[tuple, list[Op]] = {}
+        self.emitted: set[Op] = set()
+        self.out: list[Op] = []
+        self.merged: dict[Op, list[Op]] = {}  # each combined collective -> the ones it replaces
+        self.extra = 0  # ops added by fusing side by side
+        self.scanned: dict[tuple, int] = {}  # could_grow's cursor per combining key
 
-    def combinable(op) -> bool:
-        # a product all-reduce runs as an all_gather per operand in jax: nothing to combine
-        if op.kind in _FUSED:
-            return True
-        return op.kind == "all_reduce" and op.attrs["reduce"] != "prod"
-
-    def arrive(op):
-        if combinable(op):
-            pending.setdefault(_key(op), []).append(op)
+    def arrive(self, op: Op) -> None:
+        if _combinable(op):
+            self.pending.setdefault(combine_key(op), []).append(op)
         else:
-            heapq.heappush(ready, (index[op], id(op)))
+            heapq.heappush(self.ready, (self.index[op], id(op)))
 
-    def done(op):
-        for u in users[op]:
-            missing[u] -= 1
-            if missing[u] == 0:
-                arrive(u)
+    def done(self, op: Op) -> None:
+        for u in self.users[op]:
+            self.missing[u] -= 1
+            if self.missing[u] == 0:
+                self.arrive(u)
 
-    # ancestors of every op as a bitset over op indices, to tell which all_reduces are independent
-    anc: dict[Op, int] = {}
-    for op in prog.ops:
-        bits = 0
-        for v in op.operands:
-            if v in producer:
-                p = producer[v]
-                bits |= anc[p] | (1 << index[p])
-        anc[op] = bits
-    emitted: set[Op] = set()
-    by_key: dict[tuple, list[Op]] = {}
-    for op in prog.ops:
-        if combinable(op):
-            by_key.setdefault(_key(op), []).append(op)
-
-    # per key, how far into by_key[key] no op can join the pending group: while a group waits it
-    # only grows and `emitted` only grows, so an op that cannot join it never can (linear, not
-    # quadratic, in the reductions of one key); reset when the group is released
-    scanned: dict[tuple, int] = {}
-
-    def _could_grow(key, group) -> bool:
+    def could_grow(self, key, group) -> bool:
+        """Could a collective not yet emitted, independent of the group, still join it?
+        self.scanned[key] is how far into by_key[key] no op can join the waiting group: while a group
+        waits it only grows and `emitted` only grows, so an op that cannot join it never can (linear,
+        not quadratic, in the collectives of one key); reset when the group is released."""
         mask = 0
         for g in group:
-            mask |= 1 << index[g]
+            mask |= 1 << self.index[g]
         members = set(group)
-        cands, i = by_key[key], scanned.get(key, 0)
+        cands, i = self.by_key[key], self.scanned.get(key, 0)
         while i < len(cands):
             o = cands[i]
-            if o not in emitted and o not in members and not (anc[o] & mask):
+            if o not in self.emitted and o not in members and not (self.anc[o] & mask):
                 break
             i += 1
-        scanned[key] = i
+        self.scanned[key] = i
         return i < len(cands)
 
-    by_id = {id(op): op for op in prog.ops}
-    for op in prog.ops:
-        if missing[op] == 0:
-            arrive(op)
-    while ready or pending:
-        if ready:
-            op = by_id[heapq.heappop(ready)[1]]
-            ops.append(op)
-            done(op)
-            continue
-        # stalled: release a group no later all_reduce could still join (one that does not depend
-        # on it); if every group could still grow, the one the earliest waiting work needs
-        key = min(pending, key=lambda k: (_could_grow(k, pending[k]), min(index[o] for o in pending[k])))
-        scanned.pop(key, None)
-        for group in [pending.pop(key)]:
-            group.sort(key=lambda o: index[o])
-            if len(group) == 1:
-                ops.append(group[0])
-            elif group[0].kind in _FUSED:
-                fused, op = _FUSED[group[0].kind](group)
-                merged[op] = group
-                extra += len(fused) - 1
-                ops.extend(fused)
-            else:
-                op = Op("all_reduce", tuple(v for g in group for v in g.operands),
-                        tuple(r for g in group for r in g.results), group[0].attrs, group[0].span)
-                merged[op] = group
-                ops.append(op)
-            emitted.update(group)
-            for g in group:
-                done(g)
-    assert len(ops) - extra + sum(len(g) - 1 for g in merged.values()) == len(prog.ops), "scheduling lost ops"
+    def release(self, group: list[Op]) -> None:
+        """Emit a waiting group as one collective (side by side, or one variadic op)."""
+        group.sort(key=lambda o: self.index[o])
+        s = spec(group[0].kind)
+        if len(group) == 1:
+            self.out.append(group[0])
+        elif s.fuse is not None:
+            fused, op = s.fuse(group)
+            self.merged[op] = group
+            self.extra += len(fused) - 1
+            self.out.extend(fused)
+        else:
+            op = Op(s.kind, tuple(v for g in group for v in g.operands),
+                    tuple(r for g in group for r in g.results), group[0].attrs, group[0].span)
+            self.merged[op] = group
+            self.out.append(op)
+        self.emitted.update(group)
+        for g in group:
+            self.done(g)
+
+    def run(self) -> list[Op]:
+        for op in self.ops:
+            if self.missing[op] == 0:
+                self.arrive(op)
+        while self.ready or self.pending:
+            if self.ready:
+                op = self.by_id[heapq.heappop(self.ready)[1]]
+                self.out.append(op)
+                self.done(op)
+                continue
+            # stalled: release a group no later collective could still join (one that does not
+            # depend on it); if every group could still grow, the one the earliest waiting work needs
+            key = min(self.pending, key=lambda k: (self.could_grow(k, self.pending[k]),
+                                                   min(self.index[o] for o in self.pending[k])))
+            self.scanned.pop(key, None)
+            self.release(self.pending.pop(key))
+        lost = len(self.out) - self.extra + sum(len(g) - 1 for g in self.merged.values()) - len(self.ops)
+        assert lost == 0, "scheduling lost ops"
+        return self.out
+
+
+def _combinable(op: Op) -> bool:
+    # (a product all-reduce runs as an all_gather per operand in jax: nothing to combine)
+    s = spec(op.kind)
+    return s is not None and s.combinable(op.attrs)
+
+
+def _combine_ops(prog_ops, ledger):
+    """One block's ops combined, and the ledger with one entry per combined collective."""
+    schedule = _Schedule(prog_ops)
+    ops = schedule.run()
     by_op = {c.local_op: c for c in ledger}
-    members = {g: op for op, group in merged.items() for g in group}
+    members = {g for group in schedule.merged.values() for g in group}
     new_ledger = [c for c in ledger if c.local_op not in members]
-    for op, group in merged.items():
+    for op, group in schedule.merged.items():
         entries = [by_op[g] for g in group if g in by_op]
         if entries:
             new_ledger.append(replace(entries[0], bytes_per_device=sum(e.bytes_per_device for e in entries),
@@ -223,16 +168,7 @@ def finish(spmd):
     """CSE, dead code, then all_reduce combining, on a partition.spmd.SpmdProgram."""
     prog, repl = cse(spmd.program)
     prog = dead_code(prog)
-    live = set(all_ops(prog.ops))
-    ledger, seen = [], set()
-    for c in spmd.ledger:
-        op = repl.get(c.local_op, c.local_op)
-        while op in repl:
-            op = repl[op]
-        if op in live and id(op) not in seen:
-            seen.add(id(op))
-            ledger.append(replace(c, local_op=op))
-    prog, ledger = _combine(prog, ledger)
+    prog, ledger = _combine(prog, remapped(spmd.ledger, repl, set(all_ops(prog.ops))))
     notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}
     return replace(spmd, program=prog, ledger=ledger, notes=notes)
 

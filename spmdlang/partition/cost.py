@@ -3,12 +3,8 @@ used by reshard planning, halo planning, the partitioner's choices and `explain`
 
 Collectives run as ring (or tree) algorithms, alpha-beta:
   time = steps * step latency + bytes sent per device / link bandwidth
-  kind                 steps over a group of k     bytes sent per device (as `explain` reports)
-  all_gather           k - 1                       (k-1) * s          (s: the local shard)
-  reduce_scatter       k - 1                       (k-1)/k * S        (S: the local array)
-  all_to_all           k - 1                       (k-1)/k * S
-  all_reduce           2 (k - 1)                   2 (k-1)/k * S      (a reduce_scatter + all_gather)
-  collective_permute   1                           S
+each kind's steps and bytes being its entry in the collective table (ir.collectives:
+latency_steps, step_bytes).
 A halo exchange sends to both neighbours at once: its two directions run concurrently on the two
 directions of each link, so it costs the slower direction (one step per permute in that direction,
 that direction's bytes), not the sum.
@@ -50,7 +46,7 @@ Constants of the presets, public figures (rough; for ranking plans, not predicti
 Local work is charged at 1% of peak FLOP/s (ACHIEVED): the ops the partitioner weighs are mostly
 small and memory-bound, far from peak, and a plan that replicates work should not win on the
 assumption that it runs at peak.
-Known differences from real hardware are listed in README.md ("The cost model").
+Known differences from real hardware are listed in docs/cost_model.md.
 """
 
 from __future__ import annotations
@@ -58,6 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import registry
+from ..ir.collectives import latency_steps, step_bytes  # noqa: F401  (step_bytes: re-exported)
 from ..ir.core import LOOP, walk
 from ..limits import peak_and_culprit
 
@@ -83,30 +80,6 @@ LATENCY_BYTES = 16.0  # per latency step, in planning: a tie-breaker, not alpha 
 FLOPS_PER_BYTE = PLANNING.peak_tflops * 1e12 * ACHIEVED / (PLANNING.bandwidth_gbps * 1e9)  # ~61
 REPLICATED_BYTE = 1.0  # each byte held beyond the sharded plan costs as much as one byte sent
 STEP_BYTES = PLANNING.latency_us * PLANNING.bandwidth_gbps * 1e3  # physical alpha*beta: 45,000 bytes
-
-
-def latency_steps(kind: str, k: int) -> int:
-    """Latency steps of one collective over a group of k (ring algorithms)."""
-    if k <= 1 or kind == "shard_slice":
-        return 0
-    if kind == "collective_permute":
-        return 1
-    if kind == "all_reduce":
-        return 2 * (k - 1)
-    return k - 1  # all_gather, reduce_scatter, all_to_all
-
-
-def step_bytes(kind: str, k: int, size: float) -> float:
-    """Bytes one device sends (as `explain` reports), for a group of k and `size` local bytes before the step."""
-    if kind == "all_gather":
-        return (k - 1) * size
-    if kind == "all_reduce":
-        return 2 * (k - 1) / k * size
-    if kind in ("reduce_scatter", "all_to_all"):
-        return (k - 1) / k * size
-    if kind == "collective_permute":
-        return size
-    return 0.0
 
 
 def collective_cost(kind: str, k: int, nbytes: float) -> float:
@@ -168,6 +141,20 @@ def peak_bytes(prog) -> int:
 def compute_time_us(flops: float, preset: str = "tpu-v4") -> float:
     """Modelled time of `flops` of local work at ACHIEVED of the preset's peak."""
     return flops / (PRESETS[preset].peak_tflops * 1e12 * ACHIEVED) * 1e6
+
+
+def ledger_time_us(ledger, mesh, preset: str = "tpu-v4", bandwidth=None, latency=None) -> float:
+    """Modelled time of a plan's collectives (partition.ledger.Collective entries), one after
+    another, each as many times as it runs (a loop body's: once per iteration). The one measure of
+    a plan's communication: the partitioner's second plan, `explain` and autoshard read it."""
+    return sum(collective_time_us(c.kind, mesh.group_size(c.axes), c.bytes_per_device, c.axes, bandwidth or {},
+                                  latency or {}, preset) * c.trip_count for c in ledger)
+
+
+def plan_time_us(ledger, mesh, flops: float, preset: str = "tpu-v4") -> float:
+    """Modelled step time of a plan: its collectives (ledger_time_us) plus `flops` of local work
+    (no overlap of the two is assumed)."""
+    return ledger_time_us(ledger, mesh, preset) + compute_time_us(flops, preset)
 
 
 def step_time_us(collectives, flops: float, preset: str = "tpu-v4") -> float:

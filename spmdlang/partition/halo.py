@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..ir.collectives import CollectiveKind
 from ..ir.core import Value
 from ..ir.mesh import Mesh
 
@@ -113,7 +114,7 @@ class Emitter(Protocol):
 
     def emit(self, kind: str, *operands: Value, name: str | None = None, **attrs) -> Value: ...
 
-    def collective(self, kind: str, x: Value, reason: str, **attrs) -> Value: ...
+    def collective(self, kind: CollectiveKind, x: Value, reason: str, **attrs) -> Value: ...
 
     def axis_index(self, axes) -> Value: ...
 
@@ -144,7 +145,7 @@ def window(p: Emitter, x: Value, dim: int, in_axes, out_axes, n: int, w: Window,
     for q, start, stop in ps:
         piece = p.slice_dim(x, dim, start, stop)
         if _sent(q, k, w.wrap):
-            piece = p.collective("collective_permute", piece, reason, axes=axes,
+            piece = p.collective(CollectiveKind.COLLECTIVE_PERMUTE, piece, reason, axes=axes,
                                  sizes=tuple(p.mesh.axis_size(a) for a in axes),
                                  rule=("shift", -q % k if w.wrap else -q, w.wrap))
         elif q != 0 and not w.wrap:  # beyond the last shard: all outside [0, n), masked below

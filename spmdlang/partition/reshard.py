@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
 
+from ..ir.collectives import CollectiveKind, is_collective, spec
 from ..ir.mesh import Mesh, Sharding
+from ..ir.names import OpName
 from .cost import comm_cost, step_bytes
 
 __all__ = ["Step", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard", "step_bytes"]
@@ -37,7 +39,7 @@ __all__ = ["Step", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cos
 
 @dataclass(frozen=True)
 class Step:
-    kind: str  # all_gather all_reduce reduce_scatter all_to_all collective_permute shard_slice
+    kind: CollectiveKind | OpName  # a collective, or OpName.SHARD_SLICE (a local slice)
     axes: tuple[str, ...]
     before: Sharding
     after: Sharding
@@ -50,7 +52,7 @@ class Step:
 
     @property
     def is_collective(self) -> bool:
-        return self.kind != "shard_slice"
+        return is_collective(self.kind)
 
 
 def chunk(n: int, k: int) -> int:
@@ -87,8 +89,9 @@ class _Planner:
         return before, k, size
 
     def record(self, kind, axes, before, k, size, dim=None, dim2=None):
+        settles = is_collective(kind) and spec(kind).settles
         self.steps.append(Step(kind, tuple(axes), before, self.layout(), step_bytes(kind, k, size), dim, dim2,
-                               self.op if kind in ("all_reduce", "reduce_scatter") else "sum", k))
+                               self.op if settles else "sum", k))
 
     def shards(self, axes) -> int:
         return self.mesh.group_size(axes)
@@ -101,7 +104,7 @@ class _Planner:
         axes = tuple(self.cur[d])
         before, k, size = self.measure(axes)
         self.cur[d] = []
-        self.record("all_gather", axes, before, k, size, d)
+        self.record(CollectiveKind.ALL_GATHER, axes, before, k, size, d)
 
     def append(self) -> bool:
         """Slices and reduce-scatters on dims whose current axes prefix the wanted ones."""
@@ -116,9 +119,9 @@ class _Planner:
                 if a in self.partial:
                     if a not in self.resolve or self.op != "sum":
                         break
-                    k = "reduce_scatter"
+                    k = CollectiveKind.REDUCE_SCATTER
                 else:
-                    k = "shard_slice"
+                    k = OpName.SHARD_SLICE
                 if kind not in (None, k):
                     break
                 kind = k
@@ -131,7 +134,7 @@ class _Planner:
                 # first; a reduce_scatter then all_gather costs as much as the all_reduce anyway
                 return self.all_reduce(late)
             if not nests(self.shape[d], self.shards(cur), self.shards(run)):
-                if kind == "reduce_scatter":
+                if kind == CollectiveKind.REDUCE_SCATTER:
                     # the scattered layout does not sit inside the current one: settle the sum in
                     # place (gathering would bring us back here, a loop), then slice like any axis
                     return self.all_reduce(run)
@@ -141,7 +144,7 @@ class _Planner:
                 return True
             before, k, size = self.measure(run)
             self.cur[d] = cur + run
-            if kind == "reduce_scatter":
+            if kind == CollectiveKind.REDUCE_SCATTER:
                 self.partial = [a for a in self.partial if a not in run]
                 self.resolve = [a for a in self.resolve if a not in run]
             self.record(kind, run, before, k, size, d)
@@ -175,7 +178,7 @@ class _Planner:
         before, k, size = self.measure(axes)
         self.partial = [a for a in self.partial if a not in axes]
         self.resolve = [a for a in self.resolve if a not in axes]
-        self.record("all_reduce", axes, before, k, size)
+        self.record(CollectiveKind.ALL_REDUCE, axes, before, k, size)
         return True
 
     def remove(self) -> bool:
@@ -231,7 +234,7 @@ class _Planner:
                 before, k, size = self.measure(run)
                 self.cur[d] = keep
                 self.cur[j] = cj + list(run)
-                self.record("all_to_all", run, before, k, size, j, d)
+                self.record(CollectiveKind.ALL_TO_ALL, run, before, k, size, j, d)
                 return True
         return False
 
@@ -243,7 +246,7 @@ class _Planner:
             return True
         before, k, size = self.measure(run)
         self.cur[d] = keep
-        self.record("all_gather", run, before, k, size, d)
+        self.record(CollectiveKind.ALL_GATHER, run, before, k, size, d)
         return True
 
     def _move_target(self, a, d):
@@ -283,8 +286,9 @@ def _permute_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> 
         return None
     axes = mesh.order({a for s in (src, dst) for dim in s.dims for a in dim})
     size = local_bytes(shape, itemsize, mesh, src)
-    return [Step("collective_permute", axes, src, dst.with_partial(src.partial, src.partial_op),
-                 step_bytes("collective_permute", mesh.group_size(axes), size), group=mesh.group_size(axes))]
+    permute = CollectiveKind.COLLECTIVE_PERMUTE
+    return [Step(permute, axes, src, dst.with_partial(src.partial, src.partial_op),
+                 step_bytes(permute, mesh.group_size(axes), size), group=mesh.group_size(axes))]
 
 
 def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> list[Step]:
@@ -303,7 +307,7 @@ def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> l
         if run:
             before = p.layout()
             p.cur[d] = p.cur[d] + run
-            p.record("shard_slice", run, before, mesh.group_size(run), 0, d)
+            p.record(OpName.SHARD_SLICE, run, before, mesh.group_size(run), 0, d)
     return p.steps
 
 
@@ -356,15 +360,15 @@ def _merge_moves(steps, shape, itemsize: int, mesh: Mesh) -> list[Step]:
     out: list[Step] = []
     for st in steps:
         prev = out[-1] if out else None
-        if (prev is not None and prev.kind == st.kind == "all_to_all" and not set(prev.axes) & set(st.axes)
+        if (prev is not None and prev.kind == st.kind == CollectiveKind.ALL_TO_ALL and not set(prev.axes) & set(st.axes)
                 and _exact(prev, shape, mesh) and _exact(st, shape, mesh)):
             moves = _moves_of(prev) + _moves_of(st)
             dims = [x for j, d, _ in moves for x in (j, d)]
             if len(dims) == len(set(dims)):
                 k = prev.group * st.group
                 size = local_bytes(shape, itemsize, mesh, prev.before)
-                out[-1] = Step("all_to_all", prev.axes + st.axes, prev.before, st.after,
-                               step_bytes("all_to_all", k, size), None, None, "sum", k, moves)
+                out[-1] = Step(CollectiveKind.ALL_TO_ALL, prev.axes + st.axes, prev.before, st.after,
+                               step_bytes(CollectiveKind.ALL_TO_ALL, k, size), None, None, "sum", k, moves)
                 continue
         out.append(st)
     return out

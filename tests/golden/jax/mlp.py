@@ -116,7 +116,20 @@ def all_reduce(x, axes, reduce):
 
     @jax.custom_jvp
     def extreme(x):
-        return collective(x, axes)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return collective(x, axes)
+        # XLA's all-reduce max/min on CPU drops NaN (docs/known_xla_issues.md #8), jnp.max keeps it:
+        # reduce integer keys that order floats totally instead, NaN made the winner (the largest
+        # for max, the smallest for min), and read the floats back.
+        wide = x.astype(jnp.float32) if x.dtype.itemsize < 4 else x
+        ints = jnp.int32 if wide.dtype.itemsize == 4 else jnp.int64
+        top = jnp.iinfo(ints).max
+        wide = jnp.where(jnp.isnan(wide), jnp.nan if reduce == "max" else -jnp.nan, wide)
+        bits = jax.lax.bitcast_convert_type(wide, ints)
+        key = jnp.where(bits < 0, bits ^ top, bits)  # sign-magnitude -> two's complement order
+        key = collective(key, axes)
+        out = jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ top, key), wide.dtype)
+        return out.astype(x.dtype)
 
     @extreme.defjvp
     def extreme_jvp(primals, tangents):
@@ -130,30 +143,6 @@ def all_reduce(x, axes, reduce):
     return extreme(x)
 
 
-def all_to_all(x, axes, split_dim, concat_dim):
-    """jax.lax.all_to_all (tiled) with its operand behind an optimization barrier: XLA otherwise
-    splits an operand padded along split_dim to a piece boundary (e.g. einsum -> pad) into one
-    operand per piece and then rejects its own HLO ("all-to-all has operands with different shapes")."""
-    return jax.lax.all_to_all(jax.lax.optimization_barrier(x), axes, split_dim, concat_dim, tiled=True)
-
-
-def shard_slice(x, idx, *, dim, size, group):
-    """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
-    if x.shape[dim] < size * group:
-        widths = [(0, 0)] * x.ndim
-        widths[dim] = (0, size * group - x.shape[dim])
-        x = jnp.pad(x, widths)
-    return jax.lax.dynamic_slice_in_dim(x, idx * size, size, axis=dim)
-
-
-def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
-    """Keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value."""
-    shape = [1] * x.ndim
-    shape[dim] = x.shape[dim]
-    pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
-    return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
-
-
 def body(x, w1, b1, w2, b2):
     """The per-partition program: local shapes."""
     t0 = jnp.einsum("mk,kn->mn", x, w1)  # line 26
@@ -164,7 +153,7 @@ def body(x, w1, b1, w2, b2):
     t4 = jax.lax.broadcast_in_dim(b2, (32, 512), (1,))  # line 27
     t5 = jax.lax.psum(t3, ('model',))  # line 27
     y = (t5 + t4)  # line 27
-    return (y,)
+    return (y, )
 
 
 IN_SPECS = (P('data', None), P(None, 'model'), P('model'), P('model', None), P(None), )
@@ -180,6 +169,39 @@ def build(mesh, axis_names=None):
     and returns jax.Arrays laid out as IN_SPECS / OUT_SPECS, uneven dims padded: use place()."""
     mesh = program_mesh(mesh, axis_names)
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=IN_SPECS, out_specs=OUT_SPECS, check_vma=False))
+
+
+def _tree_map(fn, like, *trees):
+    """fn over the leaves of `like` and of trees shaped alike: a struct value is a dict of its
+    fields (nested for nested structs), anything else is a leaf."""
+    if isinstance(like, dict):
+        out = {}
+        for k, v in like.items():
+            parts = []
+            for t in trees:
+                try:
+                    parts.append(t[k])
+                except (KeyError, TypeError, IndexError):
+                    raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), "
+                                     f"got {type(t).__name__}") from None
+            out[k] = _tree_map(fn, v, *parts)
+        return out
+    return fn(like, *trees)
+
+
+def _leaves(values, like):
+    """The leaves of a list of values shaped like `like` (GLOBAL_SHAPES or RESULT_SHAPES), a
+    struct's fields depth-first in declaration order (jax hands dicts back with sorted keys)."""
+    out = []
+    for v, t in zip(values, like, strict=True):
+        _tree_map(lambda _, x: out.append(x), t, v)
+    return out
+
+
+def _nest(leaves, like):
+    """Flat leaves (depth-first) as values shaped like `like` (GLOBAL_SHAPES or RESULT_SHAPES)."""
+    it = iter(leaves)
+    return [_tree_map(lambda _: next(it), t) for t in like]
 
 
 def _padded_shape(shape, spec, mesh):
@@ -211,20 +233,22 @@ def place(arrays, mesh, axis_names=None):
     blocks its devices hold. jax.Arrays may be on any sharding and any mesh (or none): they are
     resharded with jax.device_put."""
     mesh = program_mesh(mesh, axis_names)
-    out = []
-    for a, shape, spec, dtype in zip(arrays, GLOBAL_SHAPES, IN_SPECS, DTYPES, strict=True):
-        if tuple(a.shape) != tuple(shape):
-            raise ValueError(f"expected shape {shape}, got {tuple(a.shape)}")
-        sharding = NamedSharding(mesh, spec)
-        target = _padded_shape(shape, spec, mesh)
-        if isinstance(a, jax.Array):
-            a = a.astype(dtype)
-            if target != tuple(shape):
-                a = jnp.pad(a, [(0, t - n) for n, t in zip(shape, target)])
-            out.append(a if a.sharding == sharding else jax.device_put(a, sharding))
-        else:
-            out.append(jax.make_array_from_callback(target, sharding, lambda index, a=a: _block(a, index, dtype)))
-    return out
+    return [_tree_map(lambda shape, a, spec, dtype: _place(a, shape, spec, dtype, mesh), shape, a, spec, dtype)
+            for a, shape, spec, dtype in zip(arrays, GLOBAL_SHAPES, IN_SPECS, DTYPES, strict=True)]
+
+
+def _place(a, shape, spec, dtype, mesh):
+    """One global array laid out as `spec` (see place)."""
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"expected shape {shape}, got {tuple(a.shape)}")
+    sharding = NamedSharding(mesh, spec)
+    target = _padded_shape(shape, spec, mesh)
+    if isinstance(a, jax.Array):
+        a = a.astype(dtype)
+        if target != tuple(shape):
+            a = jnp.pad(a, [(0, t - n) for n, t in zip(shape, target)])
+        return a if a.sharding == sharding else jax.device_put(a, sharding)
+    return jax.make_array_from_callback(target, sharding, lambda index, a=a: _block(a, index, dtype))
 
 
 def _gather(out, shape):
@@ -249,7 +273,7 @@ def run(*arrays, mesh=None, axis_names=None):
     if key not in _BUILT:
         _BUILT[key] = build(mesh, axis_names)
     outs = _BUILT[key](*place(arrays, mesh, axis_names))
-    return [_gather(o, shape) for o, shape in zip(outs, RESULT_SHAPES)]
+    return [_tree_map(lambda shape, o: _gather(o, shape), shape, o) for o, shape in zip(outs, RESULT_SHAPES)]
 
 
 if __name__ == "__main__":
@@ -258,8 +282,9 @@ if __name__ == "__main__":
     if "device_count" not in os.environ.get("XLA_FLAGS", ""):
         jax.config.update("jax_num_cpu_devices", 8)  # only used where there is no accelerator
     rng = np.random.default_rng(0)
-    ins = [rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else
-           (rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else rng.random(s) < 0.5)
-           for s, d in zip(GLOBAL_SHAPES, DTYPES)]
-    for i, out in enumerate(run(*ins)):
+    draw = lambda s, d: (rng.standard_normal(s).astype(d) if np.dtype(d).kind == 'f' else  # noqa: E731
+                         rng.integers(0, 16, size=s).astype(d) if np.dtype(d).kind in 'iu' else
+                         rng.random(s) < 0.5)
+    ins = [_tree_map(draw, s, d) for s, d in zip(GLOBAL_SHAPES, DTYPES)]
+    for i, out in enumerate(_leaves(run(*ins), RESULT_SHAPES)):
         print(f"out{i}: {out.dtype}{list(out.shape)}")

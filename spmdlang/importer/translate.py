@@ -1,0 +1,1248 @@
+"""A jaxpr as a .spmd function body: one statement per equation, in the language's builtins.
+
+Values are written as placeholders (`\\x00ID\\x00`) while the body is built; the names are chosen
+at the end (`render`), so the last value a user's line `h = ...` computes can be called `h`
+whatever came after. One table, PRIMS, maps a primitive's name to the method that writes it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import SpmdError
+from . import names as N
+
+_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32", "bool": "bool",
+          "float64": "f64", "int64": "i64", "uint32": "u32"}
+_FLOATS = {"f32", "bf16", "f16", "f64"}
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_PLACEHOLDER = re.compile("\x00([0-9]+)\x00")
+# a constant array up to this many elements that is not one repeated value still becomes a parameter
+# (the language has no array literals); one repeated value is written as full(type, value)
+
+
+class NoEquivalentError(SpmdError):
+    """A jaxpr the importer cannot write: names the primitive and the user's line."""
+
+
+def is_key(dtype) -> bool:
+    """A typed threefry PRNG key (jax.random.key): the language's u32[..., 2] raw key."""
+    return str(dtype) == "key<fry>"
+
+
+def dtype_name(dtype, where=None) -> str:
+    if is_key(dtype):
+        return "u32"
+    name = _DTYPE.get(np.dtype(dtype).name) if not str(dtype).startswith("key<") else None
+    if name is None:
+        raise NoEquivalentError(f"dtype {dtype} has no spmdlang equivalent (f32, bf16, f16, i32, u32, bool, f64, "
+                           "i64; threefry keys)", where)
+    return name
+
+
+def aval_shape(aval) -> tuple:
+    """The shape of the language's value for `aval` (a key's raw u32 words last)."""
+    return tuple(int(d) for d in aval.shape) + ((2,) if is_key(aval.dtype) else ())
+
+
+def type_text(aval, where=None) -> str:
+    return f"{dtype_name(aval.dtype, where)}[{', '.join(str(d) for d in aval_shape(aval))}]"
+
+
+def float_text(v: float) -> str:
+    """A float literal the language reads back as `v` (in the value's own precision)."""
+    v = float(v)
+    if np.isinf(v):
+        return "1e309" if v > 0 else "-1e309"
+    text = str(np.float32(v)) if float(np.float32(v)) == v else repr(v)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text.replace("e+", "e")
+
+
+def literal_text(value, dtype: str) -> str:
+    if dtype == "bool":
+        return "true" if bool(value) else "false"
+    if dtype in _FLOATS:
+        text = float_text(float(value))
+    else:
+        text = str(int(value))
+    return f"({text})" if text.startswith("-") else text
+
+
+@dataclass
+class Ref:
+    """A jaxpr atom as the body sees it: a named value (placeholder text) or a scalar literal."""
+
+    text: str
+    dtype: str
+    shape: tuple
+    literal: object = None  # the Python value of a scalar literal
+
+    @property
+    def is_literal(self) -> bool:
+        return self.literal is not None
+
+
+class Body:
+    """The statements of one function body under construction, and the names chosen for values."""
+
+    def __init__(self):
+        self.lines: list[str] = []   # text with placeholders
+        self.hints: dict[int, str] = {}  # value id -> wanted name
+        self.count = 0
+        self.fixed: dict[int, str] = {}  # value id -> name it must have (parameters)
+
+    def new(self, hint: str | None = None, fixed: str | None = None) -> str:
+        self.count += 1
+        i = self.count
+        if fixed is not None:
+            self.fixed[i] = fixed
+        elif hint:
+            self.hints[i] = hint
+        return f"\x00{i}\x00"
+
+    def hint(self, text: str, name: str) -> None:
+        m = _PLACEHOLDER.fullmatch(text)
+        if m and int(m.group(1)) not in self.fixed:
+            self.hints[int(m.group(1))] = name
+
+    def hinted(self, text: str) -> bool:
+        m = _PLACEHOLDER.fullmatch(text)
+        return not m or int(m.group(1)) in self.hints or int(m.group(1)) in self.fixed
+
+    def render(self, taken: set[str]) -> list[str]:
+        chosen: dict[int, str] = dict(self.fixed)
+        used = set(taken) | set(self.fixed.values())
+        temp = 0
+        for i in range(1, self.count + 1):
+            if i in chosen:
+                continue
+            base = self.hints.get(i)
+            if base:
+                name, k = base, 1
+                while name in used:
+                    k += 1
+                    name = f"{base}_{k}"
+            else:
+                while f"t{temp}" in used:
+                    temp += 1
+                name = f"t{temp}"
+            used.add(name)
+            chosen[i] = name
+        return [_PLACEHOLDER.sub(lambda m: chosen[int(m.group(1))], line) for line in self.lines]
+
+
+class Translator:
+    """Writes the equations of a closed jaxpr into a Body (recursing into called jaxprs)."""
+
+    def __init__(self, body: Body, const_param):
+        self.body = body
+        self.const_param = const_param  # (np.ndarray, where) -> Ref: a constant array as a parameter
+        self.scalars: dict[tuple, str] = {}  # (dtype, shape, value repr) -> the placeholder of full(...)
+        self.constant_lines: list[str] = []
+        self.indent = "  "
+        self.loops = 0
+        self.frame = None
+        self.where = None
+        self.last_comment = None
+        self.pending = None  # the comment naming the user's line of the next statement
+        self.iotas: dict[str, int] = {}  # placeholder of an iota -> its axis (sort's argsort operand)
+
+    # ------------------------------------------------------------------ emission
+
+    def emit(self, expr: str, aval=None, hint: str | None = None) -> str:
+        name = self.body.new(hint)
+        self.line(f"{self.indent}{name} = {expr}")
+        return name
+
+    def line(self, text: str) -> None:
+        """A line of the body, under the comment of the user's line it came from (if new)."""
+        if self.pending is not None:
+            if self.pending != self.last_comment:
+                self.body.lines.append(f"{self.indent}# {self.pending}")
+                self.last_comment = self.pending
+            self.pending = None
+        self.body.lines.append(text)
+
+    def ref(self, name: str, aval) -> Ref:
+        return Ref(name, dtype_name(aval.dtype, self.where), aval_shape(aval))
+
+    def fail(self, message: str):
+        raise NoEquivalentError(message, self.where)
+
+    def constant(self, value, aval_dtype, where=None, materialize: bool = False) -> Ref:
+        """A constant array: `full(type, v)` once per distinct (type, value), or a parameter. A
+        scalar is a literal Ref (written where it is used) unless `materialize`."""
+        arr = np.asarray(value)
+        dt = dtype_name(arr.dtype, where or self.where)
+        shape = tuple(arr.shape)
+        if shape == () and not materialize and not (arr.dtype.kind == "f" and np.isnan(arr)):
+            return Ref(literal_text(arr.item(), dt), dt, (), arr.item())
+        if arr.size and np.all(arr == arr.flat[0]) | (np.isnan(arr).all() if arr.dtype.kind == "f" else False):
+            v = arr.flat[0]
+            key = (dt, shape, repr(v.item()))
+            if key not in self.scalars:
+                name = self.body.new(_const_hint(dt, shape, v))
+                self.scalars[key] = name
+                if arr.dtype.kind == "f" and np.isnan(v):
+                    expr = f"full({dt}[{', '.join(map(str, shape))}], 1e309) * 0.0"
+                else:
+                    expr = f"full({dt}[{', '.join(map(str, shape))}], {literal_text(v, dt)})"
+                self.constant_lines.append(f"  {name} = {expr}")
+            return Ref(self.scalars[key], dt, shape)
+        return self.const_param(arr, where or self.where)
+
+    def value(self, r: Ref) -> str:
+        """A Ref as a value operand (a literal materialized as a named constant)."""
+        if r.is_literal:
+            return self.constant(np.asarray(r.literal, dtype=_np_dtype(r.dtype)), None, materialize=True).text
+        return r.text
+
+    # ------------------------------------------------------------------ jaxprs
+
+    def run(self, jaxpr, consts: list, args: list[Ref]) -> list[Ref]:
+        """Translate an (open) jaxpr with its constvars bound to `consts` (Refs) and invars to `args`."""
+        from jax.extend import core as jcore
+
+        env: dict = {}
+        for v, r in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = r
+        for v, r in zip(jaxpr.invars, args, strict=True):
+            env[v] = r
+
+        def read(a) -> Ref:
+            if isinstance(a, jcore.Literal):
+                val = np.asarray(a.val, dtype=a.aval.dtype)
+                if val.shape == ():
+                    return Ref(literal_text(val.item(), dtype_name(val.dtype, self.where)),
+                               dtype_name(val.dtype, self.where), (), val.item())
+                return self.constant(val, None)
+            return env[a]
+
+        # a user line `h = ...` names the last of its (forward) values that a later line reads
+        last_of_line = _line_targets(jaxpr)
+        for i, eqn in enumerate(jaxpr.eqns):
+            frame = N.user_frame(eqn)
+            self.frame, self.where = frame, N.frame_span(frame) or self.where
+            self.comment(frame)
+            ins = [read(a) for a in eqn.invars]
+            handler = PRIMS.get(eqn.primitive.name)
+            if handler is None:
+                self.fail(f"jax primitive '{eqn.primitive.name}' has no spmdlang equivalent")
+            outs = handler(self, eqn, ins)
+            if not isinstance(outs, list):
+                outs = [outs]
+            target = N.frame_target(frame) if last_of_line.get(_line(eqn)) == i else None
+            for v, r in zip(eqn.outvars, outs, strict=True):
+                if type(v).__name__ == "DropVar":
+                    continue
+                if target and len(eqn.outvars) == 1 and not r.is_literal:
+                    scope = N.scope_name(eqn)
+                    self.body.hint(r.text, N.sanitize(f"{scope}_{target}".lower() if scope else target))
+                env[v] = r
+        return [read(a) for a in jaxpr.outvars]
+
+    def comment(self, frame):
+        text = N.frame_comment(frame)
+        if text:
+            self.pending = text
+
+    def closed(self, closed_jaxpr, args: list[Ref]) -> list[Ref]:
+        consts = [self.constant(c, None) for c in closed_jaxpr.consts]
+        return self.run(closed_jaxpr.jaxpr, consts, args)
+
+    def inline(self, eqn, ins, key: str, skip: int = 0):
+        sub = eqn.params[key]
+        if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
+            return self.closed(sub, ins[skip:])
+        return self.run(sub, [], ins[skip:])
+
+    # ------------------------------------------------------------------ helpers
+
+    def out(self, eqn, k: int = 0):
+        return eqn.outvars[k].aval
+
+    def put(self, eqn, expr: str, k: int = 0) -> Ref:
+        aval = self.out(eqn, k)
+        return self.ref(self.emit(expr), aval)
+
+    def binary_text(self, a: Ref, b: Ref, op: str) -> str:
+        if a.is_literal and b.is_literal:
+            a = Ref(self.value(a), a.dtype, a.shape)
+        return f"{a.text} {op} {b.text}"
+
+
+def _line(eqn):
+    f = N.user_frame(eqn)
+    return (f.file_name, f.start_line) if f is not None else None
+
+
+def _line_targets(jaxpr) -> dict:
+    """User line -> the index of the equation whose value the line's assignment names: the last
+    forward (not transposed) equation of the line whose value another line reads or the jaxpr
+    returns."""
+    lines = [_line(e) for e in jaxpr.eqns]
+    readers: dict = {}
+    for e, key in zip(jaxpr.eqns, lines):
+        for v in e.invars:
+            if not hasattr(v, "val"):
+                readers.setdefault(v, set()).add(key)
+    for v in jaxpr.outvars:
+        if not hasattr(v, "val"):
+            readers.setdefault(v, set()).add("return")
+    out = {}
+    for i, (e, key) in enumerate(zip(jaxpr.eqns, lines)):
+        if key is None or len(e.outvars) != 1 or "transpose(" in str(e.source_info.name_stack):
+            continue
+        if readers.get(e.outvars[0], set()) - {key}:
+            out[key] = i
+    return out
+
+
+def _np_dtype(dt: str):
+    from ..ir import types as T
+
+    return T.np_dtype(dt)
+
+
+def _const_hint(dt, shape, v) -> str:
+    if shape == ():
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    if f == 0:
+        return "zeros"
+    if f == 1:
+        return "ones"
+    return None
+
+
+def _ints(xs) -> str:
+    return "[" + ", ".join(str(int(x)) for x in xs) + "]"
+
+
+# ---------------------------------------------------------------------------------- primitives
+
+PRIMS: dict = {}
+
+
+def prim(*names):
+    def register(fn):
+        for n in names:
+            PRIMS[n] = fn
+        return fn
+
+    return register
+
+
+_UNARY = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "logistic": "sigmoid",
+          "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil", "sign": "sign", "abs": "abs",
+          "erf": "erf", "log1p": "log1p", "expm1": "expm1", "square": "square", "stop_gradient": "stop_gradient"}
+
+
+def _unary(name):
+    def write(t: Translator, eqn, ins):
+        return t.put(eqn, f"{name}({t.value(ins[0])})")
+
+    return write
+
+
+for _p, _b in _UNARY.items():
+    PRIMS[_p] = _unary(_b)
+
+
+@prim("neg")
+def _neg(t, eqn, ins):
+    return t.put(eqn, f"-{t.value(ins[0])}")
+
+
+_BINOP = {"add": "+", "add_any": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
+          "gt": ">", "ge": ">="}
+
+
+def _binop(op):
+    def write(t: Translator, eqn, ins):
+        a, b = ins
+        if op == "*" and a.dtype == "bool":
+            return t.put(eqn, f"logical_and({t.value(a)}, {t.value(b)})")
+        return t.put(eqn, t.binary_text(a, b, op))
+
+    return write
+
+
+for _p, _o in _BINOP.items():
+    PRIMS[_p] = _binop(_o)
+
+
+def _call2(fn):
+    def write(t: Translator, eqn, ins):
+        a, b = ins
+        if a.is_literal and b.is_literal:
+            a = Ref(t.value(a), a.dtype, a.shape)
+        return t.put(eqn, f"{fn}({a.text}, {b.text})")
+
+    return write
+
+
+PRIMS["max"] = _call2("maximum")
+PRIMS["min"] = _call2("minimum")
+PRIMS["pow"] = _call2("pow")
+
+
+@prim("div")
+def _div(t, eqn, ins):
+    a, b = ins
+    if a.dtype in _FLOATS:
+        return t.put(eqn, t.binary_text(a, b, "/"))
+    # lax.div on integers rounds toward zero; the language's `//` floors
+    av, bv = t.value(a), t.value(b)
+    q = t.emit(f"{av} // {bv}")
+    fix = t.emit(f"logical_and({av} % {bv} != 0, ({av} < 0) != ({bv} < 0))")
+    return t.put(eqn, f"where({fix}, {q} + 1, {q})")
+
+
+@prim("rem")
+def _rem(t, eqn, ins):
+    # lax.rem takes the sign of the dividend (C's fmod); the language's `%` the divisor's (numpy)
+    av, bv = t.value(ins[0]), t.value(ins[1])
+    m = t.emit(f"{av} % {bv}")
+    fix = t.emit(f"logical_and({m} != 0, ({m} < 0) != ({av} < 0))")
+    return t.put(eqn, f"where({fix}, {m} - {bv}, {m})")
+
+
+def _logical(fn, op):
+    def write(t: Translator, eqn, ins):
+        if any(r.dtype != "bool" for r in ins):  # on integers: bitwise
+            if fn is None:
+                ones = literal_text(2**32 - 1 if ins[0].dtype == "u32" else -1, ins[0].dtype)
+                return t.put(eqn, f"bitwise_xor({t.value(ins[0])}, {ones})")
+            a, b = ins
+            if a.is_literal and b.is_literal:
+                a = Ref(t.value(a), a.dtype, a.shape)
+            return t.put(eqn, f"bitwise_{eqn.primitive.name}({a.text}, {b.text})")
+        if fn is None:
+            return t.put(eqn, f"logical_not({t.value(ins[0])})")
+        if op:
+            return t.put(eqn, t.binary_text(ins[0], ins[1], op))
+        return t.put(eqn, f"{fn}({t.value(ins[0])}, {t.value(ins[1])})")
+
+    return write
+
+
+PRIMS["and"] = _logical("logical_and", None)
+PRIMS["or"] = _logical("logical_or", None)
+PRIMS["xor"] = _logical("xor", "!=")
+PRIMS["not"] = _logical(None, None)
+
+
+def _shift(fn, signed_ok: bool, unsigned_ok: bool):
+    def write(t: Translator, eqn, ins):
+        a, b = ins
+        if (a.dtype == "u32" and not unsigned_ok) or (a.dtype != "u32" and not signed_ok):
+            t.fail(f"jax primitive '{eqn.primitive.name}' on {a.dtype} has no spmdlang equivalent "
+                   "(right_shift is logical on u32, arithmetic on signed integers)")
+        if a.is_literal and b.is_literal:
+            a = Ref(t.value(a), a.dtype, a.shape)
+        return t.put(eqn, f"{fn}({a.text}, {b.text})")
+
+    return write
+
+
+PRIMS["shift_left"] = _shift("left_shift", True, True)
+PRIMS["shift_right_logical"] = _shift("right_shift", False, True)
+PRIMS["shift_right_arithmetic"] = _shift("right_shift", True, False)
+
+
+@prim("integer_pow")
+def _integer_pow(t, eqn, ins):
+    x, y = t.value(ins[0]), int(eqn.params["y"])
+    if y == 2:
+        return t.put(eqn, f"square({x})")
+    if y == 1:
+        return ins[0]
+    if y == 3:
+        return t.put(eqn, f"{x} * {x} * {x}")
+    if y < 0 and ins[0].dtype in _FLOATS:
+        return t.put(eqn, f"1.0 / {x} ** {-y}")
+    return t.put(eqn, f"{x} ** {y}")
+
+
+@prim("erfc")
+def _erfc(t, eqn, ins):
+    return t.put(eqn, f"1.0 - erf({t.value(ins[0])})")
+
+
+@prim("exp2")
+def _exp2(t, eqn, ins):
+    return t.put(eqn, f"2.0 ** {t.value(ins[0])}")
+
+
+@prim("tan")
+def _tan(t, eqn, ins):
+    x = t.value(ins[0])
+    return t.put(eqn, f"sin({x}) / cos({x})")
+
+
+@prim("is_finite")
+def _is_finite(t, eqn, ins):
+    return t.put(eqn, f"abs({t.value(ins[0])}) < 1e309")
+
+
+@prim("select_n")
+def _select_n(t, eqn, ins):
+    pred, *cases = ins
+    p = t.value(pred)
+    if len(cases) == 1:
+        return cases[0]
+    if len(cases) == 2:
+        cond = p if pred.dtype == "bool" else f"{p} != 0"
+        return t.put(eqn, f"where({cond}, {t.value(cases[1])}, {t.value(cases[0])})")
+    acc = t.value(cases[-1])
+    for k in range(len(cases) - 2, -1, -1):
+        expr = f"where({p} == {k}, {t.value(cases[k])}, {acc})"
+        acc = t.emit(expr) if k else None
+        if not k:
+            return t.put(eqn, expr)
+    return None  # pragma: no cover
+
+
+@prim("clamp")
+def _clamp(t, eqn, ins):
+    lo, x, hi = ins
+    return t.put(eqn, f"clip({t.value(x)}, {lo.text}, {hi.text})")
+
+
+@prim("convert_element_type")
+def _convert(t, eqn, ins):
+    dt = dtype_name(eqn.params["new_dtype"], t.where)
+    x = ins[0]
+    if x.is_literal:
+        return t.constant(np.asarray(x.literal, dtype=_np_dtype(x.dtype)).astype(_np_dtype(dt)), None)
+    if x.dtype == dt:
+        return x
+    if dt == "bool":
+        return t.put(eqn, f"{t.value(x)} != 0")
+    return t.put(eqn, f"cast({t.value(x)}, {dt})")
+
+
+@prim("copy", "copy_p", "optimization_barrier")
+def _copy(t, eqn, ins):
+    return list(ins)
+
+
+@prim("reduce_precision")
+def _reduce_precision(t, eqn, ins):
+    finfo = np.finfo(_np_dtype(ins[0].dtype)) if ins[0].dtype in _FLOATS else None
+    if finfo is not None and eqn.params["exponent_bits"] == finfo.nexp and eqn.params["mantissa_bits"] == finfo.nmant:
+        return ins[0]
+    t.fail("jax primitive 'reduce_precision' to a narrower format has no spmdlang equivalent")
+
+
+@prim("iota")
+def _iota(t, eqn, ins):
+    aval = t.out(eqn)
+    out = t.put(eqn, f"iota({type_text(aval, t.where)}, {int(eqn.params['dimension'])})")
+    t.iotas[out.text] = int(eqn.params["dimension"])
+    return out
+
+
+@prim("broadcast_in_dim")
+def _broadcast_in_dim(t, eqn, ins):
+    x = ins[0]
+    shape = tuple(int(d) for d in eqn.params["shape"])
+    dims = tuple(int(d) for d in eqn.params["broadcast_dimensions"])
+    if x.is_literal:
+        return t.constant(np.full(shape, x.literal, dtype=_np_dtype(x.dtype)), None)
+    text = x.text
+    if list(dims) != sorted(dims):
+        order = sorted(range(len(dims)), key=lambda i: dims[i])
+        text = f"transpose({text}, {_ints(order)})"
+        dims = tuple(sorted(dims))
+    if not dims:
+        return t.put(eqn, f"broadcast_to({text}, {_ints(shape)})")
+    new = [d for d in range(len(shape)) if d not in dims]
+    if new:
+        text = f"expand_dims({text}, {_ints(new)})"
+    mid = tuple(1 if d in new else x.shape[dims.index(d)] for d in range(len(shape)))
+    if mid != shape:
+        text = f"broadcast_to({text}, {_ints(shape)})"
+    return t.put(eqn, text)
+
+
+@prim("reshape")
+def _reshape(t, eqn, ins):
+    if eqn.params.get("dimensions") not in (None, ()):
+        t.fail("jax primitive 'reshape' with `dimensions` has no spmdlang equivalent")
+    return t.put(eqn, f"reshape({t.value(ins[0])}, {_ints(t.out(eqn).shape)})")
+
+
+@prim("squeeze")
+def _squeeze(t, eqn, ins):
+    return t.put(eqn, f"squeeze({t.value(ins[0])}, {_ints(eqn.params['dimensions'])})")
+
+
+@prim("expand_dims")
+def _expand_dims(t, eqn, ins):
+    return t.put(eqn, f"expand_dims({t.value(ins[0])}, {_ints(eqn.params['dimensions'])})")
+
+
+@prim("transpose")
+def _transpose(t, eqn, ins):
+    return t.put(eqn, f"transpose({t.value(ins[0])}, {_ints(eqn.params['permutation'])})")
+
+
+def _slice_text(x: str, starts, stops, steps) -> str:
+    parts = []
+    for a, b, s in zip(starts, stops, steps):
+        part = f"{a}:{b}" if s == 1 else f"{a}:{b}:{s}"
+        parts.append(part)
+    return f"{x}[{', '.join(parts)}]"
+
+
+@prim("slice")
+def _slice(t, eqn, ins):
+    x = ins[0]
+    steps = eqn.params["strides"] or (1,) * len(x.shape)
+    return t.put(eqn, _slice_text(t.value(x), eqn.params["start_indices"], eqn.params["limit_indices"], steps))
+
+
+@prim("split")
+def _split(t, eqn, ins):
+    x, axis = ins[0], int(eqn.params["axis"])
+    outs, start = [], 0
+    for k, n in enumerate(eqn.params["sizes"]):
+        starts = [start if d == axis else 0 for d in range(len(x.shape))]
+        stops = [start + n if d == axis else x.shape[d] for d in range(len(x.shape))]
+        outs.append(t.put(eqn, _slice_text(t.value(x), starts, stops, [1] * len(x.shape)), k))
+        start += n
+    return outs
+
+
+@prim("rev")
+def _rev(t, eqn, ins):
+    text = t.value(ins[0])
+    for d in eqn.params["dimensions"]:
+        n = ins[0].shape[d]
+        text = f"take({text}, {n - 1} - iota(i32[{n}], 0), axis={d})"
+    return t.put(eqn, text)
+
+
+@prim("concatenate")
+def _concatenate(t, eqn, ins):
+    return t.put(eqn, f"concat([{', '.join(t.value(r) for r in ins)}], axis={int(eqn.params['dimension'])})")
+
+
+@prim("pad")
+def _pad(t, eqn, ins):
+    x, v = ins
+    if not v.is_literal:
+        t.fail("jax primitive 'pad' with a padding value computed at run time has no spmdlang equivalent")
+    text = t.value(x)
+    shape = list(x.shape)
+    config = [tuple(int(c) for c in cfg) for cfg in eqn.params["padding_config"]]
+    for d, (_lo, _hi, interior) in enumerate(config):
+        if interior:  # spread the elements apart: [n] -> [n, 1+interior] -> [n*(1+interior)] minus the tail
+            n = shape[d]
+            inner = shape[:d + 1] + [1] + shape[d + 1:]
+            widths = [[0, 0]] * len(inner)
+            widths[d + 1] = [0, interior]
+            spread = t.emit(f"pad(reshape({text}, {_ints(inner)}), {widths}, value={v.text})")
+            flat = shape[:d] + [n * (1 + interior)] + shape[d + 1:]
+            stops = [n * (1 + interior) - interior if e == d else flat[e] for e in range(len(flat))]
+            text = t.emit(_slice_text(f"reshape({spread}, {_ints(flat)})", [0] * len(flat), stops, [1] * len(flat)))
+            shape[d] = n * (1 + interior) - interior if n else 0
+    widths = [[max(lo, 0), max(hi, 0)] for lo, hi, _ in config]
+    if any(w != [0, 0] for w in widths):
+        text = f"pad({text}, {widths}, value={v.text})"
+        shape = [n + lo + hi for n, (lo, hi) in zip(shape, widths)]
+    if any(lo < 0 or hi < 0 for lo, hi, _ in config):
+        starts = [-lo if lo < 0 else 0 for lo, _, _ in config]
+        stops = [n - (-hi if hi < 0 else 0) for n, (_, hi, _) in zip(shape, config)]
+        text = _slice_text(f"{t.emit(text)}", starts, stops, [1] * len(shape))
+    return t.put(eqn, text)
+
+
+# ------------------------------------------------------------------------- reductions and scans
+
+def _reduction(fn):
+    def write(t: Translator, eqn, ins):
+        axes = list(eqn.params["axes"])
+        x = ins[0]
+        if x.dtype == "bool":
+            inner = f"{fn}(cast({t.value(x)}, i32), axis={_ints(axes)})"
+            return t.put(eqn, f"{inner} > 0")
+        return t.put(eqn, f"{fn}({t.value(x)}, axis={_ints(axes)})")
+
+    return write
+
+
+PRIMS["reduce_sum"] = _reduction("sum")
+PRIMS["reduce_max"] = _reduction("max")
+PRIMS["reduce_min"] = _reduction("min")
+PRIMS["reduce_prod"] = _reduction("prod")
+PRIMS["reduce_or"] = _reduction("max")
+PRIMS["reduce_and"] = _reduction("min")
+
+
+def _arg(fn):
+    def write(t: Translator, eqn, ins):
+        (axis,) = eqn.params["axes"]
+        if dtype_name(eqn.params["index_dtype"]) != "i32":
+            t.fail(f"jax primitive '{eqn.primitive.name}' with index dtype {eqn.params['index_dtype']}: "
+                   "spmdlang's gives i32")
+        return t.put(eqn, f"{fn}({t.value(ins[0])}, {int(axis)})")
+
+    return write
+
+
+PRIMS["argmax"] = _arg("argmax")
+PRIMS["argmin"] = _arg("argmin")
+
+
+def _cumulative(fn):
+    def write(t: Translator, eqn, ins):
+        axis, rev = int(eqn.params["axis"]), bool(eqn.params["reverse"])
+        x = t.value(ins[0])
+        tail = ", reverse=true" if rev else ""
+        if fn == "cummin":
+            return t.put(eqn, f"-cummax(-{x}, {axis}{tail})")
+        return t.put(eqn, f"{fn}({x}, {axis}{tail})")
+
+    return write
+
+
+for _c in ("cumsum", "cumprod", "cummax", "cummin"):
+    PRIMS[_c] = _cumulative(_c)
+
+
+@prim("sort")
+def _sort(t, eqn, ins):
+    d = int(eqn.params["dimension"])
+    if int(eqn.params["num_keys"]) != 1:
+        t.fail("jax primitive 'sort' over several keys has no spmdlang equivalent")
+    keys = t.value(ins[0])
+    if len(ins) == 1:
+        return t.put(eqn, f"sort({keys}, axis={d})")
+    perm = t.emit(f"argsort({keys}, axis={d})")
+    outs = [t.put(eqn, f"sort({keys}, axis={d})")]
+    for k, r in enumerate(ins[1:], 1):
+        if _is_iota_along(t, r, d):
+            outs.append(t.ref(perm, t.out(eqn, k)) if r.dtype == "i32" else t.put(eqn, f"cast({perm}, {r.dtype})", k))
+        else:
+            outs.append(t.put(eqn, f"take_along_axis({t.value(r)}, {perm}, axis={d})", k))
+    return outs
+
+
+def _is_iota_along(t, r: Ref, d: int) -> bool:
+    return t.iotas.get(r.text) == d
+
+
+@prim("top_k")
+def _top_k(t, eqn, ins):
+    x = ins[0]
+    axis = int(eqn.params.get("axis", len(x.shape) - 1))
+    if axis not in (-1, len(x.shape) - 1):
+        t.fail("jax primitive 'top_k' along an axis other than the last has no spmdlang equivalent")
+    a, b = t.body.new(), t.body.new()
+    t.line(f"{t.indent}{a}, {b} = top_k({t.value(x)}, {int(eqn.params['k'])})")
+    return [t.ref(a, t.out(eqn, 0)), t.ref(b, t.out(eqn, 1))]
+
+
+# ------------------------------------------------------------------------------- contractions
+
+@prim("dot_general")
+def _dot_general(t, eqn, ins):
+    a, b = ins
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    la, lbl = [""] * len(a.shape), [""] * len(b.shape)
+    letters = iter(_LETTERS)
+    out = []
+    for i, j in zip(lb, rb):
+        la[i] = lbl[j] = next(letters)
+        out.append(la[i])
+    for i, j in zip(lc, rc):
+        la[i] = lbl[j] = next(letters)
+    for i in range(len(a.shape)):
+        if not la[i]:
+            la[i] = next(letters)
+            out.append(la[i])
+    for j in range(len(b.shape)):
+        if not lbl[j]:
+            lbl[j] = next(letters)
+            out.append(lbl[j])
+    want = dtype_name(eqn.params.get("preferred_element_type") or t.out(eqn).dtype, t.where)
+    av, bv = t.value(a), t.value(b)
+    if a.dtype != want:
+        av = f"cast({av}, {want})"
+    if b.dtype != want:
+        bv = f"cast({bv}, {want})"
+    spec = f"{''.join(la)},{''.join(lbl)}->{''.join(out)}"
+    if len(a.shape) == 2 and len(b.shape) == 2 and tuple(lc) == (1,) and tuple(rc) == (0,):
+        return t.put(eqn, f"{av} @ {bv}")
+    return t.put(eqn, f'einsum("{spec}", {av}, {bv})')
+
+
+@prim("conv_general_dilated")
+def _conv(t, eqn, ins):
+    x, w = ins
+    p = eqn.params
+    if int(p.get("batch_group_count", 1)) != 1:
+        t.fail("jax primitive 'conv_general_dilated' with batch_group_count > 1 has no spmdlang equivalent")
+    dn = p["dimension_numbers"]
+    lhs, rhs, outs = tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)
+    nsp = len(lhs) - 2
+    xv, wv = t.value(x), t.value(w)
+    xperm = [lhs[0], *lhs[2:], lhs[1]]
+    if xperm != list(range(len(xperm))):
+        xv = f"transpose({xv}, {_ints(xperm)})"
+    wperm = [*rhs[2:], rhs[1], rhs[0]]
+    if wperm != list(range(len(wperm))):
+        wv = f"transpose({wv}, {_ints(wperm)})"
+    want = dtype_name(p.get("preferred_element_type") or t.out(eqn).dtype, t.where)
+    if x.dtype != want:
+        xv = f"cast({xv}, {want})"
+    if w.dtype != want:
+        wv = f"cast({wv}, {want})"
+    padding = [[int(lo), int(hi)] for lo, hi in p["padding"]]
+    if any(lo < 0 or hi < 0 for lo, hi in padding):
+        t.fail("jax primitive 'conv_general_dilated' with negative padding has no spmdlang equivalent")
+    args = [xv, wv, f"stride={_ints(p['window_strides'])}", f"padding={padding}"]
+    if any(d != 1 for d in p["lhs_dilation"]):
+        args.append(f"lhs_dilation={_ints(p['lhs_dilation'])}")
+    if any(d != 1 for d in p["rhs_dilation"]):
+        args.append(f"rhs_dilation={_ints(p['rhs_dilation'])}")
+    if int(p["feature_group_count"]) != 1:
+        args.append(f"groups={int(p['feature_group_count'])}")
+    expr = f"conv({', '.join(args)})"
+    # ours is [N, spatial..., F]; out_spec says where jax puts N, F and each spatial dim
+    ours = {outs[0]: 0, outs[1]: nsp + 1, **{outs[2 + i]: 1 + i for i in range(nsp)}}
+    perm = [ours[d] for d in range(nsp + 2)]
+    if perm != list(range(nsp + 2)):
+        expr = f"transpose({t.emit(expr)}, {_ints(perm)})"
+    return t.put(eqn, expr)
+
+
+def _pool(kind):
+    def write(t: Translator, eqn, ins):
+        x = ins[0]
+        p = eqn.params
+        window, strides = list(p["window_dimensions"]), list(p["window_strides"])
+        padding = [list(map(int, q)) for q in p["padding"]]
+        if any(d != 1 for d in p.get("base_dilation", ())) or any(d != 1 for d in p.get("window_dilation", ())):
+            t.fail(f"jax primitive '{eqn.primitive.name}' with dilation has no spmdlang equivalent")
+        rank = len(x.shape)
+        free = [d for d in range(rank) if window[d] == 1 and strides[d] == 1 and padding[d] == [0, 0]]
+        spatial = [d for d in range(rank) if d not in free]
+        if not spatial:
+            return x
+        # the pool builtins work over [N, spatial..., C]: two free dims, moved first and last
+        if len(free) != 2:
+            t.fail(f"jax primitive '{eqn.primitive.name}' over a window that leaves other than two dims whole "
+                   "has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C])")
+        perm = [free[0], *spatial, free[1]]
+        win, st, pad = [window[d] for d in spatial], [strides[d] for d in spatial], [padding[d] for d in spatial]
+        v = t.value(x)
+        if perm != list(range(rank)):
+            v = t.emit(f"transpose({v}, {_ints(perm)})")
+        if kind == "max":
+            expr = f"max_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
+        elif kind == "min":
+            expr = f"-max_pool(-{v}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
+        else:
+            if x.dtype not in _FLOATS:
+                t.fail(f"jax primitive '{eqn.primitive.name}' summing integers has no spmdlang equivalent")
+            expr = f"avg_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad}) * {int(np.prod(win))}.0"
+        if perm != list(range(rank)):
+            expr = f"transpose({t.emit(expr)}, {_ints([perm.index(d) for d in range(rank)])})"
+        return t.put(eqn, expr)
+
+    return write
+
+
+PRIMS["reduce_window_sum"] = _pool("sum")
+PRIMS["reduce_window_max"] = _pool("max")
+PRIMS["reduce_window_min"] = _pool("min")
+
+
+@prim("reduce_window")
+def _reduce_window(t, eqn, ins):
+    body = eqn.params["jaxpr"]
+    jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
+    prims = [e.primitive.name for e in jaxpr.eqns]
+    if len(ins) != 2 or prims not in (["add"], ["max"], ["min"]):
+        t.fail("jax primitive 'reduce_window' with a body other than one add or max has no spmdlang equivalent")
+    init = ins[1]
+    kind = {"add": "sum", "max": "max", "min": "min"}[prims[0]]
+    neutral = {"sum": 0.0, "max": -np.inf, "min": np.inf}[kind]
+    if not init.is_literal or float(init.literal) != neutral:
+        t.fail("jax primitive 'reduce_window' with an initial value other than its reduction's identity "
+               "has no spmdlang equivalent")
+    return _pool(kind)(t, eqn, ins)
+
+
+# ----------------------------------------------------------------------------- dynamic indexing
+
+@prim("dynamic_slice")
+def _dynamic_slice(t, eqn, ins):
+    x, *starts = ins
+    return t.put(eqn, f"dynamic_slice({t.value(x)}, [{', '.join(s.text for s in starts)}], "
+                      f"{_ints(eqn.params['slice_sizes'])})")
+
+
+@prim("dynamic_update_slice")
+def _dynamic_update_slice(t, eqn, ins):
+    x, u, *starts = ins
+    return t.put(eqn, f"dynamic_update_slice({t.value(x)}, {t.value(u)}, [{', '.join(s.text for s in starts)}])")
+
+
+@prim("gather")
+def _gather(t, eqn, ins):
+    x, ids = ins
+    dn = eqn.params["dimension_numbers"]
+    sizes = list(eqn.params["slice_sizes"])
+    rank = len(x.shape)
+    idx_batch = tuple(getattr(dn, "start_indices_batching_dims", ()))
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map) \
+            or ids.shape[-1] != 1:
+        t.fail("jax primitive 'gather' in a form other than take / take_along_axis has no spmdlang equivalent")
+    axis = int(dn.start_index_map[0])
+    ids_text = f"reshape({t.value(ids)}, {_ints(ids.shape[:-1])})"
+    if not op_batch:  # take: every other dim whole
+        if any(sizes[d] != (1 if d == axis else x.shape[d]) for d in range(rank)):
+            t.fail("jax primitive 'gather' of partial slices has no spmdlang equivalent")
+        nb = len(ids.shape) - 1
+        # ours: x.shape[:axis] + ids.shape[:-1] + x.shape[axis+1:]; jax puts the offset dims at offset_dims
+        ours = [("o", d) for d in range(axis)] + [("b", i) for i in range(nb)] + \
+               [("o", d) for d in range(axis + 1, rank)]
+        offsets = [d for d in range(rank) if d != axis]
+        jax_order, oi, bi = [], 0, 0
+        for pos in range(len(ours)):
+            if pos in dn.offset_dims:
+                jax_order.append(("o", offsets[oi]))
+                oi += 1
+            else:
+                jax_order.append(("b", bi))
+                bi += 1
+        expr = f"take({t.value(x)}, {ids_text}, axis={axis})"
+        perm = [ours.index(k) for k in jax_order]
+        if perm != list(range(len(perm))):
+            expr = f"transpose({t.emit(expr)}, {_ints(perm)})"
+        return t.put(eqn, expr)
+    others = [d for d in range(rank) if d != axis]
+    if list(op_batch) != others or list(idx_batch) != others or tuple(dn.offset_dims) \
+            or any(s != 1 for s in sizes) or len(ids.shape) != rank + 1:
+        t.fail("jax primitive 'gather' in a form other than take / take_along_axis has no spmdlang equivalent")
+    return t.put(eqn, f"take_along_axis({t.value(x)}, {ids_text}, axis={axis})")
+
+
+@prim("scatter-add", "scatter_add")
+def _scatter_add(t, eqn, ins):
+    x, ids, upd = ins
+    dn = eqn.params["dimension_numbers"]
+    rank = len(x.shape)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
+    if len(dn.scatter_dims_to_operand_dims) != 1 or tuple(dn.inserted_window_dims) != \
+            tuple(dn.scatter_dims_to_operand_dims) or ids.shape[-1] != 1:
+        t.fail("jax primitive 'scatter-add' in a form other than scatter_add / the transpose of take_along_axis "
+               "has no spmdlang equivalent")
+    axis = int(dn.scatter_dims_to_operand_dims[0])
+    ids_text = f"reshape({t.value(ids)}, {_ints(ids.shape[:-1])})"
+    nb = len(ids.shape) - 1
+    if not op_batch:
+        window = [d for d in range(rank) if d != axis]
+        if len(dn.update_window_dims) != len(window) or \
+                any(upd.shape[p] != x.shape[d] for p, d in zip(dn.update_window_dims, window)):
+            t.fail("jax primitive 'scatter-add' of partial windows has no spmdlang equivalent")
+        # ours: updates laid out x.shape[:axis] + ids.shape[:-1] + x.shape[axis+1:]
+        ours = [("w", d) for d in range(axis)] + [("b", i) for i in range(nb)] + \
+               [("w", d) for d in range(axis + 1, rank)]
+        jax_order, wi, bi = [], 0, 0
+        for pos in range(len(upd.shape)):
+            if pos in dn.update_window_dims:
+                jax_order.append(("w", window[wi]))
+                wi += 1
+            else:
+                jax_order.append(("b", bi))
+                bi += 1
+        perm = [jax_order.index(k) for k in ours]
+        u = t.value(upd)
+        if perm != list(range(len(perm))):
+            u = f"transpose({u}, {_ints(perm)})"
+        return t.put(eqn, f"scatter_add({t.value(x)}, {ids_text}, {u}, axis={axis})")
+    others = [d for d in range(rank) if d != axis]
+    if list(op_batch) != others or list(idx_batch) != others or tuple(dn.update_window_dims) \
+            or len(ids.shape) != rank + 1:
+        t.fail("jax primitive 'scatter-add' in a form other than scatter_add / the transpose of take_along_axis "
+               "has no spmdlang equivalent")
+    # the transpose of take_along_axis: add each update at its id along `axis` (one_hot, summed over k)
+    n = x.shape[axis]
+    oh = t.emit(f"one_hot({ids_text}, {n}, dtype={x.dtype}) * expand_dims({t.value(upd)}, -1)")
+    summed = f"sum({oh}, axis={axis})"
+    if axis != rank - 1:
+        perm = list(range(axis)) + [rank - 1] + list(range(axis, rank - 1))
+        summed = f"transpose({t.emit(summed)}, {_ints(perm)})"
+    return t.put(eqn, f"{t.value(x)} + {summed}")
+
+
+# ----------------------------------------------------------------------------- calls and control
+
+@prim("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "remat", "remat2", "checkpoint")
+def _call(t, eqn, ins):
+    p = eqn.params
+    draw = _RANDOM_CALLS.get(p.get("name"))
+    if draw is not None and ins and ins[0].shape == (2,) and is_key(eqn.invars[0].aval.dtype):
+        expr = draw(t, eqn, ins)
+        if expr is not None:
+            return t.put(eqn, expr)
+    key = next(k for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in p)
+    return t.inline(eqn, ins, key)
+
+
+# jax.random's samplers are jitted functions of a key: one builtin each (None: inline the body)
+def _uniform(t, eqn, ins):
+    key, lo, hi = ins
+    if not (lo.is_literal and hi.is_literal):
+        return None
+    return f"uniform({key.text}, {type_text(t.out(eqn))}, minval={lo.text}, maxval={hi.text})"
+
+
+def _normal(t, eqn, ins):
+    return f"normal({ins[0].text}, {type_text(t.out(eqn))})" if len(ins) == 1 else None
+
+
+def _bernoulli(t, eqn, ins):
+    key, p = ins
+    return f"bernoulli({key.text}, {p.text}, {type_text(t.out(eqn))})" if p.is_literal else None
+
+
+_RANDOM_CALLS = {"_uniform": _uniform, "_normal": _normal, "_bernoulli": _bernoulli}
+
+
+@prim("random_wrap", "random_unwrap")
+def _random_wrap(t, eqn, ins):
+    return ins[0]
+
+
+@prim("random_seed")
+def _random_seed(t, eqn, ins):
+    if getattr(eqn.params.get("impl"), "name", "threefry2x32") != "threefry2x32":
+        t.fail("jax primitive 'random_seed' of a PRNG other than threefry2x32 has no spmdlang equivalent")
+    return t.put(eqn, f"prng_key({ins[0].text})")
+
+
+def _one_key(t, eqn, key: Ref):
+    if key.shape != (2,):
+        t.fail(f"jax primitive '{eqn.primitive.name}' on an array of keys has no spmdlang equivalent "
+               "(one key at a time)")
+
+
+@prim("random_fold_in")
+def _random_fold_in(t, eqn, ins):
+    key, data = ins
+    _one_key(t, eqn, key)
+    return t.put(eqn, f"fold_in({key.text}, {data.text})")
+
+
+@prim("random_split")
+def _random_split(t, eqn, ins):
+    _one_key(t, eqn, ins[0])
+    shape = tuple(eqn.params["shape"])
+    if len(shape) != 1:
+        t.fail("jax primitive 'random_split' into a shape of other than one dim has no spmdlang equivalent")
+    return t.put(eqn, f"random_split({ins[0].text}, {shape[0]})")
+
+
+@prim("random_bits")
+def _random_bits(t, eqn, ins):
+    _one_key(t, eqn, ins[0])
+    if int(eqn.params["bit_width"]) != 32:
+        t.fail(f"jax primitive 'random_bits' of {eqn.params['bit_width']} bits has no spmdlang equivalent (32)")
+    return t.put(eqn, f"random_bits({ins[0].text}, {type_text(t.out(eqn))})")
+
+
+@prim("custom_vjp_call", "custom_vjp_call_jaxpr")
+def _custom_vjp(t, eqn, ins):
+    key = next(k for k in ("call_jaxpr", "fun_jaxpr") if k in eqn.params)
+    return t.inline(eqn, ins, key)
+
+
+@prim("sharding_constraint")
+def _sharding_constraint(t, eqn, ins):
+    x = ins[0]
+    spec = spec_text(getattr(eqn.params["sharding"], "spec", None), len(x.shape), open_ok=True)
+    if spec is None:
+        return x
+    return t.put(eqn, f"shard({t.value(x)}, {spec})")
+
+
+def spec_text(spec, rank: int, open_ok: bool = False) -> str | None:
+    """A PartitionSpec as the language's `{a, _, (b, c)}` (None when there is none)."""
+    if spec is None:
+        return None
+    from jax.sharding import PartitionSpec as P
+
+    entries = list(spec) + [None] * (rank - len(tuple(spec)))
+    out = []
+    for e in entries:
+        if e is None:
+            out.append("_")
+        elif e is P.UNCONSTRAINED:
+            out.append("?" if open_ok else "_")
+        elif isinstance(e, (tuple, list)):
+            out.append("(" + ", ".join(e) + ")" if len(e) > 1 else (e[0] if e else "_"))
+        else:
+            out.append(str(e))
+    return "{" + ", ".join(out) + "}"
+
+
+@prim("cond")
+def _cond(t, eqn, ins):
+    index, *ops = ins
+    branches = eqn.params["branches"]
+    results = [t.closed(b, ops) for b in branches]
+    outs = []
+    for k in range(len(eqn.outvars)):
+        if len(results) == 1:
+            outs.append(results[0][k])
+            continue
+        acc = t.value(results[-1][k])
+        for j in range(len(results) - 2, -1, -1):
+            cond = f"{t.value(index)} == {j}" if index.dtype != "bool" else (t.value(index) if j else
+                                                                             f"logical_not({t.value(index)})")
+            acc = t.emit(f"where({cond}, {t.value(results[j][k])}, {acc})")
+        outs.append(t.ref(acc, t.out(eqn, k)))
+    return outs
+
+
+def _zeros_text(ref_dtype: str, shape) -> str:
+    return f"zeros({ref_dtype}[{', '.join(map(str, shape))}])"
+
+
+@prim("scan")
+def _scan(t, eqn, ins):
+    p = eqn.params
+    n, nc, ncarry = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
+    consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+    body = p["jaxpr"]
+    ys_avals = [v.aval for v in eqn.outvars[ncarry:]]
+    carries = []
+    for r in init:
+        c = t.body.new("carry")
+        t.line(f"{t.indent}{c} = {t.value(r)}")
+        carries.append(Ref(c, r.dtype, r.shape))
+    ys = []
+    for aval in ys_avals:
+        y = t.body.new("stacked")
+        t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval_shape(aval))}")
+        ys.append(Ref(y, dtype_name(aval.dtype, t.where), aval_shape(aval)))
+    loopvar = t.body.new(fixed=f"i{t.loops}")
+    t.loops += 1
+    t.line(f"{t.indent}loop {loopvar} in range({n}) {{")
+    outer = t.indent
+    t.indent += "  "
+    index = loopvar
+    if p["reverse"]:
+        index = t.emit(f"{n - 1} - {loopvar}")
+    x_refs = []
+    for r in xs:
+        rest = ", :" * (len(r.shape) - 1)
+        x_refs.append(Ref(t.emit(f"{t.value(r)}[{index}{rest}]"), r.dtype, r.shape[1:]))
+    outs = t.closed(body, [*consts, *carries, *x_refs])
+    new_carry, new_ys = outs[:ncarry], outs[ncarry:]
+    for y, r in zip(ys, new_ys):
+        starts = ", ".join([index] + ["0"] * len(r.shape))
+        t.line(f"{t.indent}{y.text} = dynamic_update_slice({y.text}, "
+                            f"expand_dims({t.value(r)}, 0), [{starts}])")
+    # every new carry is read before any is written (a body may swap its carries)
+    staged = []
+    for c, r in zip(carries, new_carry):
+        v = t.value(r)
+        if any(v == other.text for other in carries):
+            v = t.emit(v)
+        staged.append((c, v))
+    for c, v in staged:
+        if c.text != v:
+            t.line(f"{t.indent}{c.text} = {v}")
+    t.indent = outer
+    t.line(f"{t.indent}}}")
+    return [*carries, *ys]
+
+
+@prim("while")
+def _while(t, eqn, ins):
+    """A while loop whose trip count is known when traced: fori_loop's (i < n, i += 1) form."""
+    p = eqn.params
+    cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
+    cconsts, bconsts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+    cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+    trip = _trip_count(cond, body, cconsts, init, bn)
+    if trip is None:
+        t.fail("jax primitive 'while' with a trip count only known at run time has no spmdlang equivalent "
+               "(use fori_loop or scan with static bounds)")
+    counter, start, stop = trip
+    carries = []
+    for r in init:
+        c = t.body.new("carry")
+        t.line(f"{t.indent}{c} = {t.value(r)}")
+        carries.append(Ref(c, r.dtype, r.shape))
+    loopvar = t.body.new(fixed=f"i{t.loops}")
+    t.loops += 1
+    t.line(f"{t.indent}loop {loopvar} in range({max(stop - start, 0)}) {{")
+    outer = t.indent
+    t.indent += "  "
+    outs = t.closed(body, [*bconsts, *carries])
+    staged = []
+    for c, r in zip(carries, outs):
+        v = t.value(r)
+        if any(v == other.text for other in carries):
+            v = t.emit(v)
+        staged.append((c, v))
+    for c, v in staged:
+        if c.text != v:
+            t.line(f"{t.indent}{c.text} = {v}")
+    t.indent = outer
+    t.line(f"{t.indent}}}")
+    return carries
+
+
+def _trip_count(cond, body, cconsts, init, bn):
+    """(counter index, start, stop) when cond is `carry[k] < N` with N and the start known and the
+    body adds 1 to carry[k]; else None."""
+    cj, bj = cond.jaxpr, body.jaxpr
+    if len(cj.eqns) != 1 or cj.eqns[0].primitive.name != "lt":
+        return None
+    a, b = cj.eqns[0].invars
+    cvars = list(cj.invars)
+    if a not in cvars:
+        return None
+    k = cvars.index(a) - len(cconsts)
+    if k < 0 or not init[k].is_literal:
+        return None
+    if hasattr(b, "val"):
+        stop = int(np.asarray(b.val))
+    elif b in cvars and cvars.index(b) >= len(cconsts) and init[cvars.index(b) - len(cconsts)].is_literal:
+        j = cvars.index(b) - len(cconsts)
+        stop = int(init[j].literal)
+        if not _unchanged(bj, bn + j):
+            return None
+    else:
+        return None
+    counter = bj.invars[bn + k]
+    out = bj.outvars[k]
+    for e in bj.eqns:
+        if e.outvars[0] is out and e.primitive.name == "add":
+            x, y = e.invars
+            if (x is counter and getattr(y, "val", None) == 1) or (y is counter and getattr(x, "val", None) == 1):
+                return k, int(init[k].literal), stop
+    return None
+
+
+def _unchanged(jaxpr, i) -> bool:
+    return jaxpr.outvars[i] is jaxpr.invars[i]

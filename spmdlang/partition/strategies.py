@@ -1,0 +1,188 @@
+"""Factor strategies: the ways to run one op under its factor rule, and what each costs.
+
+A strategy splits each factor of the op's rule over some mesh axes (or none); it implies the
+layout every operand is resharded to and every result comes out in (a reduction factor split
+leaves the result a pending sum over its axes), and costs the bytes resharded in and out (to the
+result's planned layout) plus the local work. Candidates per factor come from the operands'
+current layouts and the result's planned one; `best` searches their product.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..ir import registry
+from ..ir.collectives import spec
+from ..ir.core import Op
+from ..ir.mesh import Mesh, Sharding
+from ..ir.types import itemsize
+from .cost import FLOPS_PER_BYTE, comm_cost, step_cost
+from .emitter import LocalState
+from .factors import PERMUTATION, REDUCTION, REPLICATE, FactorRule, project, unproject
+from .reshard import Step, plan_reshard
+
+_MAX_CANDIDATES = 512
+
+
+@dataclass(frozen=True, eq=False)
+class FactorPlan:
+    """One strategy for an op: factor -> axes (`fa`), the operands' required layouts (`reqs`), the
+    results' layouts (`outs`), the reshard steps in and out (`steps`) and the one that settles the
+    result's pending sum in a combinable reduction, if one does (`settle`)."""
+
+    score: float  # bytes resharded (with latency steps) + work / FLOPS_PER_BYTE: the planner's unit
+    work: float  # local FLOPs plus elements written
+    fa: dict[int, tuple[str, ...]]
+    reqs: list[Sharding]
+    outs: list[Sharding]
+    steps: list[Step]
+    settle: Step | None
+
+    @property
+    def key(self) -> tuple[float, float]:
+        """Plans rank by score, then by less local work."""
+        return self.score, self.work
+
+    def whole_step(self) -> float:
+        """The plan on the whole step (partition.cost.step_cost): its settlement's latency is shared."""
+        return step_cost(self.steps, shared=self.settle) + self.work / FLOPS_PER_BYTE
+
+
+def settlement(steps: list[Step], partial, reduce: str) -> Step | None:
+    """The one collective of `steps` if they settle the pending sum over `partial` as a single
+    all_reduce or reduce_scatter (which the combiner can merge with others), else None."""
+    collectives = [s for s in steps if s.is_collective]
+    if not partial or reduce != "sum" or len(collectives) != 1:
+        return None
+    (st,) = collectives
+    if not spec(st.kind).settles or set(st.axes) != set(partial):
+        return None
+    return st
+
+
+def valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
+    """Every tensor can express the factor split (no axes lost to non-contiguous dims)."""
+    for t in rule.tensors:
+        dims = unproject(t, fa, rule.sizes, mesh)
+        got = [a for d in dims for a in d]
+        want = [a for fs in t for f in fs for a in fa.get(f, ())]
+        if sorted(got) != sorted(want):
+            return False
+    return True
+
+
+class Strategies:
+    """The strategies of ops over the partitioner's local state; `passing` holds the values whose
+    pending sums flow on into the next step (not charged as settled where they are made)."""
+
+    def __init__(self, local: LocalState, passing: set):
+        self.local, self.mesh, self.passing = local, local.mesh, passing
+
+    def candidates(self, op: Op, rule: FactorRule, forbid) -> list[list[tuple[str, ...]]]:
+        """Per factor, the axes splits to try: none, and each operand's or result's current one."""
+        opdef = registry.get(op.kind)
+        tensors = list(op.operands) + list(op.results)
+        layouts = [self.local.layout(v).dims for v in op.operands] + [self.local.target(r).dims for r in op.results]
+        fas = [project(rule.tensors[i], layouts[i], rule.sizes, self.mesh, t.type.shape)
+               for i, t in enumerate(tensors)]
+        out = []
+        for f, kind in enumerate(rule.kinds):
+            cands = [()]
+            splittable = (kind not in (REPLICATE, PERMUTATION) and f not in forbid
+                          and (kind != REDUCTION or opdef.reduce_kind is not None))
+            if splittable:
+                for fa in fas:
+                    if fa.get(f) and fa[f] not in cands:
+                        cands.append(fa[f])
+            out.append(cands)
+        return out
+
+    def best(self, op: Op, rule: FactorRule, forbid, settling: bool = False):
+        """The cheapest FactorPlan; with `settling`, (it, the plan cheapest on the whole step
+        (partition.cost: STEP_BYTES per latency step) among those whose result is a pending sum
+        settled by one combinable reduction, or None if none is)."""
+        cands = self.candidates(op, rule, forbid)
+        total = 1
+        for c in cands:
+            total *= len(c)
+        if total > _MAX_CANDIDATES:  # keep the two most promising per factor (longest splits)
+            cands = [sorted(c, key=len, reverse=True)[:2] + ([()] if () not in c[:2] else []) for c in cands]
+        mode = registry.get(op.kind).partial_mode(op.attrs)
+        partials = [self.local.layout(v) for v in op.operands]
+        keep_options = [False, True] if mode is not None and any(s.partial for s in partials) else [False]
+        best = settle = None
+        for combo in itertools.product(*cands):
+            used = [a for axes in combo for a in axes]
+            if len(used) != len(set(used)):
+                continue
+            fa = {f: axes for f, axes in enumerate(combo) if axes}
+            if not valid(rule, fa, self.mesh):
+                continue
+            for keep in keep_options:
+                plan = self.plan(op, rule, fa, keep, mode, partials)
+                if plan is None:
+                    continue
+                if best is None or plan.key < best.key:
+                    best = plan
+                if settling and plan.settle is not None and (settle is None or plan.whole_step() < settle.whole_step()):
+                    settle = plan
+        assert best is not None, f"no way to partition {op.kind}"
+        return (best, settle) if settling else best
+
+    def kept_sum(self, op: Op, fa, mode, partials) -> tuple[str, ...] | None:
+        """The axes of the operands' pending sum the op keeps pending (running on the partial
+        values: it is linear in them), or None where it may not."""
+        holders = [i for i, s in enumerate(partials) if s.partial]
+        allowed = registry.get(op.kind).partial_operands
+        first = partials[holders[0]]
+        if first.partial_op != "sum":
+            return None
+        if mode == "additive":
+            if len(holders) != len(partials) or any(set(partials[i].partial) != set(first.partial) for i in holders):
+                return None
+        elif mode == "multilinear":
+            if len(holders) != 1 or (allowed is not None and holders[0] not in allowed):
+                return None
+        if any(a in first.partial for axes in fa.values() for a in axes):
+            return None
+        return first.partial
+
+    def plan(self, op: Op, rule: FactorRule, fa, keep: bool, mode, partials) -> FactorPlan | None:
+        """Cost and layouts of running `op` with factor split `fa`; None if not allowed."""
+        opdef = registry.get(op.kind)
+        kept: tuple[str, ...] = ()
+        if keep:
+            kept = self.kept_sum(op, fa, mode, partials)
+            if kept is None:
+                return None
+        reduced = tuple(a for f, axes in sorted(fa.items()) if rule.kinds[f] == REDUCTION for a in axes)
+        red_op = opdef.reduce_kind or "sum"
+        if kept and reduced and red_op != "sum":
+            return None
+        reqs = []
+        steps: list[Step] = []
+        for i, v in enumerate(op.operands):
+            dims = unproject(rule.operands[i], fa, rule.sizes, self.mesh)
+            req = Sharding(dims, kept if (keep and partials[i].partial) else (), frozenset(), "sum")
+            reqs.append(req)
+            steps += plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, self.local.layout(v), req)
+        outs = []
+        settle = None
+        for j, r in enumerate(op.results):
+            dims = unproject(rule.results[j], fa, rule.sizes, self.mesh)
+            partial = self.mesh.order(set(kept) | set(reduced))
+            out = Sharding(dims, partial, frozenset(), red_op if reduced else "sum")
+            outs.append(out)
+            if r in self.passing:  # the next step reshards it (or takes its pending sum on): charged there
+                continue
+            after = plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, self.local.wanted(r))
+            settle = settle or settlement(after, partial, out.partial_op)
+            steps += after
+        # local work: the op's FLOPs plus the elements it writes (so that even data movement
+        # prefers running on shards to running replicated and slicing afterwards)
+        out_types = [self.local.local_type(r.type, s) for r, s in zip(op.results, outs)]
+        work = opdef.count_flops([self.local.local_type(v.type, s) for v, s in zip(op.operands, reqs)], out_types,
+                                 op.attrs)
+        work += sum(t.size for t in out_types)
+        return FactorPlan(comm_cost(steps) + work / FLOPS_PER_BYTE, work, fa, reqs, outs, steps, settle)
