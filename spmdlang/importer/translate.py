@@ -1084,7 +1084,7 @@ def _sharding_constraint(t, eqn, ins):
 
 def spec_text(spec, rank: int, open_ok: bool = False) -> str | None:
     """A PartitionSpec as the language's `{a, _, (b, c)}` (None when there is none)."""
-    if spec is None:
+    if spec is None or rank == 0:
         return None
     from jax.sharding import PartitionSpec as P
 
