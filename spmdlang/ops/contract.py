@@ -60,9 +60,14 @@ def _einsum_numpy(*xs, spec):
 
 
 def _einsum_jax(args, attrs, out):
-    acc = ", preferred_element_type=jnp.float32" if out[0].dtype in ("bf16", "f16") else ""
-    text = f'jnp.einsum("{attrs["spec"]}", {", ".join(args)}{acc})'
-    return f"{text}.astype({T.jnp_dtype(out[0].dtype)})" if acc else text
+    """bf16 and f16 einsums accumulate in f32, as ref does: the operands are upcast before the dot
+    (their products are exact in f32, so this is preferred_element_type=f32 by another route; XLA
+    CPU has no BF16 x BF16 = F32 kernel for some dot forms: "Unsupported element type for
+    DotThunk::Execute")."""
+    if out[0].dtype not in ("bf16", "f16"):
+        return f'jnp.einsum("{attrs["spec"]}", {", ".join(args)})'
+    wide = ", ".join(f"{a}.astype(jnp.float32)" for a in args)
+    return f'jnp.einsum("{attrs["spec"]}", {wide}).astype({T.jnp_dtype(out[0].dtype)})'
 
 
 def _size(letters, sizes) -> int:
