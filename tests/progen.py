@@ -314,7 +314,9 @@ class Generator:
             form = self.ch.choice(["softplus({})", "log_sigmoid({})", "silu({})", "swish({})", "relu6(4.0 * {})",
                                    "hard_tanh({})", "leaky_relu({})", "leaky_relu({}, negative_slope=0.2)",
                                    "elu({})", "elu({}, alpha=0.5)", "celu({}, alpha=2.0)", "selu({})"])
-            return self.assign(form.format(a.name), a.shape, a.dtype, a.exact)
+            # the piecewise linear ones round alike everywhere; the others are exp/log underneath
+            linear = form.split("(")[0] in ("relu6", "hard_tanh", "leaky_relu")
+            return self.assign(form.format(a.name), a.shape, a.dtype, a.exact and linear)
         even = [d for d, n in enumerate(a.shape) if n % 2 == 0]
         if r < 8 and even:
             ax = self.ch.choice(even)
@@ -327,7 +329,10 @@ class Generator:
         arg = arg or f", axis=[{', '.join(map(str, range(len(a.shape))))}]"
         if self.ch.chance(0.5):
             return self.assign(f"log_softmax({a.name}{arg})", a.shape, a.dtype, False)
-        eps = self.ch.choice(["", ", epsilon=0.01"])
+        # an epsilon well above f32 rounding: standardize divides by the spread, and of nearly equal
+        # values (sigmoid of values near 1, seed 3885) it amplifies an ulp of the mean, which a
+        # split sum may round otherwise, past any tolerance (the default epsilon is 1e-5)
+        eps = self.ch.choice([", epsilon=0.1", ", epsilon=0.01"])
         return self.assign(f"standardize({a.name}{arg}{eps})", a.shape, a.dtype, False)
 
     def op_floor_mod(self):
@@ -935,7 +940,9 @@ class Generator:
         a = self.pick(lambda v: v.dtype == "f32" and v.shape)
         if a is None:
             return None
-        carry = self.assign(f"shard({a.name}, {self.spec(len(a.shape))})", a.shape, "f32", a.exact)
+        # the body reads the carry as the updates below leave it: through tanh, not exact (XLA's tanh
+        # differs from numpy's in the last bits, and floor(v * 2.0) of it jumped: seed 7041)
+        carry = self.assign(f"shard({a.name}, {self.spec(len(a.shape))})", a.shape, "f32", False)
         saved = len(self.pool)
         idx = f"i{self.counter}"
         n = self.ch.int(0, 4)
@@ -965,8 +972,8 @@ class Generator:
         self.lines.append("  }")
         del self.pool[saved:]
         self.pool.remove(carry)
-        exact = carry.exact and b.exact and _portable(update)
-        return self.assign(carry.name, carry.shape, "f32", exact)
+        assert not _portable(update)  # as the carry in the body was taken to be
+        return self.assign(carry.name, carry.shape, "f32", False)
 
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
@@ -1087,10 +1094,23 @@ def multiplies_pending_sums(compiled) -> bool:
     return walk(compiled.program.ops)
 
 
+def convolves(compiled) -> bool:
+    """Whether the program (its backward ops included) has a conv. Our backends pad a conv's input
+    and dilate it with zeros that multiply the kernel (0 * inf is NaN); the XLA baseline's
+    lax.conv_general_dilated skips those taps in some forms on CPU (docs/known_xla_issues.md), so
+    an infinite kernel tap on padding is NaN on ours and +-inf there: programs with a conv are fed
+    NaN only (tests/test_conv_general.py checks infinite kernels on padding)."""
+
+    def walk(ops) -> bool:
+        return any(op.kind == "conv" or walk([o for r in op.regions for o in r.ops]) for op in ops)
+
+    return walk(compiled.program.ops)
+
+
 def infinities_safe(src: str, compiled) -> bool:
-    """Whether +-inf inputs give the reference's answer on every correct plan (reassociates and
-    multiplies_pending_sums say why not)."""
-    return not reassociates(src) and not multiplies_pending_sums(compiled)
+    """Whether +-inf inputs give the reference's answer on every correct plan and backend
+    (reassociates, multiplies_pending_sums and convolves say why not)."""
+    return not reassociates(src) and not multiplies_pending_sums(compiled) and not convolves(compiled)
 
 
 def hostile_inputs(prog, index_params=(), seed: int = 0, infinities: bool = True):
