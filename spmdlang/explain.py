@@ -133,7 +133,7 @@ def render_check(console, c, report) -> None:
 def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> dict:
     """The `explain --json` document: values (sharding, pending sums, why), every collective with
     its cause and cost, and per-device totals."""
-    from .partition.cost import collective_time_us, flops, peak_bytes
+    from .partition.cost import collective_time_us, flops, ledger_time_us, peak_bytes
 
     bandwidth, latency = bandwidth or {}, latency or {}
     sp = c.spmd
@@ -156,7 +156,7 @@ def explain_report(c, bandwidth=None, latency=None, preset: str = "tpu-v4") -> d
         "collectives": collectives,
         "totals": {"collectives": sum(runs), "bytes_per_device": total_bytes,
                    "flops_per_device": flops(sp.program), "peak_bytes_per_device": peak_bytes(sp.program),
-                   "comm_time_us": round(sum(x["time_us"] * n for x, n in zip(collectives, runs)), 3)},
+                   "comm_time_us": round(ledger_time_us(sp.ledger, c.mesh, preset, bandwidth, latency), 3)},
         "model": {"preset": preset, "bandwidth_gbps": bandwidth, "latency_us": latency},
     }
 

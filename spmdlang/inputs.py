@@ -90,8 +90,9 @@ def int_ranges(prog: Program, int_range: tuple[int, int] | None = None) -> dict[
 
 def random_inputs(prog: Program, seed: int = 0, int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """Floats standard normal, bools a fair coin, u32 (keys, bits) uniform over all 2**32 values
-    (unless `int_range` is given), other ints uniform in int_ranges(prog, int_range): an integer parameter used as ids over the dim it
-    indexes, others in [0, 16); in parameter order, from one stream."""
+    (unless `int_range` is given), other ints uniform in int_ranges(prog, int_range): an integer
+    parameter used as ids over the dim it indexes, others in [0, 16); in parameter order, from one
+    stream."""
     rng = np.random.default_rng(seed)
     ranges = int_ranges(prog, int_range)
     out = {}

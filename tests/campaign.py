@@ -58,7 +58,7 @@ def run_one(seed: int, backends: list[str], max_devices: int) -> dict:
     from spmdlang.errors import SpmdError
 
     sys.path.insert(0, str(HERE))
-    from progen import hostile_inputs, infinities_safe
+    from progen import hostile_inputs, special_floats
 
     out = {"seed": seed}
     t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def run_one(seed: int, backends: list[str], max_devices: int) -> dict:
         kind, src, index_params = program_for(seed, max_devices)
         out["kind"] = kind
         c = spmdlang.compile(src)
-        inputs = hostile_inputs(c.program, index_params, seed, infinities=infinities_safe(src, c))
+        inputs = hostile_inputs(c.program, index_params, seed, special_floats(src, c))
         tol = 3e-2 if "bf16" in src else None
         d = c.diff(inputs, backends=[b for b in backends if b != "ref"] or ["ref"], rtol=tol, atol=tol)
         if d["ok"]:

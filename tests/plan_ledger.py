@@ -138,6 +138,10 @@ CASES: dict[str, dict] = {
         "sizes": {"tiny": {"B": 4, "S": 8, "V": 64, "D": 16}, "default": {},
                   "large": {"B": 16, "S": 128, "V": 8192, "D": 256}},
         "meshes": [{"data": 2, "vocab": 4}, {"data": 8, "vocab": 1}]},
+    "programs/train_gpt": {
+        "sizes": {"tiny": {"V": 64, "B": 2, "S": 8, "H": 4, "DH": 4}, "default": {},
+                  "large": {"V": 8192, "B": 16, "S": 128, "H": 8, "DH": 64}},
+        "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},
     "programs/train_zero": {
         "sizes": {"tiny": {"B": 8, "D": 16, "F": 32}, "default": {}, "large": {"B": 256, "D": 1024, "F": 4096}},
         "meshes": [{"data": 8}, {"data": 4}]},
@@ -212,7 +216,8 @@ def xla(c) -> dict:
 
     runner = c.runner("xla")
     inputs = c.random_inputs(0)
-    args = runner.module.place([inputs[p.name] for p in c.program.params], runner.mesh)
+    m = runner.module  # struct parameters go in as nested dicts
+    args = m.place(m._nest([inputs[p.name] for p in c.program.params], m.GLOBAL_SHAPES), runner.mesh)
     hlo = runner.fn.lower(*args).compile().as_text()
     return summarize((x["kind"], x["bytes_per_device"], x["trip_count"]) for x in collectives(hlo))
 

@@ -116,7 +116,7 @@ def test_bench_compile_time_is_a_fresh_compile(monkeypatch, from_source):
     """compile_s times our compiler from scratch, not the cached stages of the program the CLI has
     already compiled (once 0.006 s for a CNN whose compile takes 0.1 s)."""
     import spmdlang.api as api
-    import spmdlang.partition.pipeline as spmd_mod  # the pass pipeline calls partition()
+    import spmdlang.partition.pipeline as spmd_mod  # the pass pipeline calls partition.spmd.partition
     from spmdlang.backend_jax.bench import fresh_compile_s
 
     c = spmdlang.compile(MLP)

@@ -174,3 +174,16 @@ def test_ci_installs_and_tests_as_the_readme_says():
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'pip install ".[test]" && python -m pytest' in readme
     assert re.search(r'pip install (-q )?"\.\[test\]"\n', ci) and ci.rstrip().endswith("python -m pytest")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_to_sections_name_existing_headings():
+    for f in DOC_FILES:
+        for target, anchor in re.findall(r"\]\(([^)#]*\.md)#([^)]+)\)", f.read_text()):
+            doc = (f.parent / target).read_text()
+            slugs = {_slug(h) for h in re.findall(r"^#+ (.*)$", doc, flags=re.M)}
+            assert anchor in slugs, f"{f.name} links to {target}#{anchor}, which has no such heading"

@@ -17,7 +17,7 @@ from math import prod
 from pathlib import Path
 
 import pytest
-from progen import Generator, RandomChooser, hostile_inputs, infinities_safe
+from progen import Generator, RandomChooser, hostile_inputs, special_floats
 
 import spmdlang
 from spmdlang.backend_jax.hlo import collectives, compiled_text
@@ -39,7 +39,8 @@ def _tol(src: str):
 def _hlo_collectives(c, backend: str):
     r = c.runner(backend)
     inputs = c.random_inputs(0)
-    args = r.module.place([inputs[p.name] for p in c.program.params], r.mesh)
+    m = r.module  # struct parameters go in as nested dicts
+    args = m.place(m._nest([inputs[p.name] for p in c.program.params], m.GLOBAL_SHAPES), r.mesh)
     return collectives(compiled_text(r.fn, *args))
 
 
@@ -97,7 +98,7 @@ def jax_sweep(seeds, max_devices: int = 16, compiler_options=FAST_CPU_COMPILE, w
             if compiler_options is not None:  # this test's cheaper compile; diff is unchanged
                 c._runners["jax"] = ModuleRunner(c.jax_source, "spmdlang_jax", c.mesh.size, program=c.program,
                                                  compiler_options=compiler_options)
-            inputs = hostile_inputs(c.program, gen.index_params, seed, infinities_safe(src, c)) if wild else None
+            inputs = hostile_inputs(c.program, gen.index_params, seed, special_floats(src, c)) if wild else None
             d = c.diff(inputs, backends=["ref", "sim", "jax"], rtol=_tol(src), atol=_tol(src))
             if not d["ok"]:
                 bad = [r for r in d["results"] if not r["ok"]]

@@ -155,7 +155,9 @@ class Lowerer:
         """Functions never reached by inlining are still type-checked on their own."""
         called = self.called
         for name, f in self.funcs.items():
-            if name != entry and name not in called and not _is_generic(f):
+            if name != entry and name not in called and _is_generic(f):
+                self._check_params(f)  # its types are bound per call: only the signature is checked
+            elif name != entry and name not in called:
                 saved = (self.b, self.names, self.grad_calls)
                 self.b, self.names, self.grad_calls = Builder(), {}, []
                 try:

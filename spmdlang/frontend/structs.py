@@ -51,8 +51,8 @@ def declare(ctx, decls: list[A.StructDecl]) -> dict[str, StructDef]:
     for d in decls:
         if d.name in names:
             raise SpmdError(f"struct '{d.name}' is declared twice", d.span)
-        if T.is_dtype(d.name) or d.name in BUILTINS:
-            what = "dtype" if T.is_dtype(d.name) else "builtin"
+        if T.is_dtype(d.name) or d.name in BUILTINS or d.name in ctx.consts:
+            what = "dtype" if T.is_dtype(d.name) else "builtin" if d.name in BUILTINS else "const"
             raise SpmdError(f"struct '{d.name}' has the name of a {what}", d.span)
         names[d.name] = d
     defs = {}
@@ -246,14 +246,6 @@ def _field_kwargs(ctx, t: StructType, kwargs, env, what: str) -> dict:
             raise SpmdError(f"field '{kw.name}' of {what}(...) must be {want}, got {describe(v)}", kw.value.span)
         out[kw.name] = v
     return out
-
-
-def check_type(v, want, span, what: str):
-    """v (a tensor or a struct) has type `want` exactly."""
-    if not is_value(v) or v.type != want:
-        kind = "struct" if isinstance(want, StructType) else "tensor"
-        raise SpmdError(f"{what} must be {'a ' + kind + ' ' if kind == 'struct' else ''}{want}, got {describe(v)}",
-                        span)
 
 
 # ------------------------------------------------------------------------------ leafwise

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 
 import numpy as np
 
 from ..errors import SpmdError
 from . import names as N
-from .translate import Body, ImportError_, Ref, Translator, dtype_name, spec_text, type_text
+from .translate import Body, NoEquivalentError, Ref, Translator, aval_shape, dtype_name, is_key, spec_text, type_text
 
-__all__ = ["Imported", "ImportError_", "from_jax"]
+__all__ = ["Imported", "NoEquivalentError", "from_jax"]
 
 
 class Imported:
@@ -32,6 +33,7 @@ class Imported:
         self.out_tree = out_tree
         self.consts = consts          # parameter name -> the constant array it stands for
         self.filename = filename
+        self.out_keys: list[bool] = []  # per result leaf: a typed PRNG key (unflatten wraps its words)
 
     def compile(self, **kwargs):
         """spmdlang.compile(self.source, ...)."""
@@ -46,7 +48,7 @@ class Imported:
         leaves, tree = jax.tree_util.tree_flatten(args)
         if tree != self.in_tree:
             raise ValueError(f"the arguments' structure {tree} is not the traced one {self.in_tree}")
-        out = {name: np.asarray(leaf) for name, leaf in zip(self.params, leaves, strict=True)}
+        out = {name: _raw(leaf) for name, leaf in zip(self.params, leaves, strict=True)}
         out.update(self.consts)
         return out
 
@@ -54,7 +56,18 @@ class Imported:
         """The program's results (a list, as Compiled.run returns them) as fn's output pytree."""
         import jax
 
-        return jax.tree_util.tree_unflatten(self.out_tree, [np.asarray(o) for o in outputs])
+        outs = [jax.random.wrap_key_data(o) if key else np.asarray(o)
+                for o, key in zip(outputs, self.out_keys, strict=True)]
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+
+def _raw(leaf) -> np.ndarray:
+    """An argument leaf as the program takes it: a typed PRNG key as its raw u32 words."""
+    import jax
+
+    if is_key(getattr(leaf, "dtype", None)):
+        return np.asarray(jax.random.key_data(leaf))
+    return np.asarray(leaf)
 
 
 def _mesh_of(mesh, leaves) -> dict[str, int]:
@@ -149,7 +162,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
         shape = getattr(getattr(v, "aval", None), "shape", ())
         if any(not isinstance(d, (int, np.integer)) for d in shape):
             where = N.frame_span(N.user_frame(jaxpr.eqns[0])) if jaxpr.eqns else None
-            raise ImportError_(f"a shape-polymorphic trace (shape {shape}) has no spmdlang equivalent: "
+            raise NoEquivalentError(f"a shape-polymorphic trace (shape {shape}) has no spmdlang equivalent: "
                                "trace with concrete shapes", where)
 
     fn_name = getattr(fn, "__name__", "fn")
@@ -160,6 +173,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     arg_names = _arg_names(fn, len(args))
     body = Body()
     params, param_names, taken = [], [], set()
+    structs = Structs()
 
     def unique(base: str) -> str:
         name, k = base, 1
@@ -169,29 +183,39 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
         taken.add(name)
         return name
 
-    arg_refs = []
-    for (path, leaf), var, spec in zip(leaves_with_paths, jaxpr.invars, specs, strict=True):
-        argi = path[0].idx if path and hasattr(path[0], "idx") else 0
-        pname = unique(N.path_name(arg_names[argi], path[1:]))
+    # the arguments: a leaf is a tensor parameter, a pytree a struct parameter (its leaves are fields)
+    arg_refs: list = [None] * len(leaves)
+    for arg_name, tree in zip(arg_names, _tries(leaves_with_paths, len(args))):
+        if tree is None:
+            continue
+        pname = unique(N.sanitize(arg_name))
         text = body.new(fixed=pname)
-        aval = var.aval
-        stext = spec_text(spec, len(aval.shape))
-        try:
-            ttext = type_text(aval)
-        except ImportError_ as e:
-            raise ImportError_(f"argument {pname}: {e.message}", _def_span(fn)) from None
-        params.append(f"{pname}: {ttext}" + (f" {stext}" if stext else ""))
-        param_names.append(pname)
-        arg_refs.append(Ref(text, dtype_name(aval.dtype), tuple(aval.shape)))
+        if isinstance(tree, int):  # the argument is one array
+            aval = jaxpr.invars[tree].aval
+            stext = spec_text(specs[tree], len(aval.shape))
+            params.append(f"{pname}: {_arg_type(aval, pname, fn)}" + (f" {stext}" if stext else ""))
+            param_names.append(pname)
+            arg_refs[tree] = Ref(text, dtype_name(aval.dtype), aval_shape(aval))
+            continue
+
+        def leaf_type(k, path, pname=pname):
+            aval = jaxpr.invars[k].aval
+            stext = spec_text(specs[k], len(aval.shape))
+            return _arg_type(aval, ".".join([pname, *path]), fn) + (f" {stext}" if stext else "")
+
+        params.append(f"{pname}: {structs.declare(tree, _camel(arg_name), leaf_type)}")
+        for k, path in _leaf_paths(tree):
+            param_names.append(".".join([pname, *path]))
+            aval = jaxpr.invars[k].aval
+            arg_refs[k] = Ref(".".join([text, *path]), dtype_name(aval.dtype), aval_shape(aval))
 
     const_params: list[str] = []
     consts: dict[str, np.ndarray] = {}
-    const_cache: dict[int, Ref] = {}
+    const_refs: list[tuple[np.ndarray, Ref]] = []
 
     def const_param(arr: np.ndarray, where) -> Ref:
-        for key, ref in const_cache.items():
-            if consts_by_key[key].shape == arr.shape and consts_by_key[key].dtype == arr.dtype and \
-                    np.array_equal(consts_by_key[key], arr):
+        for seen, ref in const_refs:
+            if seen.shape == arr.shape and seen.dtype == arr.dtype and np.array_equal(seen, arr):
                 return ref
         pname = unique(f"const{len(consts)}")
         dt = dtype_name(arr.dtype, where)
@@ -200,25 +224,40 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
                             f"a parameter here: imp.flatten passes it\n{pname}: {dt}[{shape}]")
         consts[pname] = np.array(arr)
         ref = Ref(body.new(fixed=pname), dt, tuple(arr.shape))
-        consts_by_key[len(const_cache)] = consts[pname]
-        const_cache[len(const_cache)] = ref
+        const_refs.append((consts[pname], ref))
         return ref
 
-    consts_by_key: dict[int, np.ndarray] = {}
     t = Translator(body, const_param)
     top = [t.constant(np.asarray(c), None) for c in closed.consts]
     results = t.run(jaxpr, top, arg_refs)
     result_texts = [t.value(r) for r in results]
-    for text, (path, _) in zip(result_texts, out_paths):  # a result no line named: after its key path
-        if not body.hinted(text):
-            body.hint(text, N.path_name("out", path))
-    result_types = [type_text(v.aval) for v in jaxpr.outvars]
+
+    # the results: fn's output tuple is several results, each a tensor or a struct of its leaves
+    out_trees = _tries(out_paths, len(out_shape)) if isinstance(out_shape, (tuple, list)) else \
+        [_tries([((None, *p), x) for p, x in out_paths], 1)[0]]
+    result_types = []
+    returned = []
+    for i, tree in enumerate(out_trees):
+        if tree is None:
+            continue
+        if isinstance(tree, int):
+            result_types.append(type_text(jaxpr.outvars[tree].aval))
+            if not body.hinted(result_texts[tree]):  # a result no line named: after its place in the output
+                body.hint(result_texts[tree], f"out{i}" if len(out_trees) > 1 else "out")
+            returned.append(result_texts[tree])
+            continue
+        name = structs.result_type(tree, lambda k: type_text(jaxpr.outvars[k].aval),
+                                   _camel(f"out{i}" if len(out_trees) > 1 else "out"))
+        result_types.append(name)
+        returned.append(t.emit(structs.construct(tree, name, result_texts, t.emit),
+                               hint=f"out{i}" if len(out_trees) > 1 else "out"))
+    result_texts = returned
     if not result_texts:
-        raise ImportError_(f"{fn_name} returns nothing: a .spmd function needs a result")
+        raise NoEquivalentError(f"{fn_name} returns nothing: a .spmd function needs a result")
 
     all_params = params + const_params
     lines = [f"# Imported from {os.path.basename(fn_file)}:{fn_name} by spmdlang.from_jax.",
-             f"mesh [{', '.join(f'{a}={n}' for a, n in mesh.items())}]", "",
+             f"mesh [{', '.join(f'{a}={n}' for a, n in mesh.items())}]", "", *structs.text(),
              "func main(" + _join_params(all_params) + ")"
              + (f" -> {result_types[0]} {{" if len(result_types) == 1 else
                 f" -> ({', '.join(result_types)}) {{")]
@@ -227,7 +266,146 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     lines += body.render(taken)
     lines.append("}")
     source = "\n".join(lines) + "\n"
-    return Imported(source, param_names, in_tree, out_tree, consts, name or f"{fn_name}.spmd")
+    imp = Imported(source, param_names, in_tree, out_tree, consts, name or f"{fn_name}.spmd")
+    imp.out_keys = [is_key(v.aval.dtype) for v in jaxpr.outvars]
+    return imp
+
+
+def _arg_type(aval, what: str, fn) -> str:
+    try:
+        return type_text(aval)
+    except NoEquivalentError as e:
+        raise NoEquivalentError(f"argument {what}: {e.message}", _def_span(fn)) from None
+
+
+def _field(key) -> str:
+    """A pytree key as a struct field name (`_0` for a sequence index)."""
+    text = N.key_name(key)
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_") or "_"
+    if name[0].isdigit():
+        name = "_" + name
+    return name + "_" if name in N.RESERVED else name
+
+
+def _camel(text: str) -> str:
+    parts = [p for p in re.split(r"[^A-Za-z0-9]+", text) if p]
+    name = "".join(p[:1].upper() + p[1:] for p in parts) or "Tree"
+    return "T" + name if name[0].isdigit() else name
+
+
+def _tries(leaves_with_paths, n: int) -> list:
+    """Per top-level child (argument, or output element): None (no leaves), the leaf's index (the
+    child is one array), or a trie {field: trie or leaf index} in jax's leaf order."""
+    out: list = [None] * n
+    for k, (path, _) in enumerate(leaves_with_paths):
+        i = path[0].idx if path and hasattr(path[0], "idx") else 0
+        rest = [_field(key) for key in path[1:]]
+        if not rest:
+            out[i] = k
+            continue
+        node = out[i] if isinstance(out[i], dict) else out.__setitem__(i, {}) or out[i]
+        for f in rest[:-1]:
+            node = node.setdefault(f, {})
+        node[rest[-1]] = k
+    return out
+
+
+def _leaf_paths(tree, prefix=()):
+    for f, child in tree.items():
+        if isinstance(child, dict):
+            yield from _leaf_paths(child, (*prefix, f))
+        else:
+            yield child, [*prefix, f]
+
+
+class Structs:
+    """The struct declarations of an imported program: one per distinct pytree node (its field
+    names, types and specs), named after the first key path that has it."""
+
+    def __init__(self):
+        self.decls: list[tuple[str, list[str]]] = []
+        self.by_sig: dict = {}
+        self.by_shape: dict = {}  # the signature without specs -> the first struct declared with it
+        self.names: set[str] = set()
+
+    def _name(self, *hints: str) -> str:
+        """The first free of `hints` (a key's own name, then its whole path), else a numbered one."""
+        from ..frontend.builtins import BUILTINS
+        from ..ir import types as T
+
+        def free(name):
+            return not (name in self.names or name in BUILTINS or T.is_dtype(name) or name in N.RESERVED
+                        or name[0].isdigit())
+
+        name = next((h for h in hints if h and free(h)), None)
+        k = 1
+        while name is None or not free(name):
+            k += 1
+            name = f"{hints[-1]}{k}"
+        self.names.add(name)
+        return name
+
+    def declare(self, tree: dict, hint: str, leaf_type, path=()) -> str:
+        root = not path
+        if root:
+            hint = self._name(hint)  # the argument's own struct keeps the argument's name
+        fields = []
+        for f, child in tree.items():
+            if isinstance(child, dict):
+                fields.append((f, self.declare(child, _camel(f) if f.strip("_").isalpha() or not f[1:].isdigit()
+                                               else "", leaf_type, (*path, f) if path else (hint, f))))
+            else:
+                fields.append((f, leaf_type(child, [*path[1:], f] if path else [f])))
+        sig = tuple(fields)
+        if sig not in self.by_sig:
+            name = hint if root else self._name(hint, _camel("_".join(path)))
+            self.by_sig[sig] = name
+            self.by_shape.setdefault(tuple((f, re.sub(r" \{.*\}$", "", t)) for f, t in fields), name)
+            self.decls.append((name, [f"{f}: {t}" for f, t in fields]))
+        return self.by_sig[sig]
+
+    def result_type(self, tree: dict, leaf_type, hint: str) -> str:
+        """A result's struct: an argument's struct of the same fields and types where there is one
+        (its specs then lay out the result, as a training step returns its parameters), else a new
+        one without specs."""
+        fields = []
+        for f, child in tree.items():
+            fields.append((f, self.result_type(child, leaf_type, _camel(f)) if isinstance(child, dict)
+                           else leaf_type(child)))
+        shape = tuple(fields)
+        if shape in self.by_shape:
+            return self.by_shape[shape]
+        return self.declare_plain(fields, hint)
+
+    def declare_plain(self, fields, hint) -> str:
+        sig = tuple(fields)
+        if sig not in self.by_sig:
+            name = self._name(hint)
+            self.by_sig[sig] = name
+            self.by_shape.setdefault(sig, name)
+            self.decls.append((name, [f"{f}: {t}" for f, t in fields]))
+        return self.by_sig[sig]
+
+    def construct(self, tree: dict, name: str, texts: list[str], emit) -> str:
+        """`Name(field=..., ...)`, the inner structs built by statements of their own (emit)."""
+        decl = dict(self.decls)[name]
+        kinds = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in decl}
+        args = []
+        for f, child in tree.items():
+            if isinstance(child, dict):
+                inner = kinds[f]
+                args.append(f"{f}={emit(self.construct(child, inner, texts, emit), hint=f.lower())}")
+            else:
+                args.append(f"{f}={texts[child]}")
+        return f"{name}({', '.join(args)})"
+
+    def text(self) -> list[str]:
+        out = []
+        for name, fields in self.decls:
+            out.append(f"struct {name} {{")
+            out += [f"  {f}" for f in fields]
+            out += ["}", ""]
+        return out
 
 
 def _def_span(fn):

@@ -15,7 +15,7 @@ from ..errors import SpmdError
 from . import names as N
 
 _DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32", "bool": "bool",
-          "float64": "f64", "int64": "i64"}
+          "float64": "f64", "int64": "i64", "uint32": "u32"}
 _FLOATS = {"f32", "bf16", "f16", "f64"}
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _PLACEHOLDER = re.compile("\x00([0-9]+)\x00")
@@ -23,19 +23,32 @@ _PLACEHOLDER = re.compile("\x00([0-9]+)\x00")
 # (the language has no array literals); one repeated value is written as full(type, value)
 
 
-class ImportError_(SpmdError):
+class NoEquivalentError(SpmdError):
     """A jaxpr the importer cannot write: names the primitive and the user's line."""
 
 
+def is_key(dtype) -> bool:
+    """A typed threefry PRNG key (jax.random.key): the language's u32[..., 2] raw key."""
+    return str(dtype) == "key<fry>"
+
+
 def dtype_name(dtype, where=None) -> str:
+    if is_key(dtype):
+        return "u32"
     name = _DTYPE.get(np.dtype(dtype).name) if not str(dtype).startswith("key<") else None
     if name is None:
-        raise ImportError_(f"dtype {dtype} has no spmdlang equivalent (f32, bf16, f16, i32, bool, f64, i64)", where)
+        raise NoEquivalentError(f"dtype {dtype} has no spmdlang equivalent (f32, bf16, f16, i32, u32, bool, f64, "
+                           "i64; threefry keys)", where)
     return name
 
 
+def aval_shape(aval) -> tuple:
+    """The shape of the language's value for `aval` (a key's raw u32 words last)."""
+    return tuple(int(d) for d in aval.shape) + ((2,) if is_key(aval.dtype) else ())
+
+
 def type_text(aval, where=None) -> str:
-    return f"{dtype_name(aval.dtype, where)}[{', '.join(str(int(d)) for d in aval.shape)}]"
+    return f"{dtype_name(aval.dtype, where)}[{', '.join(str(d) for d in aval_shape(aval))}]"
 
 
 def float_text(v: float) -> str:
@@ -155,10 +168,10 @@ class Translator:
         self.body.lines.append(text)
 
     def ref(self, name: str, aval) -> Ref:
-        return Ref(name, dtype_name(aval.dtype, self.where), tuple(int(d) for d in aval.shape))
+        return Ref(name, dtype_name(aval.dtype, self.where), aval_shape(aval))
 
     def fail(self, message: str):
-        raise ImportError_(message, self.where)
+        raise NoEquivalentError(message, self.where)
 
     def constant(self, value, aval_dtype, where=None, materialize: bool = False) -> Ref:
         """A constant array: `full(type, v)` once per distinct (type, value), or a parameter. A
@@ -404,8 +417,14 @@ def _rem(t, eqn, ins):
 
 def _logical(fn, op):
     def write(t: Translator, eqn, ins):
-        if any(r.dtype != "bool" for r in ins):
-            t.fail(f"jax primitive '{eqn.primitive.name}' on integers (bitwise) has no spmdlang equivalent")
+        if any(r.dtype != "bool" for r in ins):  # on integers: bitwise
+            if fn is None:
+                ones = literal_text(2**32 - 1 if ins[0].dtype == "u32" else -1, ins[0].dtype)
+                return t.put(eqn, f"bitwise_xor({t.value(ins[0])}, {ones})")
+            a, b = ins
+            if a.is_literal and b.is_literal:
+                a = Ref(t.value(a), a.dtype, a.shape)
+            return t.put(eqn, f"bitwise_{eqn.primitive.name}({a.text}, {b.text})")
         if fn is None:
             return t.put(eqn, f"logical_not({t.value(ins[0])})")
         if op:
@@ -419,6 +438,24 @@ PRIMS["and"] = _logical("logical_and", None)
 PRIMS["or"] = _logical("logical_or", None)
 PRIMS["xor"] = _logical("xor", "!=")
 PRIMS["not"] = _logical(None, None)
+
+
+def _shift(fn, signed_ok: bool, unsigned_ok: bool):
+    def write(t: Translator, eqn, ins):
+        a, b = ins
+        if (a.dtype == "u32" and not unsigned_ok) or (a.dtype != "u32" and not signed_ok):
+            t.fail(f"jax primitive '{eqn.primitive.name}' on {a.dtype} has no spmdlang equivalent "
+                   "(right_shift is logical on u32, arithmetic on signed integers)")
+        if a.is_literal and b.is_literal:
+            a = Ref(t.value(a), a.dtype, a.shape)
+        return t.put(eqn, f"{fn}({a.text}, {b.text})")
+
+    return write
+
+
+PRIMS["shift_left"] = _shift("left_shift", True, True)
+PRIMS["shift_right_logical"] = _shift("right_shift", False, True)
+PRIMS["shift_right_arithmetic"] = _shift("right_shift", True, False)
 
 
 @prim("integer_pow")
@@ -959,8 +996,75 @@ def _scatter_add(t, eqn, ins):
 @prim("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "remat", "remat2", "checkpoint")
 def _call(t, eqn, ins):
     p = eqn.params
+    draw = _RANDOM_CALLS.get(p.get("name"))
+    if draw is not None and ins and ins[0].shape == (2,) and is_key(eqn.invars[0].aval.dtype):
+        expr = draw(t, eqn, ins)
+        if expr is not None:
+            return t.put(eqn, expr)
     key = next(k for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in p)
     return t.inline(eqn, ins, key)
+
+
+# jax.random's samplers are jitted functions of a key: one builtin each (None: inline the body)
+def _uniform(t, eqn, ins):
+    key, lo, hi = ins
+    if not (lo.is_literal and hi.is_literal):
+        return None
+    return f"uniform({key.text}, {type_text(t.out(eqn))}, minval={lo.text}, maxval={hi.text})"
+
+
+def _normal(t, eqn, ins):
+    return f"normal({ins[0].text}, {type_text(t.out(eqn))})" if len(ins) == 1 else None
+
+
+def _bernoulli(t, eqn, ins):
+    key, p = ins
+    return f"bernoulli({key.text}, {p.text}, {type_text(t.out(eqn))})" if p.is_literal else None
+
+
+_RANDOM_CALLS = {"_uniform": _uniform, "_normal": _normal, "_bernoulli": _bernoulli}
+
+
+@prim("random_wrap", "random_unwrap")
+def _random_wrap(t, eqn, ins):
+    return ins[0]
+
+
+@prim("random_seed")
+def _random_seed(t, eqn, ins):
+    if getattr(eqn.params.get("impl"), "name", "threefry2x32") != "threefry2x32":
+        t.fail("jax primitive 'random_seed' of a PRNG other than threefry2x32 has no spmdlang equivalent")
+    return t.put(eqn, f"prng_key({ins[0].text})")
+
+
+def _one_key(t, eqn, key: Ref):
+    if key.shape != (2,):
+        t.fail(f"jax primitive '{eqn.primitive.name}' on an array of keys has no spmdlang equivalent "
+               "(one key at a time)")
+
+
+@prim("random_fold_in")
+def _random_fold_in(t, eqn, ins):
+    key, data = ins
+    _one_key(t, eqn, key)
+    return t.put(eqn, f"fold_in({key.text}, {data.text})")
+
+
+@prim("random_split")
+def _random_split(t, eqn, ins):
+    _one_key(t, eqn, ins[0])
+    shape = tuple(eqn.params["shape"])
+    if len(shape) != 1:
+        t.fail("jax primitive 'random_split' into a shape of other than one dim has no spmdlang equivalent")
+    return t.put(eqn, f"random_split({ins[0].text}, {shape[0]})")
+
+
+@prim("random_bits")
+def _random_bits(t, eqn, ins):
+    _one_key(t, eqn, ins[0])
+    if int(eqn.params["bit_width"]) != 32:
+        t.fail(f"jax primitive 'random_bits' of {eqn.params['bit_width']} bits has no spmdlang equivalent (32)")
+    return t.put(eqn, f"random_bits({ins[0].text}, {type_text(t.out(eqn))})")
 
 
 @prim("custom_vjp_call", "custom_vjp_call_jaxpr")
@@ -1034,10 +1138,10 @@ def _scan(t, eqn, ins):
         t.line(f"{t.indent}{c} = {t.value(r)}")
         carries.append(Ref(c, r.dtype, r.shape))
     ys = []
-    for k, aval in enumerate(ys_avals):
+    for aval in ys_avals:
         y = t.body.new("stacked")
-        t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval.shape)}")
-        ys.append(Ref(y, dtype_name(aval.dtype, t.where), tuple(aval.shape)))
+        t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval_shape(aval))}")
+        ys.append(Ref(y, dtype_name(aval.dtype, t.where), aval_shape(aval)))
     loopvar = t.body.new(fixed=f"i{t.loops}")
     t.loops += 1
     t.line(f"{t.indent}loop {loopvar} in range({n}) {{")

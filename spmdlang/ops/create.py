@@ -85,6 +85,15 @@ def _take_numpy(table, ids, *, axis):
     return np.take(table, np.clip(ids, 0, table.shape[axis] - 1), axis=axis)
 
 
+def gathered_axes(ctx) -> tuple[str, ...] | None:
+    """The axes splitting operand 0 along the gathered `axis`, where the gather can run on those
+    shards (a pending sum of what each finds); None: partition it generically (the axis is whole,
+    a bool has no sum, or operand 0 is itself a pending sum)."""
+    x, s = ctx.op.operands[0], ctx.layout(0)
+    axes = s.dims[ctx.attrs["axis"]]
+    return None if not axes or x.type.dtype == "bool" or s.partial else axes
+
+
 def shard_ids(ctx, ids, n: int, c: int, axes):
     """Ids into a dim of n split over `axes` in chunks of c: (valid, safe). `valid` marks the ids (clamped
     into [0, n) first) that fall in this shard's chunk; `safe` is their local index, 0 elsewhere."""
@@ -110,12 +119,12 @@ def _take_partition(ctx):
     """Table split on the gathered axis (vocab split): every shard gathers the rows it owns, zeros
     the others, and the result is a pending sum over the vocab axes (one all_reduce, or a
     reduce_scatter if the consumer wants it split). Other splits are local (generic)."""
+    vocab = gathered_axes(ctx)
+    if vocab is None:
+        return ctx.generic()
     table, ids = ctx.op.operands
     axis = ctx.attrs["axis"]
     ts, ids_s = ctx.layout(0), ctx.layout(1)
-    vocab = ts.dims[axis]
-    if not vocab or table.type.dtype == "bool" or ts.partial:
-        return ctx.generic()
     t_dims = list(ts.dims)
     taken = {a for i, d in enumerate(t_dims) if i != axis for a in d} | set(vocab)
     id_dims = [tuple(a for a in d if a not in taken) for d in ids_s.dims]

@@ -145,18 +145,13 @@ def _arg_partition(kind):
     return partition
 
 
-register("argmax", doc="index of the first largest element along `axis` (i32)",
-         example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer("argmax"), partition=_arg_partition("argmax"),
-         flops=operand_flops,
-         numpy=lambda x, *, axis: np.argmax(x, axis=axis).astype(np.int32), rule=_arg_rule,
-         jax=lambda a, attrs, out: f"jnp.argmax({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
-         family=Family.reduce)
-register("argmin", doc="index of the first smallest element along `axis` (i32)",
-         example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer("argmin"), partition=_arg_partition("argmin"),
-         flops=operand_flops,
-         numpy=lambda x, *, axis: np.argmin(x, axis=axis).astype(np.int32), rule=_arg_rule,
-         jax=lambda a, attrs, out: f"jnp.argmin({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
-         family=Family.reduce)
+for _name, _which, _fn in (("argmax", "largest", np.argmax), ("argmin", "smallest", np.argmin)):
+    register(_name, doc=f"index of the first {_which} element along `axis` (i32)",
+             example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer(_name), partition=_arg_partition(_name),
+             flops=operand_flops,
+             numpy=lambda x, *, axis, _fn=_fn: _fn(x, axis=axis).astype(np.int32), rule=_arg_rule,
+             jax=lambda a, attrs, out, _name=_name: f"jnp.{_name}({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
+             family=Family.reduce)
 
 
 # ---------------------------------------------------------------------------------- derivatives

@@ -14,7 +14,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
-from .create import jax_clamped_ids, shard_ids
+from .create import gathered_axes, jax_clamped_ids, shard_ids
 from .reduce import _fill
 from .registry import Family, Grad, check, no_flops, operand_flops, register, set_vjp
 
@@ -137,12 +137,10 @@ def _taa_numpy(x, ids, *, axis):
 def _taa_partition(ctx):
     """Split along the taken axis: each shard looks up the ids in its range (clamped first), zeros
     the others, and the result is a pending sum over those axes, like a vocab-split take. Else local."""
-    x, ids = ctx.op.operands
-    axis = ctx.attrs["axis"]
-    xs, js = ctx.layout(0), ctx.layout(1)
-    axes = xs.dims[axis]
-    if not axes or x.type.dtype == "bool" or xs.partial:
+    axes = gathered_axes(ctx)
+    if axes is None:
         return ctx.generic()
+    x, axis, js = ctx.op.operands[0], ctx.attrs["axis"], ctx.layout(1)
     taken = set(axes)
     dims = [tuple(a for a in d if a not in taken) for d in js.dims]
     # x's other dims follow the ids' layout (those are the dims the result keeps)

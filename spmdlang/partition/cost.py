@@ -143,6 +143,20 @@ def compute_time_us(flops: float, preset: str = "tpu-v4") -> float:
     return flops / (PRESETS[preset].peak_tflops * 1e12 * ACHIEVED) * 1e6
 
 
+def ledger_time_us(ledger, mesh, preset: str = "tpu-v4", bandwidth=None, latency=None) -> float:
+    """Modelled time of a plan's collectives (partition.ledger.Collective entries), one after
+    another, each as many times as it runs (a loop body's: once per iteration). The one measure of
+    a plan's communication: the partitioner's second plan, `explain` and autoshard read it."""
+    return sum(collective_time_us(c.kind, mesh.group_size(c.axes), c.bytes_per_device, c.axes, bandwidth or {},
+                                  latency or {}, preset) * c.trip_count for c in ledger)
+
+
+def plan_time_us(ledger, mesh, flops: float, preset: str = "tpu-v4") -> float:
+    """Modelled step time of a plan: its collectives (ledger_time_us) plus `flops` of local work
+    (no overlap of the two is assumed)."""
+    return ledger_time_us(ledger, mesh, preset) + compute_time_us(flops, preset)
+
+
 def step_time_us(collectives, flops: float, preset: str = "tpu-v4") -> float:
     """Modelled step time: the collectives [(kind, group size, bytes, axes)] one after another, plus
     the local work (no overlap of the two is assumed)."""

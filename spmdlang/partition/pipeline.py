@@ -10,7 +10,8 @@
 Each pass reads and writes named stages (`Stages`). A `Pipeline` runs the passes in order, only
 as far as the stage asked for needs (the xla baseline needs the canonical program, not the
 partitioned one), once each, and with verification on runs the pass's verifier (ir.verify) right
-after it. A new pass is one `Pass` in PASSES; a pass that walks into loop bodies does so with
+after it. Passes call their modules' functions through the module (what a test patches, runs).
+A new pass is one `Pass` in PASSES; a pass that walks into loop bodies does so with
 ir.core.rewrite_regions.
 """
 
@@ -19,13 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..ir import simplify as simplify_
 from ..ir import verify as V
 from ..ir.core import Program
-from ..ir.simplify import cse, simplify
-from .combine import finish
-from .propagate import Propagation, propagate
-from .spmd import SpmdProgram, partition
-from .weight_update import shard_weight_updates
+from . import combine, propagate, spmd, weight_update
+from .propagate import Propagation
+from .spmd import SpmdProgram
 
 
 @dataclass
@@ -50,23 +50,23 @@ class Pass:
 
 
 def _canonicalize(s: Stages) -> None:
-    s.canonical = simplify(cse(s.lowered)[0])
+    s.canonical = simplify_.simplify(simplify_.cse(s.lowered)[0])
 
 
 def _shard_weight_updates(s: Stages) -> None:
-    s.canonical, s.pass_notes = shard_weight_updates(s.canonical, s.weight_axis)
+    s.canonical, s.pass_notes = weight_update.shard_weight_updates(s.canonical, s.weight_axis)
 
 
 def _propagate(s: Stages) -> None:
-    s.propagation = propagate(s.canonical)
+    s.propagation = propagate.propagate(s.canonical)
 
 
 def _partition(s: Stages) -> None:
-    s.spmd = partition(s.canonical, s.propagation)
+    s.spmd = spmd.partition(s.canonical, s.propagation)
 
 
 def _finish(s: Stages) -> None:
-    s.spmd = finish(s.spmd)
+    s.spmd = combine.finish(s.spmd)
 
 
 PASSES: tuple[Pass, ...] = (

@@ -304,13 +304,10 @@ def partition(prog: Program, prop: Propagation) -> SpmdProgram:
 
 
 def step_time(spmd: SpmdProgram) -> float:
-    """Modelled time of a plan after combining (partition.combine), in the planning machine's
-    alpha-beta (partition.cost): a collective in a loop body counts once per iteration."""
+    """Modelled time of a plan after combining (partition.combine), on the planning machine
+    (partition.cost.plan_time_us: a collective in a loop body counts once per iteration)."""
     from .combine import finish
-    from .cost import PLANNING, compute_time_us, flops, latency_steps
+    from .cost import flops, plan_time_us
 
     done = finish(spmd)
-    mesh = spmd.program.mesh
-    comm = sum((PLANNING.latency_us * latency_steps(c.kind, mesh.group_size(c.axes))
-                + c.bytes_per_device / (PLANNING.bandwidth_gbps * 1e3)) * c.trip_count for c in done.ledger)
-    return comm + compute_time_us(flops(done.program))
+    return plan_time_us(done.ledger, done.program.mesh, flops(done.program))

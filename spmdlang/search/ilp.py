@@ -47,6 +47,7 @@ from ..ir.mesh import Mesh, Sharding
 from ..ir.types import itemsize
 from ..partition.cost import FLOPS_PER_BYTE, LATENCY_BYTES, PLANNING, latency_steps
 from ..partition.factors import PASS, REDUCTION, FactorRule, project, unproject
+from ..partition.propagate import op_rule
 from ..partition.reshard import plan_reshard
 
 MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
@@ -301,240 +302,279 @@ def _op_key(op, rule):
 
 def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True,
           attach_params: bool = True, latency_bytes: float = PHYSICAL_LATENCY_BYTES) -> Problem:
-    from ..partition.propagate import op_rule
+    """The search problem of `prog` (the module doc): units, their strategies, groups, costs."""
+    b = _Build(prog, tie_layers, merge_elementwise, latency_bytes)
+    b.add_units()
+    b.attach(attach_params)
+    b.follow()
+    b.make_groups()
+    b.make_views()
+    b.node_costs()
+    b.edge_costs()
+    b.result_costs()
+    prob = Problem(prog, b.mesh, b.views, b.group_of, b.groups, b.edges, 0.0, b.units)
+    prob.producer = b.producer
+    return prob
 
-    mesh = prog.mesh
-    producer: dict[Value, tuple] = {}
-    units: list = []
-    views: dict = {}
-    root_of: dict = {}
-    trips_of: dict = {}  # unit -> how many times it runs (the product of the enclosing loops' trips)
-    for p in prog.params:
-        units.append(p)
-        producer[p.value] = (p, 0)
-        views[p] = param_views(p, mesh)
-        root_of[p] = p
-        trips_of[p] = 1
-    rules = {}
-    ops: list = []  # every op, loop bodies included, loops themselves not
-    carries: list = []  # (carry unit, (initial value, next value), (trips at entry, trips of the back edge))
-    for op, trips in walk(prog.ops):
-        if op.kind == LOOP:
-            # a loop body is solved once: its ops are units like any other, their costs times the
-            # trip count; each carry is one unit with one layout at entry, in the body and at exit
-            # (as the partitioner carries it), its initial value resharded once and its next value
-            # once per iteration; a capture is read in its outer layout
-            loop = Loop(op)
-            idx = _BodyParam(loop.index)
-            units.append(idx)
-            producer[loop.index] = (idx, 0)
-            views[idx] = [View((), (Sharding.replicated(loop.index.type.rank),), 0.0)]
-            root_of[idx] = idx
-            trips_of[idx] = trips
-            for cap, outer in zip(loop.capture_params, loop.captures):
-                producer[cap] = producer[outer]
-            for init, carry, nxt, res in zip(loop.inits, loop.carries, loop.body.results, op.results):
-                u = _BodyParam(carry)
-                units.append(u)
-                producer[carry] = producer[res] = (u, 0)
-                views[u] = [View((v.outs[0], v.outs[0]), v.outs, 0.0) for v in param_views(u, mesh)]
-                root_of[u] = u
-                trips_of[u] = trips
-                carries.append((u, (init, nxt), (trips, trips * loop.trips)))
-            continue
-        ops.append(op)
-        units.append(op)
-        trips_of[op] = trips
-        rules[op] = op_rule(op)
-        for j, r in enumerate(op.results):
-            producer[r] = (op, j)
-    params = set(prog.params)
-    consumers = [(op, op.operands, (trips_of[op],) * len(op.operands)) for op in ops] + carries
-    # attached: a broadcast (or other layout op) of parameters or of nothing, used once, is laid out
-    # as its one user wants it
-    users: dict = {}
-    for u, operands, _w in consumers:
-        for i, v in enumerate(operands):
-            users.setdefault(v, []).append((u, i))
-    returned = {r.value for r in prog.results}
-    attached: dict = {}
-    for op in ops:
-        opdef = registry.get(op.kind)
-        if (merge_elementwise and opdef.family in ("layout", "create") and len(op.results) == 1
-                and op.result not in returned and len(users.get(op.result, [])) == 1
-                and all(hasattr(producer[v][0], "value") for v in op.operands if v in producer)):
-            attached[op] = users[op.result][0]
-    # a parameter used once, unannotated, is stored as its user wants it (no memory budget: a
-    # layout other than the one it is used in would only add a reshard)
-    attached_params = {}
-    if attach_params:
-        for p in prog.params:
-            if p.sharding is None and p.value not in returned and len(users.get(p.value, [])) == 1:
-                attached_params[p] = users[p.value][0]
-                root_of[p] = None
-    # followers: elementwise ops adopt their main producer's strategy
-    main_of: dict = {}
-    for op in ops:
-        if op in attached:
-            root_of[op] = None
-            continue
-        opdef = registry.get(op.kind)
-        main = None
-        if merge_elementwise and opdef.family == "elementwise" and len(op.results) == 1 and not opdef.constraint:
-            for i, v in enumerate(op.operands):
-                src = producer.get(v, (None,))[0]
-                if v.type.shape == op.result.type.shape and src is not None and not hasattr(src, "value") \
-                        and src not in attached:
-                    main = i  # a parameter's layout is its own choice: never follow one
-                    break
-        if main is not None:
-            main_of[op] = main
-            root_of[op] = root_of[producer[op.operands[main]][0]]
-        else:
-            root_of[op] = op
-    # groups of roots: identical layers share one
-    groups: list[Group] = []
-    group_of: dict = {}
-    by_key: dict = {}
-    sigs = _signatures(units, producer, rules, TIE_DEPTH) if tie_layers else {}
-    for u in units:
-        if root_of[u] is not u:
-            continue  # a follower, or attached
-        key = sigs.get(u)
-        if key is not None and key in by_key:
-            g = by_key[key]
-        else:
-            g = len(groups)
-            groups.append(Group(key if key is not None else ("unit", len(groups))))
-            if key is not None:
-                by_key[key] = g
-        groups[g].roots.append(u)
-        group_of[u] = g
-    for op in ops:
-        if root_of[op] is not None and root_of[op] is not op:
-            group_of[op] = group_of[root_of[op]]
-    for op in reversed(ops):
-        if op in attached:
-            group_of[op] = group_of[attached[op][0]]
-    for p, (user, _i) in attached_params.items():
-        group_of[p] = group_of[user]
-    # views per unit, indexed by its group's strategy (program order: a follower's main producer first)
-    followed: dict = {}  # identical followers of identical producers share one list
-    interned: dict = {}
-    for op in ops:
-        if op in attached:
-            continue
-        if op in main_of:
-            src_unit, j = producer[op.operands[main_of[op]]]
-            k = (_op_key(op, rules[op]), id(views[src_unit]), j) if tie_layers else None
-            if k is None or k[0] is None or k not in followed:
-                vs = [_follower_view(op, rules[op], main_of[op], v.outs[j], mesh) for v in views[src_unit]]
-                if k is not None and k[0] is not None:
-                    followed[k] = (vs, views[src_unit])  # keeps the source list alive while its id is a key
-            views[op] = vs if k is None or k[0] is None or k not in followed else followed[k][0]
-        elif group_of[op] != len(groups) and groups[group_of[op]].roots[0] is not op:
-            views[op] = views[groups[group_of[op]].roots[0]]
-        else:
-            views[op] = op_views(op, rules[op], mesh)
-        views[op] = interned.setdefault(tuple(views[op]), views[op])  # equal lists: one object
-    for op in reversed(ops):
-        if op in attached:
-            user, i = attached[op]
-            k = (_op_key(op, rules[op]), id(views[user]), i) if tie_layers else None
-            if k is None or k[0] is None or k not in followed:
-                vs = [_attached_view(op, rules[op], v.reqs[i], mesh) for v in views[user]]
-                if k is not None and k[0] is not None:
-                    followed[k] = (vs, views[user])
-            views[op] = vs if k is None or k[0] is None or k not in followed else followed[k][0]
-    for p, (user, i) in attached_params.items():
-        views[p] = [View((), (Sharding(v.reqs[i].dims),), 0.0) for v in views[user]]
-    # equal lists become one object: the edge costs below are computed once per pair of lists
-    for u in units:
-        views[u] = interned.setdefault(tuple(views[u]), views[u])
-    for u in units:
-        groups[group_of[u]].units.append(u)
-    for g in groups:
-        g.n = len(views[g.roots[0]])
-        g.node_cost = [0.0] * g.n
-    # node costs: local work; a parameter group counts its bytes per device
-    for u in units:
-        g = groups[group_of[u]]
-        for s, v in enumerate(views[u]):
-            g.node_cost[s] += v.work * trips_of[u]
-        if u in params:
-            t = u.value.type
-            nbytes = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, mesh)) for v in views[u]]
-            g.param_bytes = [a + b for a, b in zip(g.param_bytes, nbytes)] if g.param_bytes else nbytes
-    # edges: one reshard question per distinct (result layout, wanted layout) pair
-    edges: dict = {}
-    cache: dict = {}
-    constant = 0.0
-    distinct: dict = {}  # id(list of layouts) -> (index per strategy, distinct layouts)
 
-    def classes(layouts, k):
-        if k not in distinct:
+class _Build:
+    """The state of `build`, filled in by its steps in order."""
+
+    def __init__(self, prog: Program, tie_layers: bool, merge_elementwise: bool, latency_bytes: float):
+        self.prog, self.mesh = prog, prog.mesh
+        self.tie_layers, self.merge_elementwise, self.latency_bytes = tie_layers, merge_elementwise, latency_bytes
+        self.producer: dict[Value, tuple] = {}
+        self.units: list = []
+        self.views: dict = {}
+        self.root_of: dict = {}
+        self.trips_of: dict = {}  # unit -> how many times it runs (the product of the enclosing loops' trips)
+        self.rules: dict = {}
+        self.ops: list = []  # every op, loop bodies included, loops themselves not
+        # (carry unit, (initial value, next value), (trips at entry, trips of the back edge))
+        self.carries: list = []
+        self.attached: dict = {}  # op -> (its one user, operand index)
+        self.attached_params: dict = {}  # parameter -> (its one user, operand index)
+        self.main_of: dict = {}  # follower -> the operand whose producer it follows
+        self.groups: list[Group] = []
+        self.group_of: dict = {}
+        self.edges: dict = {}
+
+    def add_root(self, u, views, trips: int) -> None:
+        self.units.append(u)
+        self.views[u] = views
+        self.root_of[u] = u
+        self.trips_of[u] = trips
+
+    def add_units(self) -> None:
+        mesh = self.mesh
+        for p in self.prog.params:
+            self.producer[p.value] = (p, 0)
+            self.add_root(p, param_views(p, mesh), 1)
+        for op, trips in walk(self.prog.ops):
+            if op.kind == LOOP:
+                self.add_loop(op, trips)
+                continue
+            self.ops.append(op)
+            self.units.append(op)
+            self.trips_of[op] = trips
+            self.rules[op] = op_rule(op)
+            for j, r in enumerate(op.results):
+                self.producer[r] = (op, j)
+
+    def add_loop(self, op, trips: int) -> None:
+        """A loop body is solved once: its ops are units like any other, their costs times the
+        trip count; each carry is one unit with one layout at entry, in the body and at exit (as
+        the partitioner carries it), its initial value resharded once and its next value once per
+        iteration; a capture is read in its outer layout."""
+        loop = Loop(op)
+        idx = _BodyParam(loop.index)
+        self.producer[loop.index] = (idx, 0)
+        self.add_root(idx, [View((), (Sharding.replicated(loop.index.type.rank),), 0.0)], trips)
+        for cap, outer in zip(loop.capture_params, loop.captures):
+            self.producer[cap] = self.producer[outer]
+        for init, carry, nxt, res in zip(loop.inits, loop.carries, loop.body.results, op.results):
+            u = _BodyParam(carry)
+            self.producer[carry] = self.producer[res] = (u, 0)
+            self.add_root(u, [View((v.outs[0], v.outs[0]), v.outs, 0.0) for v in param_views(u, self.mesh)], trips)
+            self.carries.append((u, (init, nxt), (trips, trips * loop.trips)))
+
+    def attach(self, attach_params: bool) -> None:
+        """A broadcast (or other layout op) of parameters or of nothing, used once, is laid out as
+        its one user wants it; so is a parameter used once, unannotated, when `attach_params` (no
+        memory budget: a layout other than the one it is used in would only add a reshard)."""
+        self.consumers = [(op, op.operands, (self.trips_of[op],) * len(op.operands)) for op in self.ops]
+        self.consumers += self.carries
+        users: dict = {}
+        for u, operands, _w in self.consumers:
+            for i, v in enumerate(operands):
+                users.setdefault(v, []).append((u, i))
+        self.returned = {r.value for r in self.prog.results}
+        for op in self.ops:
+            opdef = registry.get(op.kind)
+            if (self.merge_elementwise and opdef.family in ("layout", "create") and len(op.results) == 1
+                    and op.result not in self.returned and len(users.get(op.result, [])) == 1
+                    and all(hasattr(self.producer[v][0], "value") for v in op.operands if v in self.producer)):
+                self.attached[op] = users[op.result][0]
+        if attach_params:
+            for p in self.prog.params:
+                if p.sharding is None and p.value not in self.returned and len(users.get(p.value, [])) == 1:
+                    self.attached_params[p] = users[p.value][0]
+                    self.root_of[p] = None
+
+    def follow(self) -> None:
+        """Followers: elementwise ops adopt their main producer's strategy."""
+        for op in self.ops:
+            if op in self.attached:
+                self.root_of[op] = None
+                continue
+            main = self.main_operand(op) if self.merge_elementwise else None
+            if main is not None:
+                self.main_of[op] = main
+                self.root_of[op] = self.root_of[self.producer[op.operands[main]][0]]
+            else:
+                self.root_of[op] = op
+
+    def main_operand(self, op) -> int | None:
+        """The first full-shape operand of an elementwise op made by another op (a parameter's
+        layout is its own choice: never follow one)."""
+        opdef = registry.get(op.kind)
+        if opdef.family != "elementwise" or len(op.results) != 1 or opdef.constraint:
+            return None
+        for i, v in enumerate(op.operands):
+            src = self.producer.get(v, (None,))[0]
+            if (v.type.shape == op.result.type.shape and src is not None and not hasattr(src, "value")
+                    and src not in self.attached):
+                return i
+        return None
+
+    def make_groups(self) -> None:
+        """Groups of roots: identical layers share one."""
+        by_key: dict = {}
+        sigs = _signatures(self.units, self.producer, self.rules, TIE_DEPTH) if self.tie_layers else {}
+        for u in self.units:
+            if self.root_of[u] is not u:
+                continue  # a follower, or attached
+            key = sigs.get(u)
+            if key is not None and key in by_key:
+                g = by_key[key]
+            else:
+                g = len(self.groups)
+                self.groups.append(Group(key if key is not None else ("unit", len(self.groups))))
+                if key is not None:
+                    by_key[key] = g
+            self.groups[g].roots.append(u)
+            self.group_of[u] = g
+        for op in self.ops:
+            if self.root_of[op] is not None and self.root_of[op] is not op:
+                self.group_of[op] = self.group_of[self.root_of[op]]
+        for op in reversed(self.ops):
+            if op in self.attached:
+                self.group_of[op] = self.group_of[self.attached[op][0]]
+        for p, (user, _i) in self.attached_params.items():
+            self.group_of[p] = self.group_of[user]
+
+    def shared_views(self, op, other, index: int, make):
+        """The views of `op` derived (by `make`) from the views of `other`: identical ops
+        deriving from one list share one result."""
+        k = (_op_key(op, self.rules[op]), id(self.views[other]), index) if self.tie_layers else None
+        if k is None or k[0] is None or k not in self.followed:
+            vs = [make(v) for v in self.views[other]]
+            if k is not None and k[0] is not None:
+                self.followed[k] = (vs, self.views[other])  # keeps the source list alive while its id is a key
+        return vs if k is None or k[0] is None or k not in self.followed else self.followed[k][0]
+
+    def make_views(self) -> None:
+        """Views per unit, indexed by its group's strategy (program order: a follower's main
+        producer first); equal lists become one object, so edge costs are computed once per pair."""
+        mesh, views, rules = self.mesh, self.views, self.rules
+        self.followed: dict = {}
+        interned: dict = {}
+        for op in self.ops:
+            if op in self.attached:
+                continue
+            if op in self.main_of:
+                main = self.main_of[op]
+                src_unit, j = self.producer[op.operands[main]]
+                views[op] = self.shared_views(op, src_unit, j, lambda v, op=op, main=main, j=j: _follower_view(
+                    op, rules[op], main, v.outs[j], mesh))
+            elif self.groups[self.group_of[op]].roots[0] is not op:
+                views[op] = views[self.groups[self.group_of[op]].roots[0]]
+            else:
+                views[op] = op_views(op, rules[op], mesh)
+            views[op] = interned.setdefault(tuple(views[op]), views[op])
+        for op in reversed(self.ops):
+            if op in self.attached:
+                user, i = self.attached[op]
+                views[op] = self.shared_views(op, user, i, lambda v, op=op, i=i: _attached_view(
+                    op, rules[op], v.reqs[i], mesh))
+        for p, (user, i) in self.attached_params.items():
+            views[p] = [View((), (Sharding(v.reqs[i].dims),), 0.0) for v in views[user]]
+        for u in self.units:
+            views[u] = interned.setdefault(tuple(views[u]), views[u])
+
+    def node_costs(self) -> None:
+        """Local work; a parameter group counts its bytes per device."""
+        for u in self.units:
+            self.groups[self.group_of[u]].units.append(u)
+        for g in self.groups:
+            g.n = len(self.views[g.roots[0]])
+            g.node_cost = [0.0] * g.n
+        params = set(self.prog.params)
+        for u in self.units:
+            g = self.groups[self.group_of[u]]
+            for s, v in enumerate(self.views[u]):
+                g.node_cost[s] += v.work * self.trips_of[u]
+            if u in params:
+                t = u.value.type
+                nbytes = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, self.mesh)) for v in self.views[u]]
+                g.param_bytes = [a + b for a, b in zip(g.param_bytes, nbytes)] if g.param_bytes else nbytes
+        for g in self.groups:
+            g.node_cost = np.asarray(g.node_cost, dtype=float)
+
+    def edge_costs(self) -> None:
+        """One reshard question per distinct (result layout, wanted layout) pair."""
+        self.cache: dict = {}
+        self.distinct: dict = {}  # id(list of layouts) -> (index per strategy, distinct layouts)
+        self.smalls: dict = {}
+        for op, operands, weights in self.consumers:
+            for i, (v, w) in enumerate(zip(operands, weights)):
+                if v in self.producer:
+                    self.edge(op, i, v, w)
+
+    def edge(self, op, i: int, v: Value, w: float) -> None:
+        views, mesh = self.views, self.mesh
+        src_unit, j = self.producer[v]
+        ga, gb = self.group_of[src_unit], self.group_of[op]
+        shape, isz = v.type.shape, itemsize(v.type.dtype)
+        # a gradient leaving the backward pass (an optimizer update, a returned gradient): its
+        # settling reduction is independent of the others, and the compiler combines them into
+        # one collective per group of axes (partition.combine): its latency is not this edge's
+        lat = self.latency_bytes
+        if getattr(src_unit, "backward", False) and not getattr(op, "backward", True):
+            lat = LATENCY_BYTES
+        if ga == gb:  # inside a group: only each strategy against itself
+            g = self.groups[ga]
+            outs, reqs = views[src_unit], views[op]
+            dk = (id(outs), j, id(reqs), i, "diag", lat)
+            if dk not in self.smalls:
+                self.smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i],
+                                                        self.cache, lat) for s in range(g.n)]), outs, reqs)
+            g.node_cost = np.asarray(g.node_cost) + w * self.smalls[dk][0]
+            return
+        sk = (id(views[src_unit]), j, id(views[op]), i, lat)
+        if sk not in self.smalls:
+            ia, da = self.classes([x.outs[j] for x in views[src_unit]], (id(views[src_unit]), j, "out"))
+            ib, db = self.classes([x.reqs[i] for x in views[op]], (id(views[op]), i, "req"))
+            small = np.empty((len(da), len(db)))
+            for x, src in enumerate(da):
+                for y, dst in enumerate(db):
+                    small[x, y] = _edge_cost(shape, isz, mesh, src, dst, self.cache, lat)
+            self.smalls[sk] = (small[np.ix_(ia, ib)], views[src_unit], views[op])
+        full = self.smalls[sk][0] * w if w != 1 else self.smalls[sk][0]
+        key = (ga, gb) if ga < gb else (gb, ga)
+        if ga > gb:
+            full = full.T
+        self.edges[key] = self.edges[key] + full if key in self.edges else full
+
+    def classes(self, layouts, k):
+        if k not in self.distinct:
             index: dict = {}
             ids = np.array([index.setdefault(x, len(index)) for x in layouts], dtype=np.int64)
-            distinct[k] = (ids, list(index))
-        return distinct[k]
+            self.distinct[k] = (ids, list(index))
+        return self.distinct[k]
 
-    smalls: dict = {}
-    for g in groups:
-        g.node_cost = np.asarray(g.node_cost, dtype=float)
-    for op, operands, weights in consumers:
-        gb = group_of[op]
-        for i, (v, w) in enumerate(zip(operands, weights)):
-            if v not in producer:
+    def result_costs(self) -> None:
+        """A pending sum is settled before it is returned."""
+        for r in self.prog.results:
+            unit, j = self.producer.get(r.value, (None, 0))
+            if unit is None:
                 continue
-            src_unit, j = producer[v]
-            ga = group_of[src_unit]
-            shape, isz = v.type.shape, itemsize(v.type.dtype)
-            # a gradient leaving the backward pass (an optimizer update, a returned gradient): its
-            # settling reduction is independent of the others, and the compiler combines them into
-            # one collective per group of axes (partition.combine): its latency is not this edge's
-            lat = latency_bytes
-            if getattr(src_unit, "backward", False) and not getattr(op, "backward", True):
-                lat = LATENCY_BYTES
-            if ga == gb:  # inside a group: only each strategy against itself
-                g = groups[ga]
-                outs, reqs = views[src_unit], views[op]
-                dk = (id(outs), j, id(reqs), i, "diag", lat)
-                if dk not in smalls:
-                    smalls[dk] = (np.array([_edge_cost(shape, isz, mesh, outs[s].outs[j], reqs[s].reqs[i], cache,
-                                                       lat) for s in range(g.n)]), outs, reqs)
-                g.node_cost = np.asarray(g.node_cost) + w * smalls[dk][0]
-                continue
-            sk = (id(views[src_unit]), j, id(views[op]), i, lat)
-            if sk not in smalls:
-                ia, da = classes([x.outs[j] for x in views[src_unit]], (id(views[src_unit]), j, "out"))
-                ib, db = classes([x.reqs[i] for x in views[op]], (id(views[op]), i, "req"))
-                small = np.empty((len(da), len(db)))
-                for x, src in enumerate(da):
-                    for y, dst in enumerate(db):
-                        small[x, y] = _edge_cost(shape, isz, mesh, src, dst, cache, lat)
-                smalls[sk] = (small[np.ix_(ia, ib)], views[src_unit], views[op])
-            full = smalls[sk][0] * w if w != 1 else smalls[sk][0]
-            key = (ga, gb) if ga < gb else (gb, ga)
-            if ga > gb:
-                full = full.T
-            if key in edges:
-                edges[key] = edges[key] + full
-            else:
-                edges[key] = full
-    # results: a pending sum is settled before it is returned
-    for r in prog.results:
-        unit, j = producer.get(r.value, (None, 0))
-        if unit is None:
-            continue
-        g = groups[group_of[unit]]
-        for s, v in enumerate(views[unit]):
-            out = v.outs[j]
-            if out.partial:
-                g.node_cost[s] += _comm(plan_reshard(r.value.type.shape, itemsize(r.value.type.dtype), mesh,
-                                                     out, Sharding(out.dims)), latency_bytes)
-    prob = Problem(prog, mesh, views, group_of, groups, edges, constant, units)
-    prob.producer = producer
-    return prob
+            g = self.groups[self.group_of[unit]]
+            for s, v in enumerate(self.views[unit]):
+                out = v.outs[j]
+                if out.partial:
+                    g.node_cost[s] += _comm(plan_reshard(r.value.type.shape, itemsize(r.value.type.dtype), self.mesh,
+                                                         out, Sharding(out.dims)), self.latency_bytes)
 
 
 def _edge_cost(shape, isz: int, mesh: Mesh, src: Sharding, dst: Sharding, cache: dict,
@@ -583,83 +623,93 @@ def _eliminate(prob: Problem, keep: set):
     stay. Chains of ops, a layer's elementwise tails and a training step's optimizer updates go
     away. Returns (node costs of the groups left, edges left, constant, the eliminations in order:
     replay them backwards to recover the eliminated groups' strategies)."""
-    node = {gi: np.asarray(g.node_cost, dtype=float) for gi, g in enumerate(prob.groups)}
-    edges = {k: np.asarray(m, dtype=float) for k, m in prob.edges.items()}
-    nbrs: dict = {gi: set() for gi in node}
-    for a, b in edges:
-        nbrs[a].add(b)
-        nbrs[b].add(a)
-    const = prob.constant
-    steps = []
+    e = _Elimination(prob)
+    e.separate()
+    changed = True
+    while changed:
+        changed = False
+        for g in sorted(e.node):
+            if g not in keep and g in e.node and e.eliminate(g):
+                changed = True
+    return e.node, e.edges, e.const, e.steps
 
-    def oriented(g, h):  # the matrix of edge g-h as [g strategy, h strategy]
-        return edges[(g, h)] if (g, h) in edges else edges[(h, g)].T
 
-    def add_edge(g, h, m):
+class _Elimination:
+    """The graph `_eliminate` reduces: node costs, edges, neighbours, and what it did so far."""
+
+    def __init__(self, prob: Problem):
+        self.node = {gi: np.asarray(g.node_cost, dtype=float) for gi, g in enumerate(prob.groups)}
+        self.edges = {k: np.asarray(m, dtype=float) for k, m in prob.edges.items()}
+        self.nbrs: dict = {gi: set() for gi in self.node}
+        for a, b in self.edges:
+            self.nbrs[a].add(b)
+            self.nbrs[b].add(a)
+        self.const = prob.constant
+        self.steps: list = []
+
+    def oriented(self, g, h):
+        """The matrix of edge g-h as [g strategy, h strategy]."""
+        return self.edges[(g, h)] if (g, h) in self.edges else self.edges[(h, g)].T
+
+    def add_edge(self, g, h, m) -> None:
+        edges = self.edges
         if (g, h) in edges:
             edges[(g, h)] = edges[(g, h)] + m
         elif (h, g) in edges:
             edges[(h, g)] = edges[(h, g)] + m.T
         else:
             edges[(g, h) if g < h else (h, g)] = m if g < h else m.T
-            nbrs[g].add(h)
-            nbrs[h].add(g)
+            self.nbrs[g].add(h)
+            self.nbrs[h].add(g)
 
-    def drop(g):
-        for h in sorted(nbrs[g]):
-            edges.pop((g, h), None)
-            edges.pop((h, g), None)
-            nbrs[h].discard(g)
-        del nbrs[g], node[g]
+    def drop(self, g) -> None:
+        for h in sorted(self.nbrs[g]):
+            self.edges.pop((g, h), None)
+            self.edges.pop((h, g), None)
+            self.nbrs[h].discard(g)
+        del self.nbrs[g], self.node[g]
 
-    def separate():
+    def separate(self) -> None:
         """An edge whose cost is a cost of one end plus a cost of the other is two node costs."""
-        for (a, b), m in sorted(edges.items()):
+        for (a, b), m in sorted(self.edges.items()):
             d = m - m[:, :1]
             if np.allclose(d, d[:1, :], rtol=0, atol=1e-6):
-                node[a] = node[a] + m[:, 0]
-                node[b] = node[b] + d[0, :]
-                del edges[(a, b)]
-                nbrs[a].discard(b)
-                nbrs[b].discard(a)
+                self.node[a] = self.node[a] + m[:, 0]
+                self.node[b] = self.node[b] + d[0, :]
+                del self.edges[(a, b)]
+                self.nbrs[a].discard(b)
+                self.nbrs[b].discard(a)
 
-    separate()
-    changed = True
-    while changed:
-        changed = False
-        for g in sorted(node):
-            if g in keep or g not in node:
-                continue
-            near = sorted(nbrs[g])
-            if len(node[g]) == 1 and near:  # one strategy: its edges are costs of its neighbours'
-                for h in near:
-                    node[h] = node[h] + oriented(h, g)[:, 0]
-                const += float(node[g][0])
-                steps.append((g, (), 0))
-            elif len(near) == 0:
-                const += float(node[g].min())
-                steps.append((g, (), int(np.argmin(node[g]))))
-            elif len(near) == 1:
-                (h,) = near
-                t = oriented(h, g) + node[g][None, :]
-                node[h] = node[h] + t.min(axis=1)
-                steps.append((g, (h,), t.argmin(axis=1)))
-            elif len(near) == 2:
-                h1, h2 = near
-                t = oriented(h1, g)[:, :, None] + node[g][None, :, None] + oriented(g, h2)[None, :, :]
-                if t.size > 1 << 16:
-                    continue
-                steps.append((g, (h1, h2), t.argmin(axis=1)))
-                best = t.min(axis=1)
-                drop(g)
-                add_edge(h1, h2, best)
-                changed = True
-                continue
-            else:
-                continue
-            drop(g)
-            changed = True
-    return node, edges, const, steps
+    def eliminate(self, g) -> bool:
+        """Fold group g into its neighbours if it has one strategy or at most two neighbours."""
+        node, near = self.node, sorted(self.nbrs[g])
+        if len(node[g]) == 1 and near:  # one strategy: its edges are costs of its neighbours'
+            for h in near:
+                node[h] = node[h] + self.oriented(h, g)[:, 0]
+            self.const += float(node[g][0])
+            self.steps.append((g, (), 0))
+        elif len(near) == 0:
+            self.const += float(node[g].min())
+            self.steps.append((g, (), int(np.argmin(node[g]))))
+        elif len(near) == 1:
+            (h,) = near
+            t = self.oriented(h, g) + node[g][None, :]
+            node[h] = node[h] + t.min(axis=1)
+            self.steps.append((g, (h,), t.argmin(axis=1)))
+        elif len(near) == 2:
+            h1, h2 = near
+            t = self.oriented(h1, g)[:, :, None] + node[g][None, :, None] + self.oriented(g, h2)[None, :, :]
+            if t.size > 1 << 16:
+                return False
+            self.steps.append((g, (h1, h2), t.argmin(axis=1)))
+            best = t.min(axis=1)
+            self.drop(g)
+            self.add_edge(h1, h2, best)
+            return True
+        else:
+            return False
+        self.drop(g)
+        return True
 
 
 def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit: int | None = None,
