@@ -168,6 +168,22 @@ def test_issue_regressions_on_jax(name):
     assert d["ok"], f"{d['results']}\n{c.spmd_ir}"
 
 
+def test_bf16_einsum_in_a_dot_form_xla_cpu_has_no_bf16_kernel_for():
+    """A bf16 einsum accumulates in f32: "abc,as->bsc" on these shapes is a dot that XLA CPU
+    cannot run as BF16 x BF16 = F32 ("Unsupported element type for DotThunk::Execute", campaign
+    seed 8837); the jax backend upcasts the operands instead, on every backend the same answer."""
+    src = """mesh [p=2, q=3]
+func main(a: bf16[10, 6, 2], b: bf16[10, 6]) -> (bf16[6, 6, 2], bf16[6, 6, 2] {_, q, _}) {
+  return einsum("abc,as->bsc", a, b), einsum("abc,as->bsc", shard(a, {p, _, _}), b)
+}
+"""
+    c = spmdlang.compile(src)
+    assert "preferred_element_type" not in c.jax_source
+    for backend in ("jax", "xla"):
+        d = c.diff(backends=["ref", "sim", backend])
+        assert d["ok"], f"{d['results']}\n{c.spmd_ir}"
+
+
 def _same_plan(c):
     got = _hlo_collectives(c, "jax")
     ledger = c.spmd.ledger

@@ -396,7 +396,9 @@ def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: li
             # (all_gather: "dimension size of operand at 'all_gather_dim' cannot be zero")
             expr = ", ".join(f"jnp.zeros({r.type.shape!r}, {T.jnp_dtype(r.type.dtype)})" for r in op.results)
         else:
-            expr = registry.get(op.kind).jax(args, op.attrs, [r.type for r in op.results])
+            opdef = registry.get(op.kind)
+            emit = opdef.jax_local if constraint is None and opdef.jax_local else opdef.jax  # None: shard_map
+            expr = emit(args, op.attrs, [r.type for r in op.results])
         line = f"{indent}{', '.join(outs)} = {expr}"
         if op.span is not None:
             line += f"  # line {op.span.line}"
