@@ -473,3 +473,15 @@ def test_docs_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(example, "docs/from_jax.md", "exec"), {"__name__": "docs_example"})
     assert _cli("check", str(tmp_path / "train_step.spmd")).returncode == 0
+
+
+def test_readme_example_is_the_docs_example():
+    """The README's 'From your jax model' example is docs/from_jax.md's (which test_docs_example_runs
+    runs), word for word, and under 30 lines."""
+    import re
+
+    (docs,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "from_jax.md").read_text(), flags=re.S)
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## From your jax model", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"```python\n(.*?)```", section, flags=re.S) == [docs]
+    assert len(docs.strip().splitlines()) < 30
