@@ -387,7 +387,9 @@ def conv_numpy(x, w, **attrs):
     """Direct convolution: a sum over window taps of (strided) input rows times the kernel tap (per
     group). Each tap reads only the input elements it reaches, never the padding or the zeros of
     lhs_dilation, so the cost follows the taps that touch the input: a window spread by
-    rhs_dilation=10^8 over an 8-element input costs its one reaching tap, not 10^8 padded rows."""
+    rhs_dilation=10^8 over an 8-element input costs its one reaching tap, not 10^8 padded rows.
+    Padding and holes still count as zeros that multiply: where a non-finite kernel tap reads one,
+    the output is NaN (0 * inf), as in a split conv's halo past the image edge."""
     strides, padding, lhs, rhs, g, bg = conv_params(attrs)
     dt = x.dtype
     xw, ww = T.widen(x), T.widen(w)
@@ -420,6 +422,12 @@ def conv_numpy(x, w, **attrs):
         else:
             part = np.tensordot(patch, tap, axes=([patch.ndim - 1], [0]))
         out[(slice(None),) + dst + (slice(None),)] += part
+    if _reads_padding(padding, lhs) and not np.isfinite(ww).all():
+        # padding and holes are zeros that multiply: 0 * inf and 0 * NaN are NaN where a non-finite
+        # tap reads one (every non-finite tap of a feature, less those that reach the input)
+        ind = (~np.isfinite(ww)).any(axis=-2, keepdims=True).astype(np.float64)
+        reach = conv_numpy(np.ones((1, *x.shape[1:-1], 1)), ind, **conv_attrs(strides, padding, lhs, rhs))
+        out = np.where(ind.sum(axis=tuple(range(nsp)))[0] - reach > 0.5, np.nan, out)
     return out.astype(dt)
 
 
@@ -467,27 +475,38 @@ def _conv_jax(args, attrs, out):
             f"padding={pad}{extra}, dimension_numbers={_CONV_DIMS[nsp]})")
 
 
+def _reads_padding(padding, lhs) -> bool:
+    """Whether a conv's windows may read padding or lhs_dilation holes (negative padding crops)."""
+    return any(lo > 0 or hi > 0 for lo, hi in padding) or any(d > 1 for d in lhs)
+
+
 def _conv_jax_local(args, attrs, out):
-    """A conv in our per-partition module, as ref and sim compute it: the padding and the
-    lhs_dilation holes are explicit zeros that multiply the kernel (0 * inf is NaN), like the
-    zeros a split conv's halo brings past the image edge. lax.conv_general_dilated's own padding
-    and holes do not: XLA's CPU convolutions skip those taps in some forms (docs/known_xla_issues.md),
-    and its simplifier folds a zero pad of the input back into the conv's padding, so the padded
-    input goes through an optimization barrier to a conv with no padding or lhs_dilation. Batch
-    groups run as one conv per group, concatenated along the features: XLA's batch_group_count
-    with rhs_dilation spreads a NaN or inf of one group's kernel over every group's output."""
+    """A conv in our per-partition module, as ref and sim compute it: padding and lhs_dilation holes
+    are zeros that multiply the kernel (0 * inf is NaN), as the zeros a split conv's halo brings
+    past the image edge do. XLA's CPU convolutions skip those taps in some forms and not in others
+    (docs/known_xla_issues.md, 10), so the outputs where a non-finite tap reads padding or a hole
+    are set to NaN: every non-finite tap of a feature less those that reach the input, counted by a
+    conv of ones by the non-finite taps (nothing is materialized, so a window spread far past the
+    input stays cheap). Batch groups run as one conv per group, concatenated along the features:
+    XLA's batch_group_count with rhs_dilation spreads a NaN or inf of one group's kernel over every
+    group's output."""
     strides, padding, lhs, rhs, g, bg = conv_params(attrs)
     nsp = len(strides)
     x, w = args
     if bg > 1:
         n, f = out[0].shape[0], out[0].shape[-1] // bg
-        x, w = f"{x}[_b * {n}:(_b + 1) * {n}]", f"{w}[..., _b * {f}:(_b + 1) * {f}]"
-    if padding != ((0, 0),) * nsp or lhs != (1,) * nsp:
-        config = [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs)] + [(0, 0, 0)]
-        x = f"jax.lax.pad({x}, jnp.zeros((), {args[0]}.dtype), {config})"
-    x = f"jax.lax.optimization_barrier({x})"
-    conv = _conv_jax([x, w], conv_attrs(strides, ((0, 0),) * nsp, None, rhs, g), out)
-    return f"jnp.concatenate([{conv} for _b in range({bg})], axis=-1)" if bg > 1 else conv
+        xs, ws = f"{x}[_b * {n}:(_b + 1) * {n}]", f"{w}[..., _b * {f}:(_b + 1) * {f}]"
+        conv = _conv_jax([xs, ws], conv_attrs(strides, padding, lhs, rhs, g), out)
+        conv = f"jnp.concatenate([{conv} for _b in range({bg})], axis=-1)"
+    else:
+        conv = _conv_jax([x, w], attrs, out)
+    if not _reads_padding(padding, lhs):
+        return conv
+    ind = f"(~jnp.isfinite({w})).any(axis=-2, keepdims=True).astype(jnp.float32)"
+    ones = f"jnp.ones((1,) + {x}.shape[1:-1] + (1,), jnp.float32)"
+    reach = _conv_jax([ones, ind], conv_attrs(strides, padding, lhs, rhs), out)
+    taps = tuple(range(nsp))
+    return f"jnp.where({ind}.sum(axis={taps})[0] - {reach} > 0.5, jnp.nan, {conv})"
 
 
 def _conv_window(n_out: int, k: int, stride: int, lo: int, window: int, lhs: int, rhs: int):
