@@ -114,9 +114,10 @@ class Compiled:
     def jax_source(self) -> str:
         """Our per-partition program as a standalone Python module (shard_map + jax.lax)."""
         from .backend_jax.emit import emit_shard_map
-        from .limits import check_jax_mesh
+        from .limits import check_jax_loops, check_jax_mesh
 
         check_jax_mesh(self.program, "jax")
+        check_jax_loops(self.program, "jax")
         return emit_shard_map(self.spmd)
 
     @cached_property
@@ -124,9 +125,10 @@ class Compiled:
         """The global program as a jax.numpy module for XLA's own GSPMD (the baseline). Boundary
         layouts are the same as ours: annotations, else what propagation chose."""
         from .backend_jax.emit import emit_xla
-        from .limits import check_jax_mesh
+        from .limits import check_jax_loops, check_jax_mesh
 
         check_jax_mesh(self.program, "xla")
+        check_jax_loops(self.program, "xla")
         return emit_xla(self.canonical, self.spmd.in_shardings, self.spmd.out_shardings)
 
     def runner(self, backend: str):
@@ -160,15 +162,17 @@ class Compiled:
 
         return explain_report(self, bandwidth, latency, preset)
 
-    def check_memory(self, backend: str, max_memory: int | None = None) -> None:
+    def check_memory(self, backend: str, max_memory: int | None = None, max_work: int | None = None) -> None:
         """Raise a located SpmdError if a run on `backend` would need more memory than `max_memory`
-        bytes (default: the memory available now), by the cost model's estimate (spmdlang.limits)."""
+        bytes (default: the memory available now), by the cost model's estimate, or run more ops
+        than `max_work` (default: the backend's limit; a loop body counts once per iteration); see
+        spmdlang.limits."""
         from .limits import check_memory
 
-        check_memory(self, backend, max_memory)
+        check_memory(self, backend, max_memory, max_work)
 
     def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0, processes: int = 1,
-             max_memory: int | None = None) -> dict:
+             max_memory: int | None = None, max_work: int | None = None) -> dict:
         """Run the same inputs through each backend and compare every result with ref.
 
         A result matches when |got - ref| <= atol * scale + rtol * |ref| elementwise, with
@@ -178,9 +182,9 @@ class Compiled:
         `processes` > 1 runs the jax backends across that many local processes (see run).
         """
         for b in ("ref", *backends):
-            self.check_memory(b, max_memory)
+            self.check_memory(b, max_memory, max_work)
         inputs = self.check_inputs(inputs) if inputs is not None else self.random_inputs(seed)
-        ref = self.run(inputs, backend="ref", max_memory=max_memory)
+        ref = self.run(inputs, backend="ref", max_memory=max_memory, max_work=max_work)
         results, ok = [], True
         names = result_names(self.program)  # return0, return1.emb, ...: a struct result's leaves
         narrowest = _narrowest_float(self.program)
@@ -191,7 +195,8 @@ class Compiled:
                 from jax.errors import JaxRuntimeError
 
                 try:
-                    got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory)
+                    got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory,
+                                   max_work=max_work)
                 except JaxRuntimeError as e:  # XLA's own partitioner failed on the baseline module
                     error = str(e).strip().splitlines()[0][:300]
                     results += [{"backend": b, "output": i, "name": names[i], "max_abs_err": None, "ok": False,
@@ -199,7 +204,7 @@ class Compiled:
                     ok = False
                     continue
             else:
-                got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory)
+                got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory, max_work=max_work)
             for i, (r, g) in enumerate(zip(ref, got)):
                 err, good = _compare(r, g, *_tolerance(r.dtype, rtol, atol, narrowest))
                 ok &= good
@@ -225,7 +230,8 @@ class Compiled:
         return check_inputs(self.program, inputs, origin)
 
     def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
-            origin: str = "inputs", processes: int = 1, max_memory: int | None = None) -> list[np.ndarray]:
+            origin: str = "inputs", processes: int = 1, max_memory: int | None = None,
+            max_work: int | None = None) -> list[np.ndarray]:
         """Run on `inputs` (name -> array; random from `seed` when None); results in order, a
         struct parameter's leaves named by their dotted paths (`p.blocks.wq`) in and a struct
         result's leaves (depth-first, in field declaration order) out, as a flat list.
@@ -233,10 +239,11 @@ class Compiled:
         With `processes` > 1 the jax backends run across that many local processes, as on that many
         hosts (jax.distributed on 127.0.0.1, mesh/processes CPU devices each, gloo collectives).
         Refuses (SpmdError) a run whose estimated peak memory exceeds `max_memory` bytes (default:
-        the memory available now)."""
+        the memory available now), or that would run more ops than `max_work` (default: the
+        backend's limit, spmdlang.limits; a loop body counts once per iteration)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
-        self.check_memory(backend, max_memory)
+        self.check_memory(backend, max_memory, max_work)
         inputs = check_inputs(self.program, inputs if inputs is not None else self.random_inputs(seed), origin)
         if backend == "ref":
             from .backend_ref import run_global

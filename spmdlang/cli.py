@@ -177,6 +177,7 @@ def _add_run_commands(sub, common) -> None:
     r.add_argument("--processes", type=_count(1), default=1, metavar="N",
                    help="jax/xla backends: run across N local processes, as on N hosts (default 1)")
     r.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+    r.add_argument("--max-work", type=_count(1), default=None, metavar="N", help=_MAX_WORK_HELP)
     d = sub.add_parser("diff", parents=[common], help="run several backends on the same inputs and compare")
     d.add_argument("--backends", type=_backends_arg, default=list(BACKENDS), metavar="B,...",
                    help=f"backends to compare with ref (default {','.join(BACKENDS)})")
@@ -190,6 +191,7 @@ def _add_run_commands(sub, common) -> None:
     d.add_argument("--atol", type=_positive_float, default=None, metavar="A",
                    help="absolute tolerance, times max(1, max|ref|) (default: as --rtol's)")
     d.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+    d.add_argument("--max-work", type=_count(1), default=None, metavar="N", help=_MAX_WORK_HELP)
 
 
 def _add_report_commands(sub, common) -> None:
@@ -214,6 +216,7 @@ def _add_report_commands(sub, common) -> None:
     b.add_argument("--rounds", type=_count(1), default=5, metavar="N",
                    help="rounds of ours and XLA called in turn; the ratio's spread is over rounds (default 5)")
     b.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE", help=_MAX_MEMORY_HELP)
+    b.add_argument("--max-work", type=_count(1), default=None, metavar="N", help=_MAX_WORK_HELP)
     a = sub.add_parser("autoshard", parents=[common],
                        help="choose the missing annotations (a search over strategies) and write them in")
     a.add_argument("--memory-per-device", type=_size_arg, default=None, metavar="BYTES", dest="memory",
@@ -240,6 +243,8 @@ def _add_report_commands(sub, common) -> None:
 
 _MAX_MEMORY_HELP = ("refuse to run when the estimated peak memory exceeds SIZE (e.g. 4G, 512M; "
                     "default: the memory available now)")
+_MAX_WORK_HELP = ("refuse to run more than N ops, a loop body counted once per iteration (sim: times the "
+                  "devices; default: ref 10,000,000, sim 500,000, jax and xla 1,000,000,000)")
 
 
 def _version() -> str:
@@ -365,8 +370,9 @@ def cmd_run(args) -> int:
     c = _compile(args)
     if args.processes > 1 and args.backend not in ("jax", "xla"):
         raise UsageError(f"--processes {args.processes} needs --backend jax or xla")
-    c.check_memory(args.backend, args.max_memory)  # before drawing inputs
-    outs = c.run(_inputs(c, args), backend=args.backend, processes=args.processes, max_memory=args.max_memory)
+    c.check_memory(args.backend, args.max_memory, args.max_work)  # before drawing inputs
+    outs = c.run(_inputs(c, args), backend=args.backend, processes=args.processes, max_memory=args.max_memory,
+                 max_work=args.max_work)
     if args.output:
         import io
 
@@ -402,9 +408,9 @@ def cmd_run(args) -> int:
 def cmd_diff(args) -> int:
     c = _compile(args)
     for b in ["ref", *args.backends]:
-        c.check_memory(b, args.max_memory)
+        c.check_memory(b, args.max_memory, args.max_work)
     report = c.diff(_inputs(c, args), backends=args.backends, rtol=args.rtol, atol=args.atol,
-                    processes=args.processes, max_memory=args.max_memory)
+                    processes=args.processes, max_memory=args.max_memory, max_work=args.max_work)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -445,7 +451,7 @@ def cmd_explain(args) -> int:
 def cmd_bench(args) -> int:
     c = _compile(args)
     for b in ("jax", "xla"):
-        c.check_memory(b, args.max_memory)
+        c.check_memory(b, args.max_memory, args.max_work)
     from .backend_jax.bench import bench
     from .explain import render_bench
 

@@ -11,11 +11,13 @@ never a crash. The limits (also listed in docs/cli.md, "Limits"):
   tensors                     rank at most MAX_RANK (numpy's limit); at most 2^63-1 bytes; integer
                               attributes (strides, shifts, ...) fit in 64 bits
   mesh                        at most MAX_DEVICES devices; the jax backends take at most
-                              JAX_MAX_MESH_AXES axes and, on virtual CPU devices,
+                              JAX_MAX_MESH_AXES axes, JAX_MAX_LOOP_DEPTH nested loops and, on virtual CPU devices,
                               JAX_MAX_CPU_DEVICES devices; the simulator at most SIM_MAX_WORK
                               device-steps (devices x per-partition ops)
   loops                       the ref backend runs at most REF_MAX_WORK ops (a loop body counts
-                              once per iteration; the simulator's device-steps count them so too)
+                              once per iteration; the simulator's device-steps count them so too),
+                              the jax backends JAX_MAX_WORK (the per-partition program's ops on
+                              jax, the global program's on xla); `--max-work` sets the limit
   memory                      before a run, the backend's estimated peak (the cost model's
                               per-device peak on the per-partition program; the global peak for
                               ref) must fit in the available memory, or `--max-memory`
@@ -45,6 +47,8 @@ MAX_BYTES = (1 << 63) - 1
 MAX_INT = (1 << 63) - 1
 JAX_MAX_MESH_AXES = 64
 JAX_MAX_CPU_DEVICES = 256
+JAX_MAX_LOOP_DEPTH = 64  # XLA's CPU compiler crashes (a segfault) on about 100 nested while loops
+JAX_MAX_WORK = 1_000_000_000  # per-partition ops a jax run executes (a loop body's once per iteration)
 SIM_MAX_WORK = 500_000  # devices x per-partition ops: the simulator runs every device in turn
 REF_MAX_WORK = 10_000_000  # ops the numpy interpreter runs (a loop body's once per iteration)
 
@@ -203,6 +207,27 @@ def check_jax_mesh(program, backend: str) -> None:
                         "and `explain` take any number", mesh_span(program))
 
 
+def check_jax_loops(program, backend: str) -> None:
+    """XLA compiles nested while loops recursively: at most JAX_MAX_LOOP_DEPTH loops inside one
+    another (the error names the first loop that nests deeper)."""
+
+    def deepest(ops, depth):
+        for op in ops:
+            for region in op.regions:
+                if depth + 1 > JAX_MAX_LOOP_DEPTH:
+                    return op
+                found = deepest(region.ops, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    op = deepest(program.ops, 0)
+    if op is not None:
+        raise SpmdError(f"this loop nests {JAX_MAX_LOOP_DEPTH + 1} loops deep; the {backend} backend compiles at "
+                        f"most {JAX_MAX_LOOP_DEPTH} nested loops (XLA's compiler crashes on about 100); the ref "
+                        "and sim backends and `explain` take any depth", op.span or mesh_span(program))
+
+
 def check_jax_devices(program, backend: str, cpu: bool) -> None:
     """Running on virtual CPU devices: at most JAX_MAX_CPU_DEVICES of them in one process."""
     n = program.mesh.size
@@ -212,30 +237,46 @@ def check_jax_devices(program, backend: str, cpu: bool) -> None:
                         "--mesh for a smaller mesh, or the ref and sim backends", mesh_span(program))
 
 
-def check_sim_work(compiled) -> None:
+def check_sim_work(compiled, max_work: int | None = None) -> None:
     """The simulator runs each op once per device, in one process: bound devices x ops."""
+    limit = SIM_MAX_WORK if max_work is None else max_work
     n = compiled.program.mesh.size
     ops = _ops_run(compiled.spmd.program.ops) + len(compiled.program.params) + len(compiled.program.results)
-    if n * ops > SIM_MAX_WORK:
+    if n * ops > limit:
         loop = _biggest_loop(compiled.program)
-        if loop is not None and _ops_run([loop]) * n > SIM_MAX_WORK:  # the loop is what is too long
+        if loop is not None and _ops_run([loop]) * n > limit:  # the loop is what is too long
             raise SpmdError(f"the sim backend would run {ops:,} ops (a loop body once per iteration) on each of "
-                            f"{n} devices in turn ({n * ops:,} steps; at most {SIM_MAX_WORK:,}); use `explain`, "
-                            "or fewer loop iterations (--set)", loop.span or mesh_span(compiled.program))
+                            f"{n} devices in turn ({n * ops:,} steps; at most {limit:,}); use `explain`, "
+                            "or fewer loop iterations (--set)", loop.span or mesh_span(compiled.program),
+                            note=_WORK_NOTE)
         raise SpmdError(f"the sim backend would run {ops} ops on each of {n} devices in turn ({n * ops:,} steps; at "
-                        f"most {SIM_MAX_WORK:,}); use the ref backend, `explain`, or a smaller mesh (--mesh)",
-                        mesh_span(compiled.program))
+                        f"most {limit:,}); use the ref backend, `explain`, or a smaller mesh (--mesh)",
+                        mesh_span(compiled.program), note=_WORK_NOTE)
 
 
-def check_ref_work(compiled) -> None:
+_WORK_NOTE = "raise the limit with --max-work N (max_work= in the API)"
+
+
+def check_ref_work(compiled, max_work: int | None = None) -> None:
     """The interpreter runs a loop body once per iteration: bound the ops it runs in all."""
-    prog = compiled.program
+    _check_ops_run(compiled.program, "ref", REF_MAX_WORK if max_work is None else max_work)
+
+
+def check_jax_work(compiled, backend: str, max_work: int | None = None) -> None:
+    """A compiled jax program runs a loop body once per iteration too: bound the ops it runs (our
+    per-partition program's on jax, the global program's on xla), so that a loop of 2^40
+    iterations is refused at once rather than run for days."""
+    prog = compiled.spmd.program if backend == "jax" else compiled.program
+    _check_ops_run(prog, backend, JAX_MAX_WORK if max_work is None else max_work, compiled.program)
+
+
+def _check_ops_run(prog, backend: str, limit: int, glob=None) -> None:
     ops = _ops_run(prog.ops)
-    if ops > REF_MAX_WORK:
-        biggest = _biggest_loop(prog)
-        span = biggest.span if biggest is not None and biggest.span is not None else mesh_span(prog)
-        raise SpmdError(f"the ref backend would run {ops:,} ops (a loop body once per iteration; at most "
-                        f"{REF_MAX_WORK:,}); use `explain`, or fewer loop iterations (--set)", span)
+    if ops > limit:
+        biggest = _biggest_loop(glob if glob is not None else prog)
+        span = biggest.span if biggest is not None and biggest.span is not None else mesh_span(glob or prog)
+        raise SpmdError(f"the {backend} backend would run {ops:,} ops (a loop body once per iteration; at most "
+                        f"{limit:,}); use `explain`, or fewer loop iterations (--set)", span, note=_WORK_NOTE)
 
 
 def _biggest_loop(prog):
@@ -270,18 +311,73 @@ def parse_size(text: str) -> int:
 
 
 def available_memory() -> int | None:
-    """Memory a new allocation can get without swapping: MemAvailable on Linux, else free pages."""
+    """Memory a new allocation can get without swapping: MemAvailable on Linux, else free pages;
+    and no more than the process's own limits leave (RLIMIT_AS, RLIMIT_DATA: `ulimit -v`,
+    `prlimit --as`), less what it already maps."""
+    free = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = None
+    headroom = _rlimit_headroom()
+    if headroom is not None:
+        free = headroom if free is None else min(free, headroom)
+    return free
+
+
+def _rlimit_headroom() -> int | None:
+    """Bytes the address-space and data limits still allow this process (None: unlimited)."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
+        import resource
+    except ImportError:  # not a Unix
         return None
+    usage = _proc_status()
+    out = None
+    for name, field in (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData")):
+        which = getattr(resource, name, None)
+        if which is None:
+            continue
+        try:
+            soft, _hard = resource.getrlimit(which)
+        except (OSError, ValueError):
+            continue
+        if soft == resource.RLIM_INFINITY or soft < 0:
+            continue
+        left = max(0, soft - usage.get(field, 0))
+        out = left if out is None else min(out, left)
+    return out
+
+
+def _proc_status() -> dict[str, int]:
+    """VmSize and VmData of this process in bytes (empty where /proc is not there)."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmSize", "VmData"):
+                    out[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def out_of_memory(op, backend: str) -> SpmdError:
+    """A MemoryError while computing `op`, as an error located at the op (the estimate that
+    check_memory makes before a run was too low for it)."""
+    what = ", ".join(str(r.type) for r in op.results) or op.kind
+    return SpmdError(f"the {backend} backend ran out of memory computing {op.kind} ({what}); the estimate made "
+                     "before the run was too low for it", op.span,
+                     note="give it less to hold (--set, --mesh), or more memory")
 
 
 def peak_and_culprit(prog) -> tuple[int, object, Span | None]:
@@ -357,13 +453,16 @@ def estimate(compiled, backend: str) -> tuple[int, object, Span | None, str]:
     return peak * n + draw, v, span, f"{_bytes(peak)} per device x {n} devices"
 
 
-def check_memory(compiled, backend: str, limit: int | None = None) -> None:
+def check_memory(compiled, backend: str, limit: int | None = None, max_work: int | None = None) -> None:
     """Refuse (a located SpmdError) a run whose estimated peak does not fit: in `limit` bytes when
-    given (--max-memory), else in the memory available now."""
+    given (--max-memory), else in the memory available now; first, a run that would execute more
+    ops than the backend's work limit (`max_work` when given: --max-work)."""
     if backend == "sim":
-        check_sim_work(compiled)
+        check_sim_work(compiled, max_work)
     if backend == "ref":
-        check_ref_work(compiled)
+        check_ref_work(compiled, max_work)
+    if backend in ("jax", "xla"):
+        check_jax_work(compiled, backend, max_work)
     avail = limit if limit is not None else available_memory()
     if avail is None:
         return

@@ -312,10 +312,22 @@ class _Build:
         for p, (user, _i) in self.attached_params.items():
             self.group_of[p] = self.group_of[user]
 
+    def signature(self, op):
+        """Ops alike in kind, attributes, types and rule have the same views, wherever they are (a
+        stack of distinct but identically shaped layers asks the same questions per layer): they
+        are computed once. None: an unhashable attribute, no sharing."""
+        try:
+            k = (op.kind, tuple(sorted(op.attrs.items())), tuple(v.type for v in op.operands),
+                 tuple(r.type for r in op.results), self.rules[op])
+            hash(k)
+        except TypeError:
+            return None
+        return k
+
     def shared_views(self, op, other, index: int, make):
         """The views of `op` derived (by `make`) from the views of `other`: identical ops
         deriving from one list share one result."""
-        k = (_op_key(op, self.rules[op]), id(self.views[other]), index) if self.tie_layers else None
+        k = (self.signature(op), id(self.views[other]), index) if self.tie_layers else None
         if k is None or k[0] is None or k not in self.followed:
             vs = [make(v) for v in self.views[other]]
             if k is not None and k[0] is not None:
@@ -328,6 +340,7 @@ class _Build:
         mesh, views, rules = self.mesh, self.views, self.rules
         self.followed: dict = {}
         interned: dict = {}
+        strategies: dict = {}  # signature -> op_views
         for op in self.ops:
             if op in self.attached:
                 continue
@@ -339,7 +352,13 @@ class _Build:
             elif self.groups[self.group_of[op]].roots[0] is not op:
                 views[op] = views[self.groups[self.group_of[op]].roots[0]]
             else:
-                views[op] = op_views(op, rules[op], mesh)
+                sk = self.signature(op)
+                if sk is None:
+                    views[op] = op_views(op, rules[op], mesh)
+                else:
+                    if sk not in strategies:
+                        strategies[sk] = op_views(op, rules[op], mesh)
+                    views[op] = strategies[sk]
             views[op] = interned.setdefault(tuple(views[op]), views[op])
         for op in reversed(self.ops):
             if op in self.attached:

@@ -331,14 +331,24 @@ def _body(prog: Program, namer: Namer, constraint=None) -> list[str]:
 
 
 def _op_lines(ops, namer: Namer, constraint=None, indent: str = "    ", count=None) -> list[str]:
+    """The ops' statements at `indent`, preceded by the functions of every loop among them (nested
+    loops included), each defined at `indent` too: however deeply loops nest, the module's
+    indentation stays two levels below the enclosing function's (Python allows 100)."""
     lines: list[str] = []
-    _ops(ops, namer, constraint, indent, lines, [0] if count is None else count)
-    return lines
+    defs: list[str] = []
+    _ops(ops, namer, constraint, indent, lines, [0] if count is None else count, (indent, defs))
+    return defs + lines
 
 
-def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: list[int]) -> None:
-    """A loop as jax.lax.fori_loop over a nested function of (index, carries); the body reads
-    its captures from the enclosing function."""
+I32_MAX = 2**31 - 1
+
+
+def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: list[int], defs: tuple) -> None:
+    """A loop as jax.lax.fori_loop over a function of (index, carries, captures), defined among
+    `defs` (at the enclosing function's level) and called with this scope's captures. fori_loop's
+    bounds and trip count are int32: a range of more than 2^31 - 1 indices runs as consecutive
+    fori_loops, and one ending at 2^31 runs its last index after them. defs: (the indentation of
+    the enclosing function's statements, its list of defs)."""
     loop = Loop(op)
     if loop.trips == 0:  # the results are the inits (XLA's partitioner crashes on jax's grad of some empty loops)
         if op.results:
@@ -348,26 +358,34 @@ def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: li
     fn = f"loop{count[0]}"
     count[0] += 1
     carries = [pyname(namer, v) for v in loop.carries]
+    caps = [pyname(namer, p) for p in loop.capture_params]
     line = f"  # line {op.span.line}" if op.span is not None else ""
-    lines.append(f"{indent}def {fn}({fn}_i, {fn}_carry):{line}")
-    inner = indent + "    "
-    lines.append(f"{inner}{pyname(namer, loop.index)} = jnp.asarray({fn}_i, jnp.int32)")
+    outer, fns = defs
+    body: list[str] = []
+    inner = outer + "    "
+    body.append(f"{inner}{pyname(namer, loop.index)} = jnp.asarray({fn}_i, jnp.int32)")
     if carries:
-        lines.append(f"{inner}{', '.join(carries)}, = {fn}_carry")
-    for p, v in zip(loop.capture_params, loop.captures):
-        lines.append(f"{inner}{pyname(namer, p)} = {pyname(namer, v)}")
-    _ops(loop.body.ops, namer, constraint, inner, lines, count)
-    lines.append(f"{inner}return ({''.join(pyname(namer, v) + ', ' for v in loop.body.results)})")
+        body.append(f"{inner}{', '.join(carries)}, = {fn}_carry")
+    _ops(loop.body.ops, namer, constraint, inner, body, count, defs)
+    body.append(f"{inner}return ({''.join(pyname(namer, v) + ', ' for v in loop.body.results)})")
+    fns += [f"{outer}def {fn}({fn}_i, {fn}_carry{''.join(', ' + c for c in caps)}):{line}"] + body
     inits = "".join(pyname(namer, v) + ", " for v in loop.inits)
     outs = "".join(pyname(namer, r) + ", " for r in op.results)
-    call = f"jax.lax.fori_loop({loop.start}, {loop.stop}, {fn}, ({inits}))"
+    args = "".join(", " + pyname(namer, v) for v in loop.captures)
+    f = f"lambda {fn}_i, {fn}_carry: {fn}({fn}_i, {fn}_carry{args})" if args else fn
+    call, lo = f"({inits})", loop.start
+    while lo < min(loop.stop, I32_MAX):  # one fori_loop, unless the range needs more than int32 bounds
+        hi = min(loop.stop, I32_MAX, lo + I32_MAX)
+        call, lo = f"jax.lax.fori_loop({lo}, {hi}, {f}, {call})", hi
+    if loop.stop > I32_MAX:  # only 2^31 itself (the language keeps indices in int32): the last index
+        call = f"{fn}({I32_MAX}, {call}{args})"
     lines.append(f"{indent}{outs} = {call}" if outs else f"{indent}{call}")
 
 
-def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: list[int]) -> None:
+def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: list[int], defs: tuple) -> None:
     for op in ops:
         if op.kind == LOOP:
-            _loop(op, namer, constraint, indent, lines, count)
+            _loop(op, namer, constraint, indent, lines, count, defs)
             continue
         args = [pyname(namer, v) for v in op.operands]
         outs = [pyname(namer, r) for r in op.results]
@@ -378,7 +396,9 @@ def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: li
             # (all_gather: "dimension size of operand at 'all_gather_dim' cannot be zero")
             expr = ", ".join(f"jnp.zeros({r.type.shape!r}, {T.jnp_dtype(r.type.dtype)})" for r in op.results)
         else:
-            expr = registry.get(op.kind).jax(args, op.attrs, [r.type for r in op.results])
+            opdef = registry.get(op.kind)
+            emit = opdef.jax_local if constraint is None and opdef.jax_local else opdef.jax  # None: shard_map
+            expr = emit(args, op.attrs, [r.type for r in op.results])
         line = f"{indent}{', '.join(outs)} = {expr}"
         if op.span is not None:
             line += f"  # line {op.span.line}"

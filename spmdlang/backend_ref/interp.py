@@ -6,6 +6,7 @@ import numpy as np
 
 from ..ir import registry
 from ..ir.core import LOOP, Loop, Program
+from ..limits import out_of_memory
 
 
 def run_global(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -23,7 +24,10 @@ def run_ops(ops, env: dict) -> None:
             outs = run_loop(Loop(op), [env[v] for v in op.operands], run_ops,
                             lambda i: np.asarray(i, dtype=np.int32))
         else:
-            outs = registry.get(op.kind).evaluate([env[v] for v in op.operands], op.attrs)
+            try:
+                outs = registry.get(op.kind).evaluate([env[v] for v in op.operands], op.attrs)
+            except MemoryError:
+                raise out_of_memory(op, "ref") from None
         for r, a in zip(op.results, outs):
             env[r] = np.asarray(a)
 

@@ -15,6 +15,7 @@ from ..ir import registry
 from ..ir.core import LOOP, Loop
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import np_is_float
+from ..limits import out_of_memory
 from .interp import run_loop
 
 INT_POISON = 1_000_000_007
@@ -88,11 +89,15 @@ def _run_ops(ops, env: dict, mesh: Mesh) -> None:
                             lambda i: [np.asarray(i, dtype=np.int32)] * mesh.size)
         else:
             opdef = registry.get(op.kind)
-            if opdef.simulate is not None:
-                outs = opdef.simulate([env[v] for v in op.operands], op.attrs, mesh)
-            else:
-                per_device = [opdef.evaluate([env[v][pos] for v in op.operands], op.attrs) for pos in range(mesh.size)]
-                outs = [[np.asarray(d[i]) for d in per_device] for i in range(len(op.results))]
+            try:
+                if opdef.simulate is not None:
+                    outs = opdef.simulate([env[v] for v in op.operands], op.attrs, mesh)
+                else:
+                    per_device = [opdef.evaluate([env[v][pos] for v in op.operands], op.attrs)
+                                  for pos in range(mesh.size)]
+                    outs = [[np.asarray(d[i]) for d in per_device] for i in range(len(op.results))]
+            except MemoryError:
+                raise out_of_memory(op, "sim") from None
         for r, per_device_result in zip(op.results, outs):
             env[r] = per_device_result
 

@@ -537,6 +537,10 @@ class Lowerer:
             raise SpmdError("a loop's range() takes 1 or 2 arguments: range(stop) or range(start, stop)",
                             s.range_args[2].span)
         start, stop = (0, args[0]) if len(args) == 1 else args
+        if stop > start and not (-2**31 <= start and stop <= 2**31):
+            raise SpmdError(f"the loop index '{s.var}' is an i32 value, so a loop's range lies within "
+                            f"range(-2^31, 2^31); range({start}, {stop}) goes beyond it",
+                            s.range_args[-1].span if stop > 2**31 else s.range_args[0].span)
         assigned = _assigned(s.body)
         carried = []
         for name in assigned:

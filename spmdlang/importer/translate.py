@@ -150,6 +150,10 @@ class Translator:
         self.last_comment = None
         self.pending = None  # the comment naming the user's line of the next statement
         self.iotas: dict[str, int] = {}  # placeholder of an iota -> its axis (sort's argsort operand)
+        self.known: dict[str, object] = {}  # placeholder of a full(type, v) constant -> v
+        # how some u32 values were made (random_bits, >> 9, | 0x3F800000): jax.random's uniform
+        # bits-to-float step, bitcast_convert_type, is then the language's uniform
+        self.origin: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ emission
 
@@ -192,6 +196,7 @@ class Translator:
                 else:
                     expr = f"full({dt}[{', '.join(map(str, shape))}], {literal_text(v, dt)})"
                 self.constant_lines.append(f"  {name} = {expr}")
+                self.known[name] = v.item()
             return Ref(self.scalars[key], dt, shape)
         return self.const_param(arr, where or self.where)
 
@@ -442,7 +447,10 @@ def _logical(fn, op):
             a, b = ins
             if a.is_literal and b.is_literal:
                 a = Ref(t.value(a), a.dtype, a.shape)
-            return t.put(eqn, f"bitwise_{eqn.primitive.name}({a.text}, {b.text})")
+            out = t.put(eqn, f"bitwise_{eqn.primitive.name}({a.text}, {b.text})")
+            if eqn.primitive.name == "or" and b.literal == _ONE_BITS and t.origin.get(a.text, ("",))[0] == "shr9":
+                t.origin[out.text] = ("float_bits", *t.origin[a.text][1:])
+            return out
         if fn is None:
             return t.put(eqn, f"logical_not({t.value(ins[0])})")
         if op:
@@ -466,9 +474,26 @@ def _shift(fn, signed_ok: bool, unsigned_ok: bool):
                    "(right_shift is logical on u32, arithmetic on signed integers)")
         if a.is_literal and b.is_literal:
             a = Ref(t.value(a), a.dtype, a.shape)
-        return t.put(eqn, f"{fn}({a.text}, {b.text})")
+        out = t.put(eqn, f"{fn}({a.text}, {b.text})")
+        if fn == "right_shift" and b.literal == 9 and t.origin.get(a.text, ("",))[0] == "bits":
+            t.origin[out.text] = ("shr9", *t.origin[a.text][1:])
+        return out
 
     return write
+
+
+_ONE_BITS = 0x3F800000  # 1.0f: OR-ed into 23 random mantissa bits, a float in [1, 2)
+
+
+@prim("bitcast_convert_type")
+def _bitcast(t, eqn, ins):
+    """jax.random.uniform's step from bits to floats, bitcast((bits >> 9) | 1.0f) in [1, 2): the
+    language's uniform(key) + 1.0, bit for bit (uniform is that bitcast minus 1.0, exactly)."""
+    origin = t.origin.get(ins[0].text, ("",))
+    out = t.out(eqn)
+    if origin[0] == "float_bits" and dtype_name(out.dtype, t.where) == "f32":
+        return t.put(eqn, f"uniform({origin[1]}, {type_text(out)}) + 1.0")
+    t.fail("jax primitive 'bitcast_convert_type' has no spmdlang equivalent (except in jax.random's uniform)")
 
 
 PRIMS["shift_left"] = _shift("left_shift", True, True)
@@ -987,11 +1012,25 @@ def _call(t, eqn, ins):
 
 
 # jax.random's samplers are jitted functions of a key: one builtin each (None: inline the body)
+def _static(t, r: Ref):
+    """A Ref's value when it is known when traced (a literal or a constant of one value), else None."""
+    if r.is_literal:
+        return r.literal
+    return t.known.get(r.text)
+
+
+def _number(t, r: Ref) -> str | None:
+    v = _static(t, r)
+    return None if v is None else literal_text(v, r.dtype)
+
+
 def _uniform(t, eqn, ins):
-    key, lo, hi = ins
-    if not (lo.is_literal and hi.is_literal):
+    if len(ins) != 3:
         return None
-    return f"uniform({key.text}, {type_text(t.out(eqn))}, minval={lo.text}, maxval={hi.text})"
+    key, lo, hi = ins[0], _number(t, ins[1]), _number(t, ins[2])
+    if lo is None or hi is None:
+        return None
+    return f"uniform({key.text}, {type_text(t.out(eqn))}, minval={lo}, maxval={hi})"
 
 
 def _normal(t, eqn, ins):
@@ -999,8 +1038,10 @@ def _normal(t, eqn, ins):
 
 
 def _bernoulli(t, eqn, ins):
-    key, p = ins
-    return f"bernoulli({key.text}, {p.text}, {type_text(t.out(eqn))})" if p.is_literal else None
+    # (key, p); a traced gradient may have hoisted the sampler's constants into more arguments:
+    # then its body (uniform(key) < p, which is bernoulli's definition) is inlined
+    p = _number(t, ins[1]) if len(ins) == 2 else None
+    return None if p is None else f"bernoulli({ins[0].text}, {p}, {type_text(t.out(eqn))})"
 
 
 _RANDOM_CALLS = {"_uniform": _uniform, "_normal": _normal, "_bernoulli": _bernoulli}
@@ -1045,7 +1086,9 @@ def _random_bits(t, eqn, ins):
     _one_key(t, eqn, ins[0])
     if int(eqn.params["bit_width"]) != 32:
         t.fail(f"jax primitive 'random_bits' of {eqn.params['bit_width']} bits has no spmdlang equivalent (32)")
-    return t.put(eqn, f"random_bits({ins[0].text}, {type_text(t.out(eqn))})")
+    out = t.put(eqn, f"random_bits({ins[0].text}, {type_text(t.out(eqn))})")
+    t.origin[out.text] = ("bits", ins[0].text)
+    return out
 
 
 @prim("custom_vjp_call", "custom_vjp_call_jaxpr")
@@ -1065,7 +1108,7 @@ def _sharding_constraint(t, eqn, ins):
 
 def spec_text(spec, rank: int, open_ok: bool = False) -> str | None:
     """A PartitionSpec as the language's `{a, _, (b, c)}` (None when there is none)."""
-    if spec is None:
+    if spec is None or rank == 0:
         return None
     from jax.sharding import PartitionSpec as P
 

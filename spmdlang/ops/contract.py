@@ -60,9 +60,14 @@ def _einsum_numpy(*xs, spec):
 
 
 def _einsum_jax(args, attrs, out):
-    acc = ", preferred_element_type=jnp.float32" if out[0].dtype in ("bf16", "f16") else ""
-    text = f'jnp.einsum("{attrs["spec"]}", {", ".join(args)}{acc})'
-    return f"{text}.astype({T.jnp_dtype(out[0].dtype)})" if acc else text
+    """bf16 and f16 einsums accumulate in f32, as ref does: the operands are upcast before the dot
+    (their products are exact in f32, so this is preferred_element_type=f32 by another route; XLA
+    CPU has no BF16 x BF16 = F32 kernel for some dot forms: "Unsupported element type for
+    DotThunk::Execute")."""
+    if out[0].dtype not in ("bf16", "f16"):
+        return f'jnp.einsum("{attrs["spec"]}", {", ".join(args)})'
+    wide = ", ".join(f"{a}.astype(jnp.float32)" for a in args)
+    return f'jnp.einsum("{attrs["spec"]}", {wide}).astype({T.jnp_dtype(out[0].dtype)})'
 
 
 def _size(letters, sizes) -> int:
@@ -378,46 +383,67 @@ def _conv_localize(attrs, operands, shapes):
     return out
 
 
-def _dilate_pad(x, lhs, padding):
-    """x with lhs_dilation - 1 zeros between elements of each spatial dim, then padded (negative
-    padding crops), as lax.conv_general_dilated reads its input."""
-    nsp = len(lhs)
-    if any(d > 1 for d in lhs):
-        shape = [x.shape[0]] + [(n - 1) * d + 1 if n else 0 for n, d in zip(x.shape[1:-1], lhs)] + [x.shape[-1]]
-        xd = np.zeros(shape, x.dtype)
-        xd[(slice(None),) + tuple(slice(None, None, d) for d in lhs) + (slice(None),)] = x
-        x = xd
-    x = np.pad(x, [(0, 0)] + [(max(lo, 0), max(hi, 0)) for lo, hi in padding] + [(0, 0)])
-    crop = tuple(slice(max(-lo, 0), x.shape[1 + i] - max(-hi, 0)) for i, (lo, hi) in enumerate(padding))
-    assert len(crop) == nsp
-    return x[(slice(None),) + crop + (slice(None),)]
-
-
 def conv_numpy(x, w, **attrs):
-    """Direct convolution: a sum over window taps of strided slices of the dilated, padded input
-    times the kernel tap (per group)."""
+    """Direct convolution: a sum over window taps of (strided) input rows times the kernel tap (per
+    group). Each tap reads only the input elements it reaches, never the padding or the zeros of
+    lhs_dilation, so the cost follows the taps that touch the input: a window spread by
+    rhs_dilation=10^8 over an 8-element input costs its one reaching tap, not 10^8 padded rows."""
     strides, padding, lhs, rhs, g, bg = conv_params(attrs)
     dt = x.dtype
     xw, ww = T.widen(x), T.widen(w)
     nsp = len(strides)
-    xp = _dilate_pad(xw, lhs, padding)
     out_sp = [conv_output_size(x.shape[1 + i], w.shape[i], strides[i], *padding[i], lhs[i], rhs[i])
               for i in range(nsp)]
     n, c, f = x.shape[0], x.shape[-1], w.shape[-1]
     out = np.zeros((n // bg, *out_sp, f), dtype=np.result_type(xw.dtype, ww.dtype))
+    rows = [[_tap_rows(x.shape[1 + i], o, out_sp[i], strides[i], padding[i][0], lhs[i], rhs[i])
+             for o in range(w.shape[i])] for i in range(nsp)]
     for offset in np.ndindex(*w.shape[:nsp]):
-        idx = tuple(slice(o * r, o * r + (m - 1) * s + 1, s) for o, r, m, s in zip(offset, rhs, out_sp, strides))
-        patch = xp[(slice(None),) + idx + (slice(None),)]
+        hit = [rows[i][o] for i, o in enumerate(offset)]
+        if any(h is None for h in hit):
+            continue  # this tap lands in padding (or between dilated elements) for every output
+        if all(isinstance(m, slice) for m, _ in hit):
+            dst, src = tuple(m for m, _ in hit), tuple(q for _, q in hit)
+        else:
+            dst = np.ix_(*[np.arange(out_sp[i])[m] if isinstance(m, slice) else m for i, (m, _) in enumerate(hit)])
+            src = np.ix_(*[np.arange(x.shape[1 + i])[q] if isinstance(q, slice) else q
+                           for i, (_, q) in enumerate(hit)])
+        patch = xw[(slice(None),) + src + (slice(None),)]
         tap = ww[offset]
+        target = (out.shape[0], *patch.shape[1:-1], f)
         if g > 1:
             p = patch.reshape(*patch.shape[:-1], g, c // g)
-            out += np.einsum("...gc,cgf->...gf", p, tap.reshape(c // g, g, f // g)).reshape(out.shape)
+            part = np.einsum("...gc,cgf->...gf", p, tap.reshape(c // g, g, f // g)).reshape(target)
         elif bg > 1:
             p = patch.reshape(bg, n // bg, *patch.shape[1:])
-            out += np.einsum("bn...c,cbf->n...bf", p, tap.reshape(c, bg, f // bg)).reshape(out.shape)
+            part = np.einsum("bn...c,cbf->n...bf", p, tap.reshape(c, bg, f // bg)).reshape(target)
         else:
-            out += np.tensordot(patch, tap, axes=([patch.ndim - 1], [0]))
+            part = np.tensordot(patch, tap, axes=([patch.ndim - 1], [0]))
+        out[(slice(None),) + dst + (slice(None),)] += part
     return out.astype(dt)
+
+
+def _tap_rows(n: int, o: int, n_out: int, stride: int, lo: int, lhs: int, rhs: int):
+    """Tap o of one spatial dim: (the outputs whose window reads an input element at this tap,
+    those elements) as two slices (or index arrays under lhs_dilation), or None when it reads
+    none. Output m reads the dilated input at q = o*rhs + m*stride - lo: an element where
+    0 <= q <= (n-1)*lhs and lhs divides q. Python integers: o*rhs may pass 2^63."""
+    base = o * rhs - lo
+    if n == 0 or n_out == 0:
+        return None
+    m0 = max(0, -(base // stride))  # the first m with base + m*stride >= 0
+    m1 = min(n_out - 1, ((n - 1) * lhs - base) // stride)  # the last with q <= (n-1)*lhs
+    if m0 > m1:
+        return None
+    q0 = base + m0 * stride
+    if lhs == 1:
+        return slice(m0, m1 + 1), slice(q0, q0 + (m1 - m0) * stride + 1, stride)
+    m = np.arange(m0, m1 + 1, dtype=np.int64)
+    q = q0 + (m - m0) * stride
+    keep = q % lhs == 0
+    if not keep.any():
+        return None
+    return m[keep], q[keep] // lhs
 
 
 _CONV_DIMS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
@@ -439,6 +465,29 @@ def _conv_jax(args, attrs, out):
     pad = [tuple(p) for p in padding]
     return (f"jax.lax.conv_general_dilated({args[0]}, {args[1]}, window_strides={strides}, "
             f"padding={pad}{extra}, dimension_numbers={_CONV_DIMS[nsp]})")
+
+
+def _conv_jax_local(args, attrs, out):
+    """A conv in our per-partition module, as ref and sim compute it: the padding and the
+    lhs_dilation holes are explicit zeros that multiply the kernel (0 * inf is NaN), like the
+    zeros a split conv's halo brings past the image edge. lax.conv_general_dilated's own padding
+    and holes do not: XLA's CPU convolutions skip those taps in some forms (docs/known_xla_issues.md),
+    and its simplifier folds a zero pad of the input back into the conv's padding, so the padded
+    input goes through an optimization barrier to a conv with no padding or lhs_dilation. Batch
+    groups run as one conv per group, concatenated along the features: XLA's batch_group_count
+    with rhs_dilation spreads a NaN or inf of one group's kernel over every group's output."""
+    strides, padding, lhs, rhs, g, bg = conv_params(attrs)
+    nsp = len(strides)
+    x, w = args
+    if bg > 1:
+        n, f = out[0].shape[0], out[0].shape[-1] // bg
+        x, w = f"{x}[_b * {n}:(_b + 1) * {n}]", f"{w}[..., _b * {f}:(_b + 1) * {f}]"
+    if padding != ((0, 0),) * nsp or lhs != (1,) * nsp:
+        config = [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs)] + [(0, 0, 0)]
+        x = f"jax.lax.pad({x}, jnp.zeros((), {args[0]}.dtype), {config})"
+    x = f"jax.lax.optimization_barrier({x})"
+    conv = _conv_jax([x, w], conv_attrs(strides, ((0, 0),) * nsp, None, rhs, g), out)
+    return f"jnp.concatenate([{conv} for _b in range({bg})], axis=-1)" if bg > 1 else conv
 
 
 def _conv_window(n_out: int, k: int, stride: int, lo: int, window: int, lhs: int, rhs: int):
@@ -507,6 +556,11 @@ def partition_conv(ctx):
         k = ctx.mesh.group_size(out.dims[1 + i])
         win, dilated, dl, pads = _conv_window(n_out[1 + i], k, strides[i], padding[i][0], w.type.shape[i],
                                               lhs[i], rhs[i])
+        n_in = x.type.shape[1 + i] * (lhs[i] if dilated else 1)
+        if win.length > 2 * n_in + 1024:
+            # a window spread far past the input (rhs_dilation=10^8 on 8 rows): each shard's window
+            # would be mostly zeros of padding, materialized; the whole input is smaller
+            return ctx.generic()
         plans[i] = (win, dilated, dl, pads)
         windows.append((1 + i, win))
         if dilated:
@@ -613,7 +667,8 @@ def _window_contraction(ctx) -> bool:
 
 register("conv", doc="lax.conv_general_dilated: [N, spatial..., C] x [window..., C/groups, F] -> [N, spatial..., F]",
          example=(("f32[2, 8, 8, 3]", "f32[3, 3, 3, 5]"), {"strides": (1, 1), "padding": ((1, 1), (1, 1))}),
-         infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, partition=partition_conv,
+         infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, jax_local=_conv_jax_local,
+         partition=partition_conv,
          flops=_conv_flops, localize=_conv_localize,
          partial=PartialMode.multilinear, reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
          family=Family.contract)

@@ -1,0 +1,85 @@
+"""Autoshard on large programs: wall time of each phase on a generated program of about N ops.
+
+Two shapes, both on mesh [data=2, model=4] with only the batch input annotated:
+  chain     h = tanh(h @ w + b) unrolled by `for` (one weight: layers alike share variables)
+  distinct  h = tanh(h @ w_i) * c_i with a weight parameter per layer (each layer its own group)
+
+    python benchmarks/bench_autoshard_scale.py [--ops 10000] [--shape chain|distinct|both] [--solver auto]
+
+Prints the load average before and after (the machine may be shared), the search's problem size,
+and seconds spent building the problem, solving it, and compiling the candidate plans, and in all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def program(shape: str, ops: int) -> str:
+    if shape == "chain":  # 4 ops a layer: einsum, broadcast of b, add, tanh
+        return ("mesh [data=2, model=4]\n"
+                "func main(x: f32[64, 128] {data, _}, w: f32[128, 128], b: f32[128]) -> f32[64, 128] {\n"
+                f"  h = x\n  for i in range({ops // 4}) {{\n    h = tanh(h @ w + b)\n  }}\n  return h\n}}\n")
+    n = ops // 4  # einsum, tanh, the constant, mul
+    params = ", ".join(f"w{i}: f32[128, 128]" for i in range(n))
+    body = "".join(f"  h = tanh(h @ w{i}) * {1.0 + i % 7}\n" for i in range(n))
+    return (f"mesh [data=2, model=4]\nfunc main(x: f32[64, 128] {{data, _}}, {params}) -> f32[64, 128] {{\n"
+            f"  h = x\n{body}  return h\n}}\n")
+
+
+def run(shape: str, ops: int, solver: str) -> dict:
+    import spmdlang
+    from spmdlang import shard_search
+    from spmdlang.search import ilp
+
+    spent = {"build": 0.0, "solve": 0.0, "compile": 0.0}
+
+    def timed(name, f):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return wrapper
+
+    saved = ilp.build, ilp.solve_ilp, ilp.solve_greedy, shard_search._plan
+    ilp.build = timed("build", ilp.build)
+    ilp.solve_ilp, ilp.solve_greedy = timed("solve", ilp.solve_ilp), timed("solve", ilp.solve_greedy)
+    shard_search._plan = timed("compile", shard_search._plan)
+    try:
+        text = program(shape, ops)
+        t0 = time.perf_counter()
+        r = spmdlang.autoshard(text, filename=f"{shape}.spmd", method=solver)
+        total = time.perf_counter() - t0
+    finally:
+        ilp.build, ilp.solve_ilp, ilp.solve_greedy, shard_search._plan = saved
+    n_ops = len(spmdlang.compile(text).program.ops)
+    return {"shape": shape, "ops": n_ops, "solver": r.solver, "variables": r.problem["variables"],
+            "groups": r.problem["groups"], **{k: round(v, 1) for k, v in spent.items()},
+            "total_s": round(total, 1), "chosen": r.chosen.label}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", type=int, default=10_000)
+    ap.add_argument("--shape", choices=("chain", "distinct", "both"), default="both")
+    ap.add_argument("--solver", choices=("auto", "ilp", "greedy"), default="auto")
+    args = ap.parse_args()
+    shapes = ("chain", "distinct") if args.shape == "both" else (args.shape,)
+    print(json.dumps({"load_average": os.getloadavg(), "cpus": os.cpu_count()}), flush=True)
+    for shape in shapes:
+        print(json.dumps(run(shape, args.ops, args.solver)), flush=True)
+    print(json.dumps({"load_average": os.getloadavg()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
