@@ -44,7 +44,7 @@ class Plan:
         fl = flops(self.compiled.spmd.program)
         return {"collectives": len(cols), "bytes_per_device": int(round(sum(x[2] for x in cols))),
                 "flops_per_device": fl, "peak_bytes_per_device": peak_bytes(self.compiled.spmd.program),
-                "modelled_time_us": round(step_time_us(cols, fl), 3),
+                "modelled_time_us": round(step_time_us(self.collectives, mesh, fl), 3),
                 "compute_time_us": round(compute_time_us(fl), 3),
                 "planner_cost": round(sum(collective_cost(k, g, b) for k, g, b, _ in cols), 1)}
 

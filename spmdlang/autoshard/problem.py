@@ -1,15 +1,8 @@
 """Auto-sharding search over the global IR: per-op strategies from the factor rules, edge costs
 from the reshard planner, one integer linear program (Alpa, OSDI 2022), or a greedy pass.
 
-The graph. Every parameter and every op of the canonical global program is a unit. A unit's
-strategies:
-  parameter   every layout of it (each mesh axis on at most one dim, dims split evenly); an
-              annotated parameter has exactly its annotation
-  op          every assignment of mesh axes to the factors of its FactorRule that the partitioner
-              could run (pass factors, and reduction factors of ops with a reduce kind: the
-              result is then `partial`), each factor split evenly; a shard() constraint keeps only
-              those that agree with its spec
-A strategy fixes the layout each operand is wanted in, the layout of each result (pending sums
+The graph. Every parameter and every op of the canonical global program is a unit, with the
+strategies autoshard.strategies lists (a parameter's layouts, an op's factor splits). A strategy fixes the layout each operand is wanted in, the layout of each result (pending sums
 included) and the op's local work.
 Costs are the cost model's (partition.cost): local work at FLOPS_PER_BYTE, as the partitioner
 weighs an op's candidates, and on every edge producer -> consumer the reshard planner's cheapest
