@@ -2,7 +2,7 @@
 
 For each program (programs/*.spmd, benchmarks/transformer_stack.spmd and train_stack.spmd, 12
 layers each, and programs/stack_scan.spmd with L=48) it strips
-the annotations to the batch dim of the first input (`spmdlang.shard_search.batch_only`), runs
+the annotations to the batch dim of the first input (`spmdlang.autoshard.batch_only`), runs
 `spmdlang.autoshard`, and compares three plans on the program's mesh:
   hand      our partitioner on the annotations as written in the file
   autoshard our partitioner on the annotations autoshard wrote
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--no-xla", action="store_true")
     args = ap.parse_args()
     import spmdlang
-    from spmdlang.shard_search import Plan, autoshard, batch_only
+    from spmdlang.autoshard import Plan, autoshard, batch_only
 
     files = [(Path(f), None) for f in args.files] or [(p, None) for p in sorted((ROOT / "programs").glob("*.spmd"))] + [
         (ROOT / "programs" / "stack_scan.spmd", {"L": 48}), (ROOT / "benchmarks" / "transformer_stack.spmd", None),

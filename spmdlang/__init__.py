@@ -2,9 +2,9 @@
 
 from . import ops as _ops  # noqa: F401  (registers the op table)
 from .api import Compiled, compile
+from .autoshard import autoshard
 from .errors import SpmdError
 from .importer import Imported, from_jax
-from .shard_search import autoshard
 
 __all__ = ["Compiled", "Imported", "SpmdError", "autoshard", "compile", "from_jax"]
 __version__ = "0.1.0"

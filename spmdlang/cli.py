@@ -465,7 +465,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_autoshard(args) -> int:
-    from .shard_search import autoshard, render_autoshard
+    from .autoshard import autoshard, render_autoshard
 
     if args.file == "-":
         text, filename = _read_stdin(), STDIN_NAME

@@ -24,7 +24,7 @@ class Block(nn.Module):
     def __call__(self, x):
         mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
         h = nn.LayerNorm()(x)
-        x = x + nn.SelfAttention(num_heads=self.heads, use_bias=False)(h, mask=mask)
+        x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads, use_bias=False)(h, mask=mask)
         h = nn.LayerNorm()(x)
         h = nn.gelu(nn.Dense(4 * x.shape[-1])(h))
         return x + nn.Dense(x.shape[-1])(h)

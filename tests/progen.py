@@ -327,7 +327,10 @@ class Generator:
         arg = arg or f", axis=[{', '.join(map(str, range(len(a.shape))))}]"
         if self.ch.chance(0.5):
             return self.assign(f"log_softmax({a.name}{arg})", a.shape, a.dtype, False)
-        eps = self.ch.choice(["", ", epsilon=0.01"])
+        # an epsilon well above f32 rounding: standardize divides by the spread, and of nearly equal
+        # values (sigmoid of values near 1, seed 3885) it amplifies an ulp of the mean, which a
+        # split sum may round otherwise, past any tolerance (the default epsilon is 1e-5)
+        eps = self.ch.choice([", epsilon=0.1", ", epsilon=0.01"])
         return self.assign(f"standardize({a.name}{arg}{eps})", a.shape, a.dtype, False)
 
     def op_floor_mod(self):
@@ -935,7 +938,9 @@ class Generator:
         a = self.pick(lambda v: v.dtype == "f32" and v.shape)
         if a is None:
             return None
-        carry = self.assign(f"shard({a.name}, {self.spec(len(a.shape))})", a.shape, "f32", a.exact)
+        # the body reads the carry as the updates below leave it: through tanh, not exact (XLA's tanh
+        # differs from numpy's in the last bits, and floor(v * 2.0) of it jumped: seed 7041)
+        carry = self.assign(f"shard({a.name}, {self.spec(len(a.shape))})", a.shape, "f32", False)
         saved = len(self.pool)
         idx = f"i{self.counter}"
         n = self.ch.int(0, 4)
@@ -965,8 +970,8 @@ class Generator:
         self.lines.append("  }")
         del self.pool[saved:]
         self.pool.remove(carry)
-        exact = carry.exact and b.exact and _portable(update)
-        return self.assign(carry.name, carry.shape, "f32", exact)
+        assert not _portable(update)  # as the carry in the body was taken to be
+        return self.assign(carry.name, carry.shape, "f32", False)
 
     OPS = (("unary", 3), ("binary", 4), ("compare_where", 2), ("matmul", 3), ("einsum", 3), ("reduce", 3),
            ("arg", 2), ("softmax", 2), ("transpose", 2), ("reshape", 3), ("broadcast", 1),
@@ -1090,8 +1095,9 @@ def multiplies_pending_sums(compiled) -> bool:
 def special_floats(src: str, compiled=None) -> tuple[float, ...]:
     """The non-finite values hostile inputs may hold for program `src` (compiled as `compiled`):
     NaN and +-inf; NaN only where an einsum reassociates or the plan multiplies a pending sum;
-    none where it convolves (XLA skips a conv's padding and dilation holes, the reference
-    multiplies them as zeros: 0 * inf and 0 * NaN are NaN there; docs/language.md says so)."""
+    none where it convolves (ref, sim and jax multiply a conv's padding and dilation holes as
+    zeros: 0 * inf and 0 * NaN are NaN there; the xla baseline's conv skips them in some forms:
+    docs/known_xla_issues.md 10; tests/test_conv_general.py checks non-finite kernels on padding)."""
     if re.search(r"\bconv\(", src):
         return ()
     if reassociates(src) or (compiled is not None and multiplies_pending_sums(compiled)):

@@ -18,8 +18,8 @@ import pytest
 
 import spmdlang
 from spmdlang.frontend.parse import parse
-from spmdlang.search import ilp
-from spmdlang.shard_search import Plan, autoshard, batch_only, strip_annotations
+from spmdlang.autoshard import problem, solve
+from spmdlang.autoshard import Plan, autoshard, batch_only, strip_annotations
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = sorted((ROOT / "programs").glob("*.spmd"))
@@ -162,26 +162,26 @@ def test_no_plan_fits_is_a_located_error():
 def _problem(name="transformer_block.spmd"):
     path = ROOT / "programs" / name
     c = spmdlang.compile(batch_only(path.read_text()), filename=str(path))
-    return ilp.build(c.canonical)
+    return problem.build(c.canonical)
 
 
 def test_greedy_and_ilp_agree_on_the_block():
     prob = _problem()
-    a, b = ilp.solve_ilp(prob), ilp.solve_greedy(prob)
+    a, b = solve.solve_ilp(prob), solve.solve_greedy(prob)
     assert a.solver == "ilp" and b.solver == "greedy"
     assert a.cost <= b.cost + 1e-6  # the ILP is optimal for its own objective
     assert abs(prob.evaluate(a.choice) - a.cost) < 1e-6
 
 
 def test_without_scipy_the_greedy_search_runs(monkeypatch):
-    monkeypatch.setattr(ilp, "have_solver", lambda: False)
+    monkeypatch.setattr(solve, "have_solver", lambda: False)
     r = autoshard(batch_only((ROOT / "programs" / "mlp.spmd").read_text()), filename="mlp.spmd")
     assert r.solver == "greedy"
     assert recompiled(r).diff(backends=("sim",))["ok"]
 
 
 def test_over_the_size_limit_the_greedy_search_runs(monkeypatch):
-    monkeypatch.setattr(ilp, "MAX_ILP_VARIABLES", 10)
+    monkeypatch.setattr(solve, "MAX_ILP_VARIABLES", 10)
     r = autoshard(batch_only((ROOT / "programs" / "mlp.spmd").read_text()), filename="mlp.spmd")
     assert r.solver == "greedy"
 
@@ -191,7 +191,7 @@ def test_identical_layers_are_solved_once():
     tied, untied = _problem(), None
     path = ROOT / "programs" / "transformer_block.spmd"
     c = spmdlang.compile(batch_only(path.read_text()))
-    untied = ilp.build(c.canonical, tie_layers=False, merge_elementwise=False)
+    untied = problem.build(c.canonical, tie_layers=False, merge_elementwise=False)
     assert len(tied.groups) < len(untied.groups) / 2
     assert tied.size < untied.size
 
@@ -200,7 +200,7 @@ def test_a_loop_body_is_solved_once():
     """A `loop` stack of 48 layers is the same problem as one of 4 (its body's units, costs times
     the trip count), solved in well under 10 s; the carried residual stream has one layout."""
     text = batch_only((ROOT / "programs" / "stack_scan.spmd").read_text())
-    probs = [ilp.build(spmdlang.compile(text, consts={"L": n}).canonical) for n in (4, 48)]
+    probs = [problem.build(spmdlang.compile(text, consts={"L": n}).canonical) for n in (4, 48)]
     assert len(probs[0].groups) == len(probs[1].groups) and len(probs[0].units) == len(probs[1].units)
     assert abs(probs[0].size - probs[1].size) <= 0.01 * probs[0].size  # (edge classes can differ a little)
     r = autoshard(text, consts={"L": 48}, filename="stack.spmd", runners_up=0)
@@ -399,7 +399,7 @@ def _report_text(rep: dict, width: int = 200) -> str:
 
     from rich.console import Console
 
-    from spmdlang.shard_search import render_autoshard
+    from spmdlang.autoshard import render_autoshard
 
     out = io.StringIO()
     render_autoshard(Console(file=out, width=width, color_system=None), rep)

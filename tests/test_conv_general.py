@@ -304,3 +304,80 @@ def test_batch_groups_partition_under_random_layouts():
     rng = np.random.default_rng(0)
     for i in rng.choice(len(combos), 40, replace=False):
         S.check("conv", texts, attrs, combos[i], rng)
+
+
+# An infinite kernel tap on padding: padding and lhs_dilation holes are zeros that multiply the
+# kernel (0 * inf = NaN) on every backend of ours, split or not: a split conv's halo past the image
+# edge is such a zero too. (jax.lax.conv's own padding skips those taps in some forms on XLA CPU,
+# and the XLA baseline keeps that: docs/known_xla_issues.md.)
+INF_EDGE = [
+    ("[a=1]", "{_, _, _}", "SAME", 3),
+    ("[a=3]", "{_, a, _}", "SAME", 3),
+    ("[a=2]", "{_, a, _}", "lhs_dilation=2", 3),
+    ("[a=1]", "{_, _, _}", "lhs_dilation=2", 3),
+    ("[a=3]", "{_, _, a}", "SAME", 3),
+    ("[a=1]", "{_, _, _, _}", "SAME", 1),  # 2-D, one channel, one feature: XLA skips the padding taps
+    ("[a=2]", "{_, _, a, _}", "SAME", 1),
+    ("[a=3]", "{_, _, _, a}", "SAME", 3),  # local feature 1 of 1
+]
+
+
+@pytest.mark.parametrize("mesh, spec, conv_args, ch", INF_EDGE,
+                         ids=[f"{c[0]}{c[1]}-{c[2]}-{c[3]}ch" for c in INF_EDGE])
+def test_an_inf_kernel_tap_on_padding_is_nan_on_every_backend(mesh, spec, conv_args, ch):
+    """x = ones [1, 6, ch], split or not along space or features; w: window 3, tap 0 +inf for
+    feature 0 and finite elsewhere. With SAME padding (1, 1) output 0 of feature 0 reads padding
+    with the inf tap: NaN; the others read the image: +inf. 2-D: x [1, 2, 6, ch], window 1 x 2
+    (SAME pads (0, 1)) with its last tap +inf: the last output is NaN.
+    With lhs_dilation 2 (explicit padding [[1, 1]], 11 outputs) every other output also reads a
+    hole with the inf tap: NaN there too."""
+    dil = conv_args == "lhs_dilation=2"
+    pad = ", padding=[[1, 1]], lhs_dilation=2" if dil else ""
+    n_out = 11 if dil else 6
+    two = spec.count(",") == 3
+    xs, ws, os_ = (1, 2, 6, ch) if two else (1, 6, ch), (1, 2, ch, ch) if two else (3, ch, ch), n_out
+    out_shape = f"[1, 2, {os_}, {ch}]" if two else f"[1, {os_}, {ch}]"
+    src = (f"mesh {mesh}\nfunc main(x: f32{list(xs)} {spec}, w: f32{list(ws)}) -> f32{out_shape} {spec} {{\n"
+           f"  return conv(x, w{pad})\n}}\n")
+    c = spmdlang.compile(src)
+    w = np.full(ws, 0.5, np.float32)
+    w[(0, 1) if two else (0,)][:, 0] = np.inf
+    inputs = {"x": np.ones(xs, np.float32), "w": w}
+    want = np.full((n_out,), np.inf, np.float32)
+    if dil:
+        want[0::2] = np.nan  # output j reads dilated positions j-1, j, j+1: tap 0 on a hole or padding
+    else:
+        want[-1 if two else 0] = np.nan
+    for backend in ("ref", "sim", "jax"):
+        (got,) = c.run(inputs, backend=backend)
+        got = got.reshape(-1, n_out, ch)
+        for row in got:
+            np.testing.assert_array_equal(row[:, 0], want, err_msg=f"{backend}\n{src}")
+        assert np.isfinite(got[..., 1:]).all(), backend
+
+
+def test_kernel_gradient_of_a_dilated_grouped_conv_keeps_nan_in_its_group():
+    """The kernel gradient of a grouped, atrous conv is a batch_groups conv whose kernel is the
+    cotangent: a NaN in group 0's input makes group 0's cotangent NaN, and only group 0's kernel
+    gradient (XLA's batch_group_count with rhs_dilation spreads it over every group; the jax
+    backend runs one conv per batch group)."""
+    src = ("mesh [a=2]\nfunc loss(x: f32[2, 7, 4], w: f32[3, 2, 4]) -> f32[] {\n"
+           "  return sum(tanh(conv(x, w, groups=2, rhs_dilation=2)))\n}\n"
+           "func main(x: f32[2, 7, 4] {_, a, _}, w: f32[3, 2, 4]) -> (f32[], f32[3, 2, 4]) {\n"
+           "  l, g = value_and_grad(loss, x, w, argnums=[1])\n  return l, g\n}\n")
+    c = spmdlang.compile(src)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 7, 4)).astype(np.float32)
+    x[0, 3, 0] = np.nan
+    inputs = {"x": x, "w": rng.standard_normal((3, 2, 4)).astype(np.float32)}
+    (_, want), = [c.run(inputs, backend="ref")]
+    assert np.isnan(want[..., :2]).any() and np.isfinite(want[..., 2:]).all()
+    x1 = x.copy()
+    x1[..., :2] = 0.0  # group 1 alone, checked against jax's own gradient
+    oracle = jax.grad(lambda w: jax.numpy.tanh(jax.lax.conv_general_dilated(
+        x1, w, (1,), "SAME", rhs_dilation=(2,), dimension_numbers=DIMS[1], feature_group_count=2)).sum())(inputs["w"])
+    np.testing.assert_allclose(want[..., 2:], np.asarray(oracle)[..., 2:], rtol=1e-4, atol=1e-4)
+    for backend in ("sim", "jax"):
+        _, got = c.run(inputs, backend=backend)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=backend)
+        np.testing.assert_allclose(got[..., 2:], want[..., 2:], rtol=1e-4, atol=1e-4, err_msg=backend)

@@ -165,3 +165,10 @@ def test_multiply_by_a_converted_bool_reproduction_shows_xla_drops_nan():
     out = _run_snippet(_doc_snippets()[7])
     assert "eager  nan" in out and "select nan" in out  # right
     assert "jit    0.0" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
+
+
+def test_conv_padding_times_inf_reproduction_shows_both_forms():
+    (code,) = [s for s in _doc_snippets() if "conv_general_dilated" in s]
+    out = _run_snippet(code)
+    assert "2-D, 1 channel: [inf inf  1.]" in out, f"XLA now multiplies the padding? update the page\n{out}"
+    assert "1-D, 3 channels: [inf inf nan]" in out, out

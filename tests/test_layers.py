@@ -29,8 +29,7 @@ LAYERS = {
     "spmdlang.oplist": 5,
     "spmdlang.api": 6,
     "spmdlang.importer": 6,  # from_jax: traces with jax, writes .spmd source, compiles through the API
-    "spmdlang.shard_search": 6,  # autoshard: compiles candidates through the API
-    "spmdlang.search": 2,
+    "spmdlang.autoshard": 6,  # the search, solvers and rewriting; compiles candidates through the API
     "spmdlang.cli": 7,
     "spmdlang.outfile": 7,
     "spmdlang.__main__": 7,
@@ -137,3 +136,26 @@ def test_the_checker_sees_what_it_must():
     assert "spmdlang.ir.registry" in g["spmdlang.ir.builder"]  # `from . import registry`
     assert "spmdlang.explain" in g["spmdlang.api"]  # imported inside a method
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(source: str, name: str) -> list[str]:
+    """`name:function (N lines)` for every function or method of `source` (nested ones too) longer
+    than MAX_FUNCTION_LINES, counted from its `def` to its last line."""
+    out = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_FUNCTION_LINES:
+                out.append(f"{name}:{node.lineno} {node.name} ({n} lines)")
+    return out
+
+
+def test_no_function_over_80_lines():
+    found = [f for name, path in modules().items() for f in long_functions(path.read_text(), name)]
+    assert not found, "split these into named steps:\n" + "\n".join(found)
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"class C:\n    def f(self):\n{'    ' + body.replace(chr(10), chr(10) + '    ')}", "t")
+    assert not long_functions(f"def f():\n{body[: body.rindex('    x')]}", "t")

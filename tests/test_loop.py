@@ -513,7 +513,7 @@ func main(x: f32[8, 16], w: f32[16, 16] {model, _}, b: f32[16]) -> f32[8, 16] {
 def test_autoshard_searches_a_loop():
     """The loop body is searched once (tests/test_autoshard.py has the rest); the plan compiles
     and runs."""
-    from spmdlang.shard_search import autoshard
+    from spmdlang.autoshard import autoshard
 
     r = autoshard(STACK, runners_up=0)
     c = spmdlang.compile(r.source)

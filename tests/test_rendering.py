@@ -154,7 +154,7 @@ def test_no_table_cell_is_cut(name, width):
 
 
 def test_no_autoshard_or_diff_or_bench_cell_is_cut():
-    from spmdlang.shard_search import autoshard, render_autoshard
+    from spmdlang.autoshard import autoshard, render_autoshard
 
     rep = autoshard(str(ROOT / "programs" / "mlp.spmd"), memory_per_device=2_362_400).report()
     for width in (40, 80):

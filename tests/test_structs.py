@@ -432,7 +432,7 @@ def test_autoshard_writes_struct_layouts():
     to the plan the report gives and matches the reference."""
     from pathlib import Path
 
-    from spmdlang.shard_search import autoshard, batch_only
+    from spmdlang.autoshard import autoshard, batch_only
 
     path = Path(__file__).resolve().parent.parent / "programs" / "train_transformer.spmd"
     text = batch_only(path.read_text())

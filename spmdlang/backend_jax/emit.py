@@ -396,7 +396,9 @@ def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: li
             # (all_gather: "dimension size of operand at 'all_gather_dim' cannot be zero")
             expr = ", ".join(f"jnp.zeros({r.type.shape!r}, {T.jnp_dtype(r.type.dtype)})" for r in op.results)
         else:
-            expr = registry.get(op.kind).jax(args, op.attrs, [r.type for r in op.results])
+            opdef = registry.get(op.kind)
+            emit = opdef.jax_local if constraint is None and opdef.jax_local else opdef.jax  # None: shard_map
+            expr = emit(args, op.attrs, [r.type for r in op.results])
         line = f"{indent}{', '.join(outs)} = {expr}"
         if op.span is not None:
             line += f"  # line {op.span.line}"
@@ -499,21 +501,21 @@ def emit_shard_map(spmd) -> str:
     lines += unpack
     lines += _body(prog, namer)
     results = _grouped([pyname(namer, r.value) for r in prog.results], out_trees)
-    lines.append(f"    return ({''.join(r + ', ' for r in results)})")
-    lines += ["", ""]
-    lines += _tables(gprog, spmd.in_shardings, spmd.out_shardings)
-    lines += [
-        "PAD = True  # uneven dims travel padded to a multiple of their shard count",
-        "",
-        "",
-        "def build(mesh, axis_names=None):",
+    return _module_tail(lines, prog, results, _tables(gprog, spmd.in_shardings, spmd.out_shardings),
+                        "PAD = True  # uneven dims travel padded to a multiple of their shard count", [
         '    """The jitted shard_map of `body` over `mesh` (see program_mesh for axis_names). It takes',
         '    and returns jax.Arrays laid out as IN_SPECS / OUT_SPECS, uneven dims padded: use place()."""',
         "    mesh = program_mesh(mesh, axis_names)",
         "    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=IN_SPECS, out_specs=OUT_SPECS, check_vma=False))",
-    ]
-    lines += _API.rstrip().splitlines() + ["", ""] + _script(prog)
-    return "\n".join(lines) + "\n"
+    ])
+
+
+def _module_tail(lines: list[str], prog: Program, results, tables, pad: str, build_body: list[str]) -> str:
+    """A module's text: `lines` (through body's last statement), body's return of `results`, the
+    layout tables, the PAD flag, build(mesh), the API both modules share, and the script."""
+    lines = [*lines, f"    return ({''.join(r + ', ' for r in results)})", "", "", *tables,
+             pad, "", "", "def build(mesh, axis_names=None):", *build_body]
+    return "\n".join(lines + _API.rstrip().splitlines() + ["", ""] + _script(prog)) + "\n"
 
 
 def emit_xla(prog: Program, in_shardings, out_shardings) -> str:
@@ -550,18 +552,10 @@ def emit_xla(prog: Program, in_shardings, out_shardings) -> str:
     for i, (s_out, s) in enumerate(zip(outs, out_shardings)):
         if s_out != s:
             res[i] = f"jax.lax.with_sharding_constraint({res[i]}, NamedSharding(mesh, {spec_text(s)}))"
-    lines.append(f"    return ({''.join(r + ', ' for r in _grouped(res, _trees(prog)[1]))})")
-    lines += ["", ""]
-    lines += _tables(prog, ins, outs)
-    lines += [
-        "PAD = False  # jax places uneven dims itself",
-        "",
-        "",
-        "def build(mesh, axis_names=None):",
+    return _module_tail(lines, prog, _grouped(res, _trees(prog)[1]), _tables(prog, ins, outs),
+                        "PAD = False  # jax places uneven dims itself", [
         '    """The jitted global program, partitioned by XLA, with IN_SPECS / OUT_SPECS as in/out shardings."""',
         "    mesh = program_mesh(mesh, axis_names)",
         "    shard = lambda specs: tuple(_tree_map(lambda s: NamedSharding(mesh, s), s) for s in specs)  # noqa: E731",
         "    return jax.jit(lambda *a: body(mesh, *a), in_shardings=shard(IN_SPECS), out_shardings=shard(OUT_SPECS))",
-    ]
-    lines += _API.rstrip().splitlines() + ["", ""] + _script(prog)
-    return "\n".join(lines) + "\n"
+    ])

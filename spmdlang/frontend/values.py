@@ -132,24 +132,23 @@ def float_for(dtype: str) -> str:
 
 
 def describe(value) -> str:
-    if isinstance(value, Value):
-        return f"a tensor {value.type}{loop_index_note(value)}"
-    if isinstance(value, StructValue):
-        return f"a struct {value.type}"
-    if isinstance(value, bool):
-        return "a bool"
-    if isinstance(value, int):
-        return f"the integer {value}"
-    if isinstance(value, float):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, StaticType):
-        return f"the type {value.type}"
-    if isinstance(value, Dtype):
-        return f"the dtype {value.name}"
-    if isinstance(value, A.SpecExpr):
-        return "a sharding spec"
+    """What a value is, as error messages name it."""
+    for kind, text in _DESCRIPTIONS:
+        if isinstance(value, kind):
+            return text(value)
     return type(value).__name__
+
+
+# the first kind a value is an instance of describes it (bool before int: a bool is an int)
+_DESCRIPTIONS = (
+    (Value, lambda v: f"a tensor {v.type}{loop_index_note(v)}"),
+    (StructValue, lambda v: f"a struct {v.type}"),
+    (bool, lambda v: "a bool"),
+    (int, lambda v: f"the integer {v}"),
+    (float, lambda v: f"the number {v}"),
+    (str, lambda v: "a string"),
+    ((list, tuple), lambda v: "a list"),
+    (StaticType, lambda v: f"the type {v.type}"),
+    (Dtype, lambda v: f"the dtype {v.name}"),
+    (A.SpecExpr, lambda v: "a sharding spec"),
+)

@@ -157,118 +157,138 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     closed, out_shape = _trace(fn, args, mesh)
     out_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     jaxpr = closed.jaxpr
-
-    for v in [*jaxpr.invars, *jaxpr.outvars]:
-        shape = getattr(getattr(v, "aval", None), "shape", ())
-        if any(not isinstance(d, (int, np.integer)) for d in shape):
-            where = N.frame_span(N.user_frame(jaxpr.eqns[0])) if jaxpr.eqns else None
-            raise NoEquivalentError(f"a shape-polymorphic trace (shape {shape}) has no spmdlang equivalent: "
-                               "trace with concrete shapes", where)
-
+    _check_concrete(jaxpr)
     fn_name = getattr(fn, "__name__", "fn")
     try:
         fn_file = inspect.getsourcefile(fn) or "<jax>"
     except TypeError:
         fn_file = "<jax>"
-    arg_names = _arg_names(fn, len(args))
-    body = Body()
-    params, param_names, taken = [], [], set()
-    structs = Structs()
-
-    def unique(base: str) -> str:
-        name, k = base, 1
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
-
-    # the arguments: a leaf is a tensor parameter, a pytree a struct parameter (its leaves are fields)
-    arg_refs: list = [None] * len(leaves)
-    for arg_name, tree in zip(arg_names, _tries(leaves_with_paths, len(args))):
-        if tree is None:
-            continue
-        pname = unique(N.sanitize(arg_name))
-        text = body.new(fixed=pname)
-        if isinstance(tree, int):  # the argument is one array
-            aval = jaxpr.invars[tree].aval
-            stext = spec_text(specs[tree], len(aval.shape))
-            params.append(f"{pname}: {_arg_type(aval, pname, fn)}" + (f" {stext}" if stext else ""))
-            param_names.append(pname)
-            arg_refs[tree] = Ref(text, dtype_name(aval.dtype), aval_shape(aval))
-            continue
-
-        def leaf_type(k, path, pname=pname):
-            aval = jaxpr.invars[k].aval
-            stext = spec_text(specs[k], len(aval.shape))
-            return _arg_type(aval, ".".join([pname, *path]), fn) + (f" {stext}" if stext else "")
-
-        params.append(f"{pname}: {structs.declare(tree, _camel(arg_name), leaf_type)}")
-        for k, path in _leaf_paths(tree):
-            param_names.append(".".join([pname, *path]))
-            aval = jaxpr.invars[k].aval
-            arg_refs[k] = Ref(".".join([text, *path]), dtype_name(aval.dtype), aval_shape(aval))
-
-    const_params: list[str] = []
-    consts: dict[str, np.ndarray] = {}
-    const_refs: list[tuple[np.ndarray, Ref]] = []
-
-    def const_param(arr: np.ndarray, where) -> Ref:
-        for seen, ref in const_refs:
-            if seen.shape == arr.shape and seen.dtype == arr.dtype and np.array_equal(seen, arr):
-                return ref
-        pname = unique(f"const{len(consts)}")
-        dt = dtype_name(arr.dtype, where)
-        shape = ", ".join(str(d) for d in arr.shape)
-        const_params.append(f"# {pname}: a constant of the traced function ({arr.size} elements), "
-                            f"a parameter here: imp.flatten passes it\n{pname}: {dt}[{shape}]")
-        consts[pname] = np.array(arr)
-        ref = Ref(body.new(fixed=pname), dt, tuple(arr.shape))
-        const_refs.append((consts[pname], ref))
-        return ref
-
-    t = Translator(body, const_param)
+    w = _Writer(fn, jaxpr, specs)
+    arg_refs = w.arguments(_arg_names(fn, len(args)), leaves_with_paths, len(args))
+    t = Translator(w.body, w.const_param)
     top = [t.constant(np.asarray(c), None) for c in closed.consts]
-    results = t.run(jaxpr, top, arg_refs)
-    result_texts = [t.value(r) for r in results]
-
-    # the results: fn's output tuple is several results, each a tensor or a struct of its leaves
-    out_trees = _tries(out_paths, len(out_shape)) if isinstance(out_shape, (tuple, list)) else \
-        [_tries([((None, *p), x) for p, x in out_paths], 1)[0]]
-    result_types = []
-    returned = []
-    for i, tree in enumerate(out_trees):
-        if tree is None:
-            continue
-        if isinstance(tree, int):
-            result_types.append(type_text(jaxpr.outvars[tree].aval))
-            if not body.hinted(result_texts[tree]):  # a result no line named: after its place in the output
-                body.hint(result_texts[tree], f"out{i}" if len(out_trees) > 1 else "out")
-            returned.append(result_texts[tree])
-            continue
-        name = structs.result_type(tree, lambda k: type_text(jaxpr.outvars[k].aval),
-                                   _camel(f"out{i}" if len(out_trees) > 1 else "out"))
-        result_types.append(name)
-        returned.append(t.emit(structs.construct(tree, name, result_texts, t.emit),
-                               hint=f"out{i}" if len(out_trees) > 1 else "out"))
-    result_texts = returned
+    result_texts = [t.value(r) for r in t.run(jaxpr, top, arg_refs)]
+    result_types, result_texts = w.results(t, out_paths, out_shape, result_texts)
     if not result_texts:
         raise NoEquivalentError(f"{fn_name} returns nothing: a .spmd function needs a result")
-
-    all_params = params + const_params
-    lines = [f"# Imported from {os.path.basename(fn_file)}:{fn_name} by spmdlang.from_jax.",
-             f"mesh [{', '.join(f'{a}={n}' for a, n in mesh.items())}]", "", *structs.text(),
-             "func main(" + _join_params(all_params) + ")"
-             + (f" -> {result_types[0]} {{" if len(result_types) == 1 else
-                f" -> ({', '.join(result_types)}) {{")]
-    body.lines = t.constant_lines + body.lines
-    body.lines.append("  return " + ", ".join(result_texts))
-    lines += body.render(taken)
-    lines.append("}")
-    source = "\n".join(lines) + "\n"
-    imp = Imported(source, param_names, in_tree, out_tree, consts, name or f"{fn_name}.spmd")
+    header = f"# Imported from {os.path.basename(fn_file)}:{fn_name} by spmdlang.from_jax."
+    w.body.lines = t.constant_lines + w.body.lines
+    w.body.lines.append("  return " + ", ".join(result_texts))
+    source = w.render(header, mesh, result_types)
+    imp = Imported(source, w.param_names, in_tree, out_tree, w.consts, name or f"{fn_name}.spmd")
     imp.out_keys = [is_key(v.aval.dtype) for v in jaxpr.outvars]
     return imp
+
+
+def _check_concrete(jaxpr) -> None:
+    """A shape-polymorphic trace has no spmdlang equivalent."""
+    for v in [*jaxpr.invars, *jaxpr.outvars]:
+        shape = getattr(getattr(v, "aval", None), "shape", ())
+        if any(not isinstance(d, (int, np.integer)) for d in shape):
+            where = N.frame_span(N.user_frame(jaxpr.eqns[0])) if jaxpr.eqns else None
+            raise NoEquivalentError(f"a shape-polymorphic trace (shape {shape}) has no spmdlang equivalent: "
+                                    "trace with concrete shapes", where)
+
+
+class _Writer:
+    """The written program's signature and body: parameters for the arguments (a leaf a tensor
+    parameter, a pytree a struct parameter whose leaves are its fields) and for the traced
+    function's constants (imp.flatten passes them), unique names, structs, and the results."""
+
+    def __init__(self, fn, jaxpr, specs):
+        self.fn, self.jaxpr, self.specs = fn, jaxpr, specs
+        self.body = Body()
+        self.params: list[str] = []
+        self.param_names: list[str] = []
+        self.taken: set[str] = set()
+        self.structs = Structs()
+        self.const_params: list[str] = []
+        self.consts: dict[str, np.ndarray] = {}
+        self.const_refs: list[tuple[np.ndarray, Ref]] = []
+
+    def unique(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+    def arguments(self, arg_names, leaves_with_paths, nargs: int) -> list:
+        """One parameter per argument; returns the body's reference to each argument leaf."""
+        jaxpr, specs, fn = self.jaxpr, self.specs, self.fn
+        arg_refs: list = [None] * len(leaves_with_paths)
+        for arg_name, tree in zip(arg_names, _tries(leaves_with_paths, nargs)):
+            if tree is None:
+                continue
+            pname = self.unique(N.sanitize(arg_name))
+            text = self.body.new(fixed=pname)
+            if isinstance(tree, int):  # the argument is one array
+                aval = jaxpr.invars[tree].aval
+                stext = spec_text(specs[tree], len(aval.shape))
+                self.params.append(f"{pname}: {_arg_type(aval, pname, fn)}" + (f" {stext}" if stext else ""))
+                self.param_names.append(pname)
+                arg_refs[tree] = Ref(text, dtype_name(aval.dtype), aval_shape(aval))
+                continue
+
+            def leaf_type(k, path, pname=pname):
+                aval = jaxpr.invars[k].aval
+                stext = spec_text(specs[k], len(aval.shape))
+                return _arg_type(aval, ".".join([pname, *path]), fn) + (f" {stext}" if stext else "")
+
+            self.params.append(f"{pname}: {self.structs.declare(tree, _camel(arg_name), leaf_type)}")
+            for k, path in _leaf_paths(tree):
+                self.param_names.append(".".join([pname, *path]))
+                aval = jaxpr.invars[k].aval
+                arg_refs[k] = Ref(".".join([text, *path]), dtype_name(aval.dtype), aval_shape(aval))
+        return arg_refs
+
+    def const_param(self, arr: np.ndarray, where) -> Ref:
+        """A constant of the traced function as a parameter (each distinct array once)."""
+        for seen, ref in self.const_refs:
+            if seen.shape == arr.shape and seen.dtype == arr.dtype and np.array_equal(seen, arr):
+                return ref
+        pname = self.unique(f"const{len(self.consts)}")
+        dt = dtype_name(arr.dtype, where)
+        shape = ", ".join(str(d) for d in arr.shape)
+        self.const_params.append(f"# {pname}: a constant of the traced function ({arr.size} elements), "
+                                 f"a parameter here: imp.flatten passes it\n{pname}: {dt}[{shape}]")
+        self.consts[pname] = np.array(arr)
+        ref = Ref(self.body.new(fixed=pname), dt, tuple(arr.shape))
+        self.const_refs.append((self.consts[pname], ref))
+        return ref
+
+    def results(self, t, out_paths, out_shape, result_texts) -> tuple[list[str], list[str]]:
+        """(result types, returned texts): fn's output tuple is several results, each a tensor or
+        a struct of its leaves."""
+        jaxpr, body, structs = self.jaxpr, self.body, self.structs
+        out_trees = _tries(out_paths, len(out_shape)) if isinstance(out_shape, (tuple, list)) else \
+            [_tries([((None, *p), x) for p, x in out_paths], 1)[0]]
+        result_types, returned = [], []
+        for i, tree in enumerate(out_trees):
+            if tree is None:
+                continue
+            hint = f"out{i}" if len(out_trees) > 1 else "out"
+            if isinstance(tree, int):
+                result_types.append(type_text(jaxpr.outvars[tree].aval))
+                if not body.hinted(result_texts[tree]):  # a result no line named: after its place in the output
+                    body.hint(result_texts[tree], hint)
+                returned.append(result_texts[tree])
+                continue
+            name = structs.result_type(tree, lambda k: type_text(jaxpr.outvars[k].aval), _camel(hint))
+            result_types.append(name)
+            returned.append(t.emit(structs.construct(tree, name, result_texts, t.emit), hint=hint))
+        return result_types, returned
+
+    def render(self, header: str, mesh: dict, result_types: list[str]) -> str:
+        """The .spmd source: the header comment, the mesh, the structs, and `main`."""
+        lines = [header, f"mesh [{', '.join(f'{a}={n}' for a, n in mesh.items())}]", "", *self.structs.text(),
+                 "func main(" + _join_params(self.params + self.const_params) + ")"
+                 + (f" -> {result_types[0]} {{" if len(result_types) == 1 else
+                    f" -> ({', '.join(result_types)}) {{")]
+        lines += self.body.render(self.taken)
+        lines.append("}")
+        return "\n".join(lines) + "\n"
 
 
 def _arg_type(aval, what: str, fn) -> str:

@@ -150,6 +150,10 @@ class Translator:
         self.last_comment = None
         self.pending = None  # the comment naming the user's line of the next statement
         self.iotas: dict[str, int] = {}  # placeholder of an iota -> its axis (sort's argsort operand)
+        self.known: dict[str, object] = {}  # placeholder of a full(type, v) constant -> v
+        # how some u32 values were made (random_bits, >> 9, | 0x3F800000): jax.random's uniform
+        # bits-to-float step, bitcast_convert_type, is then the language's uniform
+        self.origin: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ emission
 
@@ -192,6 +196,7 @@ class Translator:
                 else:
                     expr = f"full({dt}[{', '.join(map(str, shape))}], {literal_text(v, dt)})"
                 self.constant_lines.append(f"  {name} = {expr}")
+                self.known[name] = v.item()
             return Ref(self.scalars[key], dt, shape)
         return self.const_param(arr, where or self.where)
 
@@ -356,9 +361,28 @@ for _p, _b in _UNARY.items():
     PRIMS[_p] = _unary(_b)
 
 
-@prim("neg")
-def _neg(t, eqn, ins):
-    return t.put(eqn, f"-{t.value(ins[0])}")
+# primitives written as one spmdlang expression of their first operand x (and their params p)
+_ONE_LINERS = {
+    "neg": lambda x, p: f"-{x}",
+    "erfc": lambda x, p: f"1.0 - erf({x})",
+    "exp2": lambda x, p: f"2.0 ** {x}",
+    "tan": lambda x, p: f"sin({x}) / cos({x})",
+    "is_finite": lambda x, p: f"abs({x}) < 1e309",
+    "squeeze": lambda x, p: f"squeeze({x}, {_ints(p['dimensions'])})",
+    "expand_dims": lambda x, p: f"expand_dims({x}, {_ints(p['dimensions'])})",
+    "transpose": lambda x, p: f"transpose({x}, {_ints(p['permutation'])})",
+}
+
+
+def _one_liner(fmt):
+    def write(t: Translator, eqn, ins):
+        return t.put(eqn, fmt(t.value(ins[0]), eqn.params))
+
+    return write
+
+
+for _p, _f in _ONE_LINERS.items():
+    PRIMS[_p] = _one_liner(_f)
 
 
 _BINOP = {"add": "+", "add_any": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
@@ -389,9 +413,8 @@ def _call2(fn):
     return write
 
 
-PRIMS["max"] = _call2("maximum")
-PRIMS["min"] = _call2("minimum")
-PRIMS["pow"] = _call2("pow")
+for _p, _fn in (("max", "maximum"), ("min", "minimum"), ("pow", "pow")):
+    PRIMS[_p] = _call2(_fn)
 
 
 @prim("div")
@@ -424,7 +447,10 @@ def _logical(fn, op):
             a, b = ins
             if a.is_literal and b.is_literal:
                 a = Ref(t.value(a), a.dtype, a.shape)
-            return t.put(eqn, f"bitwise_{eqn.primitive.name}({a.text}, {b.text})")
+            out = t.put(eqn, f"bitwise_{eqn.primitive.name}({a.text}, {b.text})")
+            if eqn.primitive.name == "or" and b.literal == _ONE_BITS and t.origin.get(a.text, ("",))[0] == "shr9":
+                t.origin[out.text] = ("float_bits", *t.origin[a.text][1:])
+            return out
         if fn is None:
             return t.put(eqn, f"logical_not({t.value(ins[0])})")
         if op:
@@ -448,9 +474,26 @@ def _shift(fn, signed_ok: bool, unsigned_ok: bool):
                    "(right_shift is logical on u32, arithmetic on signed integers)")
         if a.is_literal and b.is_literal:
             a = Ref(t.value(a), a.dtype, a.shape)
-        return t.put(eqn, f"{fn}({a.text}, {b.text})")
+        out = t.put(eqn, f"{fn}({a.text}, {b.text})")
+        if fn == "right_shift" and b.literal == 9 and t.origin.get(a.text, ("",))[0] == "bits":
+            t.origin[out.text] = ("shr9", *t.origin[a.text][1:])
+        return out
 
     return write
+
+
+_ONE_BITS = 0x3F800000  # 1.0f: OR-ed into 23 random mantissa bits, a float in [1, 2)
+
+
+@prim("bitcast_convert_type")
+def _bitcast(t, eqn, ins):
+    """jax.random.uniform's step from bits to floats, bitcast((bits >> 9) | 1.0f) in [1, 2): the
+    language's uniform(key) + 1.0, bit for bit (uniform is that bitcast minus 1.0, exactly)."""
+    origin = t.origin.get(ins[0].text, ("",))
+    out = t.out(eqn)
+    if origin[0] == "float_bits" and dtype_name(out.dtype, t.where) == "f32":
+        return t.put(eqn, f"uniform({origin[1]}, {type_text(out)}) + 1.0")
+    t.fail("jax primitive 'bitcast_convert_type' has no spmdlang equivalent (except in jax.random's uniform)")
 
 
 PRIMS["shift_left"] = _shift("left_shift", True, True)
@@ -470,27 +513,6 @@ def _integer_pow(t, eqn, ins):
     if y < 0 and ins[0].dtype in _FLOATS:
         return t.put(eqn, f"1.0 / {x} ** {-y}")
     return t.put(eqn, f"{x} ** {y}")
-
-
-@prim("erfc")
-def _erfc(t, eqn, ins):
-    return t.put(eqn, f"1.0 - erf({t.value(ins[0])})")
-
-
-@prim("exp2")
-def _exp2(t, eqn, ins):
-    return t.put(eqn, f"2.0 ** {t.value(ins[0])}")
-
-
-@prim("tan")
-def _tan(t, eqn, ins):
-    x = t.value(ins[0])
-    return t.put(eqn, f"sin({x}) / cos({x})")
-
-
-@prim("is_finite")
-def _is_finite(t, eqn, ins):
-    return t.put(eqn, f"abs({t.value(ins[0])}) < 1e309")
 
 
 @prim("select_n")
@@ -579,21 +601,6 @@ def _reshape(t, eqn, ins):
     if eqn.params.get("dimensions") not in (None, ()):
         t.fail("jax primitive 'reshape' with `dimensions` has no spmdlang equivalent")
     return t.put(eqn, f"reshape({t.value(ins[0])}, {_ints(t.out(eqn).shape)})")
-
-
-@prim("squeeze")
-def _squeeze(t, eqn, ins):
-    return t.put(eqn, f"squeeze({t.value(ins[0])}, {_ints(eqn.params['dimensions'])})")
-
-
-@prim("expand_dims")
-def _expand_dims(t, eqn, ins):
-    return t.put(eqn, f"expand_dims({t.value(ins[0])}, {_ints(eqn.params['dimensions'])})")
-
-
-@prim("transpose")
-def _transpose(t, eqn, ins):
-    return t.put(eqn, f"transpose({t.value(ins[0])}, {_ints(eqn.params['permutation'])})")
 
 
 def _slice_text(x: str, starts, stops, steps) -> str:
@@ -864,9 +871,8 @@ def _pool(kind):
     return write
 
 
-PRIMS["reduce_window_sum"] = _pool("sum")
-PRIMS["reduce_window_max"] = _pool("max")
-PRIMS["reduce_window_min"] = _pool("min")
+for _kind in ("sum", "max", "min"):
+    PRIMS[f"reduce_window_{_kind}"] = _pool(_kind)
 
 
 @prim("reduce_window")
@@ -921,14 +927,7 @@ def _gather(t, eqn, ins):
         ours = [("o", d) for d in range(axis)] + [("b", i) for i in range(nb)] + \
                [("o", d) for d in range(axis + 1, rank)]
         offsets = [d for d in range(rank) if d != axis]
-        jax_order, oi, bi = [], 0, 0
-        for pos in range(len(ours)):
-            if pos in dn.offset_dims:
-                jax_order.append(("o", offsets[oi]))
-                oi += 1
-            else:
-                jax_order.append(("b", bi))
-                bi += 1
+        jax_order = _jax_order(len(ours), dn.offset_dims, offsets, "o")
         expr = f"take({t.value(x)}, {ids_text}, axis={axis})"
         perm = [ours.index(k) for k in jax_order]
         if perm != list(range(len(perm))):
@@ -939,6 +938,20 @@ def _gather(t, eqn, ins):
             or any(s != 1 for s in sizes) or len(ids.shape) != rank + 1:
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis has no spmdlang equivalent")
     return t.put(eqn, f"take_along_axis({t.value(x)}, {ids_text}, axis={axis})")
+
+
+def _jax_order(n: int, positions, dims, tag: str) -> list[tuple[str, int]]:
+    """jax's order of n dims: the dims at `positions` are `dims` in turn (tagged `tag`), the
+    others the batch dims 0, 1, ... (tagged "b")."""
+    out, di, bi = [], 0, 0
+    for pos in range(n):
+        if pos in positions:
+            out.append((tag, dims[di]))
+            di += 1
+        else:
+            out.append(("b", bi))
+            bi += 1
+    return out
 
 
 @prim("scatter-add", "scatter_add")
@@ -963,14 +976,7 @@ def _scatter_add(t, eqn, ins):
         # ours: updates laid out x.shape[:axis] + ids.shape[:-1] + x.shape[axis+1:]
         ours = [("w", d) for d in range(axis)] + [("b", i) for i in range(nb)] + \
                [("w", d) for d in range(axis + 1, rank)]
-        jax_order, wi, bi = [], 0, 0
-        for pos in range(len(upd.shape)):
-            if pos in dn.update_window_dims:
-                jax_order.append(("w", window[wi]))
-                wi += 1
-            else:
-                jax_order.append(("b", bi))
-                bi += 1
+        jax_order = _jax_order(len(upd.shape), dn.update_window_dims, window, "w")
         perm = [jax_order.index(k) for k in ours]
         u = t.value(upd)
         if perm != list(range(len(perm))):
@@ -1006,11 +1012,25 @@ def _call(t, eqn, ins):
 
 
 # jax.random's samplers are jitted functions of a key: one builtin each (None: inline the body)
+def _static(t, r: Ref):
+    """A Ref's value when it is known when traced (a literal or a constant of one value), else None."""
+    if r.is_literal:
+        return r.literal
+    return t.known.get(r.text)
+
+
+def _number(t, r: Ref) -> str | None:
+    v = _static(t, r)
+    return None if v is None else literal_text(v, r.dtype)
+
+
 def _uniform(t, eqn, ins):
-    key, lo, hi = ins
-    if not (lo.is_literal and hi.is_literal):
+    if len(ins) != 3:
         return None
-    return f"uniform({key.text}, {type_text(t.out(eqn))}, minval={lo.text}, maxval={hi.text})"
+    key, lo, hi = ins[0], _number(t, ins[1]), _number(t, ins[2])
+    if lo is None or hi is None:
+        return None
+    return f"uniform({key.text}, {type_text(t.out(eqn))}, minval={lo}, maxval={hi})"
 
 
 def _normal(t, eqn, ins):
@@ -1018,8 +1038,10 @@ def _normal(t, eqn, ins):
 
 
 def _bernoulli(t, eqn, ins):
-    key, p = ins
-    return f"bernoulli({key.text}, {p.text}, {type_text(t.out(eqn))})" if p.is_literal else None
+    # (key, p); a traced gradient may have hoisted the sampler's constants into more arguments:
+    # then its body (uniform(key) < p, which is bernoulli's definition) is inlined
+    p = _number(t, ins[1]) if len(ins) == 2 else None
+    return None if p is None else f"bernoulli({ins[0].text}, {p}, {type_text(t.out(eqn))})"
 
 
 _RANDOM_CALLS = {"_uniform": _uniform, "_normal": _normal, "_bernoulli": _bernoulli}
@@ -1064,7 +1086,9 @@ def _random_bits(t, eqn, ins):
     _one_key(t, eqn, ins[0])
     if int(eqn.params["bit_width"]) != 32:
         t.fail(f"jax primitive 'random_bits' of {eqn.params['bit_width']} bits has no spmdlang equivalent (32)")
-    return t.put(eqn, f"random_bits({ins[0].text}, {type_text(t.out(eqn))})")
+    out = t.put(eqn, f"random_bits({ins[0].text}, {type_text(t.out(eqn))})")
+    t.origin[out.text] = ("bits", ins[0].text)
+    return out
 
 
 @prim("custom_vjp_call", "custom_vjp_call_jaxpr")
@@ -1084,7 +1108,7 @@ def _sharding_constraint(t, eqn, ins):
 
 def spec_text(spec, rank: int, open_ok: bool = False) -> str | None:
     """A PartitionSpec as the language's `{a, _, (b, c)}` (None when there is none)."""
-    if spec is None:
+    if spec is None or rank == 0:
         return None
     from jax.sharding import PartitionSpec as P
 
@@ -1125,6 +1149,42 @@ def _zeros_text(ref_dtype: str, shape) -> str:
     return f"zeros({ref_dtype}[{', '.join(map(str, shape))}])"
 
 
+def _carries_in(t, init) -> list[Ref]:
+    """A loop's carries: each initial value copied into a variable of its own."""
+    carries = []
+    for r in init:
+        c = t.body.new("carry")
+        t.line(f"{t.indent}{c} = {t.value(r)}")
+        carries.append(Ref(c, r.dtype, r.shape))
+    return carries
+
+
+def _open_loop(t, trips: int) -> tuple[str, str]:
+    """Open `loop iN in range(trips) {`: (the loop variable, the indent outside)."""
+    loopvar = t.body.new(fixed=f"i{t.loops}")
+    t.loops += 1
+    t.line(f"{t.indent}loop {loopvar} in range({trips}) {{")
+    outer = t.indent
+    t.indent += "  "
+    return loopvar, outer
+
+
+def _close_loop(t, carries, new, outer: str) -> None:
+    """Write the next carries and close the loop; every new carry is read before any is written
+    (a body may swap its carries)."""
+    staged = []
+    for c, r in zip(carries, new):
+        v = t.value(r)
+        if any(v == other.text for other in carries):
+            v = t.emit(v)
+        staged.append((c, v))
+    for c, v in staged:
+        if c.text != v:
+            t.line(f"{t.indent}{c.text} = {v}")
+    t.indent = outer
+    t.line(f"{t.indent}}}")
+
+
 @prim("scan")
 def _scan(t, eqn, ins):
     p = eqn.params
@@ -1132,21 +1192,13 @@ def _scan(t, eqn, ins):
     consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
     body = p["jaxpr"]
     ys_avals = [v.aval for v in eqn.outvars[ncarry:]]
-    carries = []
-    for r in init:
-        c = t.body.new("carry")
-        t.line(f"{t.indent}{c} = {t.value(r)}")
-        carries.append(Ref(c, r.dtype, r.shape))
+    carries = _carries_in(t, init)
     ys = []
     for aval in ys_avals:
         y = t.body.new("stacked")
         t.line(f"{t.indent}{y} = {_zeros_text(dtype_name(aval.dtype, t.where), aval_shape(aval))}")
         ys.append(Ref(y, dtype_name(aval.dtype, t.where), aval_shape(aval)))
-    loopvar = t.body.new(fixed=f"i{t.loops}")
-    t.loops += 1
-    t.line(f"{t.indent}loop {loopvar} in range({n}) {{")
-    outer = t.indent
-    t.indent += "  "
+    loopvar, outer = _open_loop(t, n)
     index = loopvar
     if p["reverse"]:
         index = t.emit(f"{n - 1} - {loopvar}")
@@ -1160,18 +1212,7 @@ def _scan(t, eqn, ins):
         starts = ", ".join([index] + ["0"] * len(r.shape))
         t.line(f"{t.indent}{y.text} = dynamic_update_slice({y.text}, "
                             f"expand_dims({t.value(r)}, 0), [{starts}])")
-    # every new carry is read before any is written (a body may swap its carries)
-    staged = []
-    for c, r in zip(carries, new_carry):
-        v = t.value(r)
-        if any(v == other.text for other in carries):
-            v = t.emit(v)
-        staged.append((c, v))
-    for c, v in staged:
-        if c.text != v:
-            t.line(f"{t.indent}{c.text} = {v}")
-    t.indent = outer
-    t.line(f"{t.indent}}}")
+    _close_loop(t, carries, new_carry, outer)
     return [*carries, *ys]
 
 
@@ -1187,28 +1228,10 @@ def _while(t, eqn, ins):
         t.fail("jax primitive 'while' with a trip count only known at run time has no spmdlang equivalent "
                "(use fori_loop or scan with static bounds)")
     counter, start, stop = trip
-    carries = []
-    for r in init:
-        c = t.body.new("carry")
-        t.line(f"{t.indent}{c} = {t.value(r)}")
-        carries.append(Ref(c, r.dtype, r.shape))
-    loopvar = t.body.new(fixed=f"i{t.loops}")
-    t.loops += 1
-    t.line(f"{t.indent}loop {loopvar} in range({max(stop - start, 0)}) {{")
-    outer = t.indent
-    t.indent += "  "
+    carries = _carries_in(t, init)
+    _, outer = _open_loop(t, max(stop - start, 0))
     outs = t.closed(body, [*bconsts, *carries])
-    staged = []
-    for c, r in zip(carries, outs):
-        v = t.value(r)
-        if any(v == other.text for other in carries):
-            v = t.emit(v)
-        staged.append((c, v))
-    for c, v in staged:
-        if c.text != v:
-            t.line(f"{t.indent}{c.text} = {v}")
-    t.indent = outer
-    t.line(f"{t.indent}}}")
+    _close_loop(t, carries, outs, outer)
     return carries
 
 

@@ -11,6 +11,8 @@ An `OpDef` holds
   numpy     numpy implementation: (*arrays, **attrs) -> array or tuple of arrays
   rule      sharding rule: (operand types, result types, attrs) -> FactorRule (factors with kinds)
   jax       jax emission: (operand expressions, attrs, result types) -> expression text
+  jax_local  the emission in our per-partition (shard_map) module where it must differ from `jax`,
+            which the XLA baseline module keeps (conv: zero padding that multiplies); None: `jax`
   jax_helper  per-partition ops only: source of a function named as the op that the emitted module
             defines (its `jax` text calls it)
   partition custom partitioning step for ops whose dims do not line up (None: generic, by factors);
@@ -126,6 +128,7 @@ class OpDef:
     stage: Stage = Stage.both
     rule: Callable | None = None
     jax: Callable | None = None
+    jax_local: Callable | None = None
     jax_helper: str = ""
     partition: Callable | None = None
     partial: PartialMode | Callable | None = None

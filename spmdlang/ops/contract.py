@@ -60,9 +60,14 @@ def _einsum_numpy(*xs, spec):
 
 
 def _einsum_jax(args, attrs, out):
-    acc = ", preferred_element_type=jnp.float32" if out[0].dtype in ("bf16", "f16") else ""
-    text = f'jnp.einsum("{attrs["spec"]}", {", ".join(args)}{acc})'
-    return f"{text}.astype({T.jnp_dtype(out[0].dtype)})" if acc else text
+    """bf16 and f16 einsums accumulate in f32, as ref does: the operands are upcast before the dot
+    (their products are exact in f32, so this is preferred_element_type=f32 by another route; XLA
+    CPU has no BF16 x BF16 = F32 kernel for some dot forms: "Unsupported element type for
+    DotThunk::Execute")."""
+    if out[0].dtype not in ("bf16", "f16"):
+        return f'jnp.einsum("{attrs["spec"]}", {", ".join(args)})'
+    wide = ", ".join(f"{a}.astype(jnp.float32)" for a in args)
+    return f'jnp.einsum("{attrs["spec"]}", {wide}).astype({T.jnp_dtype(out[0].dtype)})'
 
 
 def _size(letters, sizes) -> int:
@@ -462,6 +467,29 @@ def _conv_jax(args, attrs, out):
             f"padding={pad}{extra}, dimension_numbers={_CONV_DIMS[nsp]})")
 
 
+def _conv_jax_local(args, attrs, out):
+    """A conv in our per-partition module, as ref and sim compute it: the padding and the
+    lhs_dilation holes are explicit zeros that multiply the kernel (0 * inf is NaN), like the
+    zeros a split conv's halo brings past the image edge. lax.conv_general_dilated's own padding
+    and holes do not: XLA's CPU convolutions skip those taps in some forms (docs/known_xla_issues.md),
+    and its simplifier folds a zero pad of the input back into the conv's padding, so the padded
+    input goes through an optimization barrier to a conv with no padding or lhs_dilation. Batch
+    groups run as one conv per group, concatenated along the features: XLA's batch_group_count
+    with rhs_dilation spreads a NaN or inf of one group's kernel over every group's output."""
+    strides, padding, lhs, rhs, g, bg = conv_params(attrs)
+    nsp = len(strides)
+    x, w = args
+    if bg > 1:
+        n, f = out[0].shape[0], out[0].shape[-1] // bg
+        x, w = f"{x}[_b * {n}:(_b + 1) * {n}]", f"{w}[..., _b * {f}:(_b + 1) * {f}]"
+    if padding != ((0, 0),) * nsp or lhs != (1,) * nsp:
+        config = [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs)] + [(0, 0, 0)]
+        x = f"jax.lax.pad({x}, jnp.zeros((), {args[0]}.dtype), {config})"
+    x = f"jax.lax.optimization_barrier({x})"
+    conv = _conv_jax([x, w], conv_attrs(strides, ((0, 0),) * nsp, None, rhs, g), out)
+    return f"jnp.concatenate([{conv} for _b in range({bg})], axis=-1)" if bg > 1 else conv
+
+
 def _conv_window(n_out: int, k: int, stride: int, lo: int, window: int, lhs: int, rhs: int):
     """How output shards of a conv along one split spatial dim get their input: (Window, dilated,
     local lhs_dilation, local padding). Output shard i (c_out outputs) reads the dilated, padded
@@ -639,7 +667,8 @@ def _window_contraction(ctx) -> bool:
 
 register("conv", doc="lax.conv_general_dilated: [N, spatial..., C] x [window..., C/groups, F] -> [N, spatial..., F]",
          example=(("f32[2, 8, 8, 3]", "f32[3, 3, 3, 5]"), {"strides": (1, 1), "padding": ((1, 1), (1, 1))}),
-         infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, partition=partition_conv,
+         infer=_conv_infer, numpy=conv_numpy, rule=_conv_rule, jax=_conv_jax, jax_local=_conv_jax_local,
+         partition=partition_conv,
          flops=_conv_flops, localize=_conv_localize,
          partial=PartialMode.multilinear, reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
          family=Family.contract)

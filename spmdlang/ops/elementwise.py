@@ -165,14 +165,10 @@ _ARITH = {
                  "a // b, floor division as numpy (ints: x // 0 is 0)"),
     "mod": (np.mod, "jnp.remainder({0}, {1})", None, "a % b with the sign of b, as numpy (ints: x % 0 is 0)"),
 }
-_COMPARE = {
-    "lt": (np.less, "({0} < {1})", "a < b"),
-    "le": (np.less_equal, "({0} <= {1})", "a <= b"),
-    "gt": (np.greater, "({0} > {1})", "a > b"),
-    "ge": (np.greater_equal, "({0} >= {1})", "a >= b"),
-    "eq": (np.equal, "({0} == {1})", "a == b"),
-    "ne": (np.not_equal, "({0} != {1})", "a != b"),
-}
+# comparisons: name -> (numpy, jax, doc), jax and doc written with the operator's symbol
+_COMPARE = {name: (fn, f"({{0}} {sym} {{1}})", f"a {sym} b") for name, fn, sym in (
+    ("lt", np.less, "<"), ("le", np.less_equal, "<="), ("gt", np.greater, ">"),
+    ("ge", np.greater_equal, ">="), ("eq", np.equal, "=="), ("ne", np.not_equal, "!="))}
 _LOGICAL = {
     "logical_and": (np.logical_and, "jnp.logical_and({0}, {1})", "boolean and"),
     "logical_or": (np.logical_or, "jnp.logical_or({0}, {1})", "boolean or"),

@@ -151,14 +151,8 @@ def ledger_time_us(ledger, mesh, preset: str = "tpu-v4", bandwidth=None, latency
                                   latency or {}, preset) * c.trip_count for c in ledger)
 
 
-def plan_time_us(ledger, mesh, flops: float, preset: str = "tpu-v4") -> float:
-    """Modelled step time of a plan: its collectives (ledger_time_us) plus `flops` of local work
-    (no overlap of the two is assumed)."""
+def step_time_us(ledger, mesh, flops: float, preset: str = "tpu-v4") -> float:
+    """Modelled step time of a plan: its collectives (ledger_time_us, each as often as it runs)
+    plus `flops` of local work (no overlap of the two is assumed). The one modelled time: the
+    partitioner's second plan (partition.spmd.step_time) and autoshard's plans are ranked by it."""
     return ledger_time_us(ledger, mesh, preset) + compute_time_us(flops, preset)
-
-
-def step_time_us(collectives, flops: float, preset: str = "tpu-v4") -> float:
-    """Modelled step time: the collectives [(kind, group size, bytes, axes)] one after another, plus
-    the local work (no overlap of the two is assumed)."""
-    return (sum(collective_time_us(kind, k, nbytes, axes, {}, {}, preset) for kind, k, nbytes, axes in collectives)
-            + compute_time_us(flops, preset))

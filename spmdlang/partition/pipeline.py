@@ -10,7 +10,7 @@
 Each pass reads and writes named stages (`Stages`). A `Pipeline` runs the passes in order, only
 as far as the stage asked for needs (the xla baseline needs the canonical program, not the
 partitioned one), once each, and with verification on runs the pass's verifier (ir.verify) right
-after it. Passes call their modules' functions through the module (what a test patches, runs).
+after it. Passes look their functions up when they run (what a test patches, runs).
 A new pass is one `Pass` in PASSES; a pass that walks into loop bodies does so with
 ir.core.rewrite_regions.
 """
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from ..ir import simplify as simplify_
 from ..ir import verify as V
 from ..ir.core import Program
-from . import combine, propagate, spmd, weight_update
+from . import combine, propagate, weight_update
 from .propagate import Propagation
-from .spmd import SpmdProgram
+from .spmd import SpmdProgram, partition
 
 
 @dataclass
@@ -62,7 +62,7 @@ def _propagate(s: Stages) -> None:
 
 
 def _partition(s: Stages) -> None:
-    s.spmd = spmd.partition(s.canonical, s.propagation)
+    s.spmd = partition(s.canonical, s.propagation)
 
 
 def _finish(s: Stages) -> None:

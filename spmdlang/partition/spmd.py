@@ -305,9 +305,9 @@ def partition(prog: Program, prop: Propagation) -> SpmdProgram:
 
 def step_time(spmd: SpmdProgram) -> float:
     """Modelled time of a plan after combining (partition.combine), on the planning machine
-    (partition.cost.plan_time_us: a collective in a loop body counts once per iteration)."""
+    (partition.cost.step_time_us: a collective in a loop body counts once per iteration)."""
     from .combine import finish
-    from .cost import flops, plan_time_us
+    from .cost import flops, step_time_us
 
     done = finish(spmd)
-    return plan_time_us(done.ledger, done.program.mesh, flops(done.program))
+    return step_time_us(done.ledger, done.program.mesh, flops(done.program))

@@ -72,6 +72,17 @@ def valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
     return True
 
 
+def local_work(op: Op, reqs, outs, mesh: Mesh) -> float:
+    """The local work of running `op` on operands laid out as `reqs`, its results as `outs`: its
+    FLOPs plus the elements it writes (so that even data movement prefers running on shards to
+    running replicated and slicing afterwards). The partitioner and autoshard weigh it alike."""
+    local = lambda t, s: t.with_shape(s.local_shape(t.shape, mesh))  # noqa: E731
+    out_types = [local(r.type, s) for r, s in zip(op.results, outs)]
+    work = registry.get(op.kind).count_flops([local(v.type, s) for v, s in zip(op.operands, reqs)], out_types,
+                                             op.attrs)
+    return work + sum(t.size for t in out_types)
+
+
 class Strategies:
     """The strategies of ops over the partitioner's local state; `passing` holds the values whose
     pending sums flow on into the next step (not charged as settled where they are made)."""
@@ -179,10 +190,5 @@ class Strategies:
             after = plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, self.local.wanted(r))
             settle = settle or settlement(after, partial, out.partial_op)
             steps += after
-        # local work: the op's FLOPs plus the elements it writes (so that even data movement
-        # prefers running on shards to running replicated and slicing afterwards)
-        out_types = [self.local.local_type(r.type, s) for r, s in zip(op.results, outs)]
-        work = opdef.count_flops([self.local.local_type(v.type, s) for v, s in zip(op.operands, reqs)], out_types,
-                                 op.attrs)
-        work += sum(t.size for t in out_types)
+        work = local_work(op, reqs, outs, self.mesh)
         return FactorPlan(comm_cost(steps) + work / FLOPS_PER_BYTE, work, fa, reqs, outs, steps, settle)

@@ -1,15 +1,8 @@
 """Auto-sharding search over the global IR: per-op strategies from the factor rules, edge costs
 from the reshard planner, one integer linear program (Alpa, OSDI 2022), or a greedy pass.
 
-The graph. Every parameter and every op of the canonical global program is a unit. A unit's
-strategies:
-  parameter   every layout of it (each mesh axis on at most one dim, dims split evenly); an
-              annotated parameter has exactly its annotation
-  op          every assignment of mesh axes to the factors of its FactorRule that the partitioner
-              could run (pass factors, and reduction factors of ops with a reduce kind: the
-              result is then `partial`), each factor split evenly; a shard() constraint keeps only
-              those that agree with its spec
-A strategy fixes the layout each operand is wanted in, the layout of each result (pending sums
+The graph. Every parameter and every op of the canonical global program is a unit, with the
+strategies autoshard.strategies lists (a parameter's layouts, an op's factor splits). A strategy fixes the layout each operand is wanted in, the layout of each result (pending sums
 included) and the op's local work.
 Costs are the cost model's (partition.cost): local work at FLOPS_PER_BYTE, as the partitioner
 weighs an op's candidates, and on every edge producer -> consumer the reshard planner's cheapest
@@ -35,8 +28,6 @@ deterministic.
 
 from __future__ import annotations
 
-import itertools
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,16 +36,12 @@ from ..ir import registry
 from ..ir.core import LOOP, Loop, Program, Value, walk
 from ..ir.mesh import Mesh, Sharding
 from ..ir.types import itemsize
-from ..partition.cost import FLOPS_PER_BYTE, LATENCY_BYTES, PLANNING, latency_steps
-from ..partition.factors import PASS, REDUCTION, FactorRule, project, unproject
+from ..partition.cost import LATENCY_BYTES, PLANNING, latency_steps
 from ..partition.propagate import op_rule
 from ..partition.reshard import plan_reshard
+from .strategies import View, _attached_view, _follower_view, op_views, param_views
 
-MAX_ILP_VARIABLES = 200_000  # above this, the greedy search
-MAX_STRATEGIES = 32  # per unit: the replicated one and the most sharded
 TIE_DEPTH = 4  # identical layers: ops alike this many producers up (see _signatures)
-TIME_LIMIT_S = 120.0  # a safety net only: the answer must not depend on the machine's speed
-MIP_REL_GAP = 1e-3  # stop within 0.1% of the optimum's bound
 # what one latency step of a collective costs in the search, in link bytes: the physical alpha * beta
 # of the planning machine (tpu-v4: 1 us * 45 GB/s = 45,000 bytes), so that the objective is the
 # modelled step time (partition.cost.step_time_us) in bytes. (The reshard planner's own
@@ -65,15 +52,6 @@ PHYSICAL_LATENCY_BYTES = PLANNING.latency_us * PLANNING.bandwidth_gbps * 1e3
 
 def _comm(steps, latency_bytes: float) -> float:
     return sum(s.bytes + latency_bytes * latency_steps(s.kind, s.group) for s in steps)
-
-
-@dataclass(frozen=True)
-class View:
-    """One unit under one strategy of its group."""
-
-    reqs: tuple[Sharding, ...]  # the layout wanted for each operand
-    outs: tuple[Sharding, ...]  # each result's layout (pending sums included)
-    work: float  # local work, in the planner's unit
 
 
 @dataclass
@@ -131,138 +109,12 @@ class Problem:
         return sum(g.param_bytes[choice[i]] for i, g in enumerate(self.groups) if g.param_bytes)
 
 
-# ---------------------------------------------------------------------------------- strategies
-
-
-def _axis_assignments(nfactors: int, ok, axes: list[str], mesh: Mesh, sizes):
-    """Every map factor -> axes (mesh order) with each axis on at most one allowed factor and
-    every factor split evenly."""
-    out = []
-    for combo in itertools.product(range(-1, nfactors), repeat=len(axes)):
-        fa: dict[int, tuple[str, ...]] = {}
-        good = True
-        for a, f in zip(axes, combo):
-            if f < 0:
-                continue
-            if not ok(f):
-                good = False
-                break
-            fa[f] = fa.get(f, ()) + (a,)
-        if not good:
-            continue
-        if all(sizes[f] % mesh.group_size(ax) == 0 for f, ax in fa.items()):
-            out.append(fa)
-    return out
-
-
-def _valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
-    for t in rule.tensors:
-        got = [a for d in unproject(t, fa, rule.sizes, mesh) for a in d]
-        want = [a for fs in t for f in fs for a in fa.get(f, ())]
-        if sorted(got) != sorted(want):
-            return False
-    return True
-
-
-def _local(t, s: Sharding, mesh: Mesh):
-    return t.with_shape(s.local_shape(t.shape, mesh))
-
-
-def op_view(op, rule: FactorRule, fa, mesh: Mesh) -> View:
-    opdef = registry.get(op.kind)
-    reduced = mesh.order(a for f, axes in fa.items() if rule.kinds[f] == REDUCTION for a in axes)
-    red_op = opdef.reduce_kind or "sum"
-    reqs = tuple(Sharding(unproject(rule.operands[i], fa, rule.sizes, mesh)) for i in range(len(op.operands)))
-    outs = tuple(Sharding(unproject(rule.results[j], fa, rule.sizes, mesh), reduced, frozenset(),
-                          red_op if reduced else "sum") for j in range(len(op.results)))
-    out_types = [_local(r.type, s, mesh) for r, s in zip(op.results, outs)]
-    work = opdef.count_flops([_local(v.type, s, mesh) for v, s in zip(op.operands, reqs)], out_types, op.attrs)
-    work += sum(t.size for t in out_types)
-    return View(reqs, outs, work / FLOPS_PER_BYTE)
-
-
-def op_views(op, rule: FactorRule, mesh: Mesh) -> list[View]:
-    """The strategies of one op, the most sharded first (ties in enumeration order)."""
-    opdef = registry.get(op.kind)
-    axes = [a for a in mesh.names if mesh.axis_size(a) > 1]
-
-    def ok(f):
-        kind = rule.kinds[f]
-        return kind == PASS or (kind == REDUCTION and opdef.reduce_kind is not None)
-
-    if opdef.constraint:
-        spec: Sharding = op.attrs["sharding"]
-        cands = []
-        for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes):
-            if not _valid(rule, fa, mesh):
-                continue
-            dims = unproject(rule.results[0], fa, rule.sizes, mesh)
-            if all(d == w if i not in spec.open_dims else d[: len(w)] == w
-                   for i, (d, w) in enumerate(zip(dims, spec.dims))):
-                cands.append(op_view(op, rule, fa, mesh))
-        fixed = Sharding(spec.dims)
-        if not any(v.outs[0] == fixed for v in cands):  # uneven or unusual: exactly as written
-            work = op.result.type.size / FLOPS_PER_BYTE
-            cands.insert(0, View((fixed,), (fixed,), work))
-        return cands[:MAX_STRATEGIES]
-    views, seen = [], {}
-    for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes):
-        if not _valid(rule, fa, mesh):
-            continue
-        v = op_view(op, rule, fa, mesh)
-        k = (v.reqs, v.outs)
-        if k in seen:  # the same layouts: keep the cheaper
-            if v.work < views[seen[k]][0].work:
-                views[seen[k]] = (v, len(set(fa)))
-            continue
-        seen[k] = len(views)
-        views.append((v, len(set(fa))))
-    if len(views) > MAX_STRATEGIES:
-        # the least local work first; among equals, axes spread over more factors (data and model
-        # parallel at once before two axes on one dim), then enumeration order
-        order = sorted(range(1, len(views)), key=lambda i: (views[i][0].work, -views[i][1], i))
-        views = [views[0]] + [views[i] for i in sorted(order[: MAX_STRATEGIES - 1])]
-    return [v for v, _ in views]
-
-
-def param_views(p, mesh: Mesh) -> list[View]:
-    t = p.value.type
-    if p.sharding is not None:
-        return [View((), (Sharding(p.sharding.dims),), 0.0)]
-    axes = [a for a in mesh.names if mesh.axis_size(a) > 1]
-    out = []
-    for combo in itertools.product(range(-1, t.rank), repeat=len(axes)):
-        dims = [()] * t.rank
-        for a, d in zip(axes, combo):
-            if d >= 0:
-                dims[d] = dims[d] + (a,)
-        if all(n % mesh.group_size(ax) == 0 for n, ax in zip(t.shape, dims)):
-            out.append(View((), (Sharding(tuple(dims)),), 0.0))
-    return out
-
-
 @dataclass(eq=False)
 class _BodyParam:
     """A loop's index or one of its carries, as a unit of the search (laid out like a parameter)."""
 
     value: Value
     sharding: None = None
-
-
-def _follower_view(op, rule: FactorRule, main: int, src: Sharding, mesh: Mesh) -> View:
-    """An elementwise op in the layout of its main operand's producer (pending sums settled)."""
-    dims = src.dims
-    fa = project(rule.operands[main], dims, rule.sizes, mesh, op.operands[main].type.shape)
-    return op_view(op, rule, fa, mesh)
-
-
-def _attached_view(op, rule: FactorRule, want: Sharding, mesh: Mesh) -> View:
-    """An op laid out as its one user wants its result (what its factors can hold of that)."""
-    fa = project(rule.results[0], want.dims, rule.sizes, mesh, op.result.type.shape)
-    fa = {f: a for f, a in fa.items() if rule.kinds[f] == PASS}
-    if not _valid(rule, fa, mesh):
-        fa = {}
-    return op_view(op, rule, fa, mesh)
 
 
 # ---------------------------------------------------------------------------------- the graph
@@ -614,276 +466,3 @@ def _count(shape) -> int:
         n *= x
     return n
 
-
-# ---------------------------------------------------------------------------------- solvers
-
-
-def have_solver() -> bool:
-    try:
-        from scipy.optimize import milp  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _classes(rows):
-    """Indices grouped by equal rows: list of (representative row, [indices])."""
-    seen: dict = {}
-    for i, r in enumerate(rows):
-        seen.setdefault(tuple(r), []).append(i)
-    return list(seen.items())
-
-
-def _eliminate(prob: Problem, keep: set):
-    """Exact reductions before the integer program (dynamic programming on the graph): a group
-    with one neighbour folds into it (the neighbour's cost per strategy gains this group's best
-    answer to it), a group with two neighbours becomes one edge between them (the best middle
-    strategy for each pair); groups in `keep` (parameters under a memory budget or an exclusion)
-    stay. Chains of ops, a layer's elementwise tails and a training step's optimizer updates go
-    away. Returns (node costs of the groups left, edges left, constant, the eliminations in order:
-    replay them backwards to recover the eliminated groups' strategies)."""
-    e = _Elimination(prob)
-    e.separate()
-    changed = True
-    while changed:
-        changed = False
-        for g in sorted(e.node):
-            if g not in keep and g in e.node and e.eliminate(g):
-                changed = True
-    return e.node, e.edges, e.const, e.steps
-
-
-class _Elimination:
-    """The graph `_eliminate` reduces: node costs, edges, neighbours, and what it did so far."""
-
-    def __init__(self, prob: Problem):
-        self.node = {gi: np.asarray(g.node_cost, dtype=float) for gi, g in enumerate(prob.groups)}
-        self.edges = {k: np.asarray(m, dtype=float) for k, m in prob.edges.items()}
-        self.nbrs: dict = {gi: set() for gi in self.node}
-        for a, b in self.edges:
-            self.nbrs[a].add(b)
-            self.nbrs[b].add(a)
-        self.const = prob.constant
-        self.steps: list = []
-
-    def oriented(self, g, h):
-        """The matrix of edge g-h as [g strategy, h strategy]."""
-        return self.edges[(g, h)] if (g, h) in self.edges else self.edges[(h, g)].T
-
-    def add_edge(self, g, h, m) -> None:
-        edges = self.edges
-        if (g, h) in edges:
-            edges[(g, h)] = edges[(g, h)] + m
-        elif (h, g) in edges:
-            edges[(h, g)] = edges[(h, g)] + m.T
-        else:
-            edges[(g, h) if g < h else (h, g)] = m if g < h else m.T
-            self.nbrs[g].add(h)
-            self.nbrs[h].add(g)
-
-    def drop(self, g) -> None:
-        for h in sorted(self.nbrs[g]):
-            self.edges.pop((g, h), None)
-            self.edges.pop((h, g), None)
-            self.nbrs[h].discard(g)
-        del self.nbrs[g], self.node[g]
-
-    def separate(self) -> None:
-        """An edge whose cost is a cost of one end plus a cost of the other is two node costs."""
-        for (a, b), m in sorted(self.edges.items()):
-            d = m - m[:, :1]
-            if np.allclose(d, d[:1, :], rtol=0, atol=1e-6):
-                self.node[a] = self.node[a] + m[:, 0]
-                self.node[b] = self.node[b] + d[0, :]
-                del self.edges[(a, b)]
-                self.nbrs[a].discard(b)
-                self.nbrs[b].discard(a)
-
-    def eliminate(self, g) -> bool:
-        """Fold group g into its neighbours if it has one strategy or at most two neighbours."""
-        node, near = self.node, sorted(self.nbrs[g])
-        if len(node[g]) == 1 and near:  # one strategy: its edges are costs of its neighbours'
-            for h in near:
-                node[h] = node[h] + self.oriented(h, g)[:, 0]
-            self.const += float(node[g][0])
-            self.steps.append((g, (), 0))
-        elif len(near) == 0:
-            self.const += float(node[g].min())
-            self.steps.append((g, (), int(np.argmin(node[g]))))
-        elif len(near) == 1:
-            (h,) = near
-            t = self.oriented(h, g) + node[g][None, :]
-            node[h] = node[h] + t.min(axis=1)
-            self.steps.append((g, (h,), t.argmin(axis=1)))
-        elif len(near) == 2:
-            h1, h2 = near
-            t = self.oriented(h1, g)[:, :, None] + node[g][None, :, None] + self.oriented(g, h2)[None, :, :]
-            if t.size > 1 << 16:
-                return False
-            self.steps.append((g, (h1, h2), t.argmin(axis=1)))
-            best = t.min(axis=1)
-            self.drop(g)
-            self.add_edge(h1, h2, best)
-            return True
-        else:
-            return False
-        self.drop(g)
-        return True
-
-
-def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit: int | None = None,
-              time_limit: float = TIME_LIMIT_S):
-    """The optimum of the integer program; `exclude`: parameter layouts already taken (each a
-    dict group -> strategy), so the answer differs from each of them in some parameter.
-    Returns None when infeasible."""
-    import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
-
-    t0 = time.perf_counter()
-    pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
-    keep = set(pgroups) if (budget is not None or exclude) else set()
-    node, edges, const, steps = _eliminate(prob, keep)
-    left = sorted(node)
-    offset = {}
-    n = 0
-    for gi in left:
-        offset[gi] = n
-        n += len(node[gi])
-    c = [0.0] * n
-    for gi in left:
-        for s, x in enumerate(node[gi]):
-            c[offset[gi] + s] = float(x)
-    integrality = [1] * n
-    rows, cols, vals, lo, hi = [], [], [], [], []
-    r = 0
-
-    def add_row(entries, low, high):
-        nonlocal r
-        for col, val in entries:
-            rows.append(r)
-            cols.append(col)
-            vals.append(val)
-        lo.append(low)
-        hi.append(high)
-        r += 1
-
-    for gi in left:
-        add_row([(offset[gi] + s, 1.0) for s in range(len(node[gi]))], 1.0, 1.0)
-    for (a, b), m in sorted(edges.items()):
-        if float(m.max() - m.min()) < 1e-9:
-            const += float(m.flat[0])
-            continue
-        row_classes = _classes(m.tolist())
-        col_classes = _classes(m.T.tolist())
-        first = n
-        for _row, ridx in row_classes:
-            for _col, cidx in col_classes:
-                c.append(float(m[ridx[0], cidx[0]]))
-                integrality.append(0)
-                n += 1
-        nc = len(col_classes)
-        for ri, (_row, idx) in enumerate(row_classes):
-            add_row([(first + ri * nc + ci, 1.0) for ci in range(nc)] + [(offset[a] + s, -1.0) for s in idx], 0, 0)
-        for ci, (_col, idx) in enumerate(col_classes):
-            add_row([(first + ri * nc + ci, 1.0) for ri in range(len(row_classes))]
-                    + [(offset[b] + s, -1.0) for s in idx], 0, 0)
-    if budget is not None:
-        entries = [(offset[gi] + s, prob.groups[gi].param_bytes[s]) for gi in pgroups
-                   for s in range(prob.groups[gi].n)]
-        add_row(entries, -np.inf, float(budget))
-    for taken in exclude:
-        add_row([(offset[gi] + taken[gi], 1.0) for gi in pgroups], -np.inf, len(pgroups) - 1)
-    choice = {}
-    if n:
-        a = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
-        res = milp(np.array(c), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
-                   integrality=np.array(integrality), bounds=Bounds(np.zeros(n), np.ones(n)),
-                   options={"time_limit": time_limit, "presolve": True, "mip_rel_gap": MIP_REL_GAP,
-                            **({"node_limit": node_limit} if node_limit is not None else {})})
-        if res.x is None:  # infeasible, or no plan found in the time limit
-            return None
-        for gi in left:
-            choice[gi] = int(np.argmax(res.x[offset[gi]: offset[gi] + len(node[gi])]))
-    for g, near, arg in reversed(steps):
-        choice[g] = int(arg if not near else arg[tuple(choice[h] for h in near)])
-    choice = {gi: choice[gi] for gi in range(len(prob.groups))}
-    return Solution(choice, prob.evaluate(choice), "ilp", time.perf_counter() - t0)
-
-
-def solve_greedy(prob: Problem, budget: float | None = None, exclude=(), passes: int = 4) -> Solution | None:
-    """Groups in program order, each taking its cheapest strategy given the groups already chosen;
-    then coordinate descent (each group re-chosen given all the others) until nothing improves.
-    The memory budget is kept by shrinking the largest parameters first."""
-    t0 = time.perf_counter()
-    ng = len(prob.groups)
-    nbrs: list[list] = [[] for _ in range(ng)]
-    for (a, b), m in prob.edges.items():
-        nbrs[a].append((b, m, False))
-        nbrs[b].append((a, m, True))
-
-    def local(gi, s, choice):
-        total = prob.groups[gi].node_cost[s]
-        for other, m, flipped in nbrs[gi]:
-            if other in choice:
-                total += float(m[choice[other], s] if flipped else m[s, choice[other]])
-        return total
-
-    choice: dict[int, int] = {}
-    for gi in range(ng):
-        choice[gi] = min(range(prob.groups[gi].n), key=lambda s: (local(gi, s, choice), s))
-    pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
-
-    def fits(ch):
-        return budget is None or prob.param_bytes(ch) <= budget
-
-    excluded = {prob.param_layouts(t) for t in exclude}
-
-    def allowed(ch):
-        return prob.param_layouts(ch) not in excluded
-
-    for _ in range(passes):
-        improved = False
-        for gi in range(ng):
-            cur = local(gi, choice[gi], choice)
-            for s in range(prob.groups[gi].n):
-                if s == choice[gi]:
-                    continue
-                trial = dict(choice)
-                trial[gi] = s
-                if local(gi, s, choice) < cur - 1e-9 and fits(trial) and allowed(trial):
-                    choice, cur, improved = trial, local(gi, s, trial), True
-        if not improved:
-            break
-    # memory: move the largest parameters to their smallest layouts until the budget holds
-    for gi in sorted(pgroups, key=lambda g: -max(prob.groups[g].param_bytes)):
-        if fits(choice):
-            break
-        g = prob.groups[gi]
-        choice[gi] = min(range(g.n), key=lambda s: (g.param_bytes[s], local(gi, s, choice), s))
-    if not fits(choice):
-        return None
-    if not allowed(choice):  # the nearest plan with another parameter layout
-        best = None
-        for gi in range(ng):
-            for s in range(prob.groups[gi].n):
-                trial = dict(choice)
-                trial[gi] = s
-                if allowed(trial) and fits(trial):
-                    cost = prob.evaluate(trial)
-                    if best is None or cost < best[0]:
-                        best = (cost, trial)
-        if best is None:
-            return None
-        choice = best[1]
-    return Solution(choice, prob.evaluate(choice), "greedy", time.perf_counter() - t0)
-
-
-def solve(prob: Problem, budget=None, exclude=(), method: str = "auto") -> Solution | None:
-    """method: "ilp", "greedy", or "auto" (the ILP when scipy is there and the problem is under
-    MAX_ILP_VARIABLES, else greedy)."""
-    if method == "auto":
-        method = "ilp" if have_solver() and prob.size <= MAX_ILP_VARIABLES else "greedy"
-    if method == "ilp":
-        return solve_ilp(prob, budget, exclude)
-    return solve_greedy(prob, budget, exclude)

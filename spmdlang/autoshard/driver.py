@@ -1,0 +1,311 @@
+"""The autoshard driver: compile the program as written, build and solve the search problem
+(autoshard.problem, autoshard.solve), write each solution into the source (autoshard.rewrite),
+compile the candidates and keep the least modelled step time that fits the memory budget."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..api import Compiled, compile, read_source
+from ..errors import SpmdError
+from ..frontend.parse import parse
+from . import problem as P
+from . import solve as S
+from .rewrite import _assigned_values, _entry, _rewrap, _spec, _spec_edits, _Text, _where, _with_overrides
+
+
+@dataclass
+class Plan:
+    """One candidate: its source text, compiled program and measured figures."""
+
+    label: str
+    source: str
+    compiled: Compiled
+    search_cost: float | None = None
+    params: dict = field(default_factory=dict)
+    constraints: list = field(default_factory=list)
+    _totals: dict | None = field(default=None, repr=False)
+
+    @property
+    def collectives(self) -> list:
+        return self.compiled.spmd.ledger
+
+    def totals(self) -> dict:
+        if self._totals is None:
+            self._totals = self._measure()
+        return self._totals
+
+    def _measure(self) -> dict:
+        from ..partition.cost import collective_cost, compute_time_us, flops, peak_bytes, step_time_us
+
+        mesh = self.compiled.mesh
+        cols = [(x.kind, mesh.group_size(x.axes), x.bytes_per_device, x.axes) for x in self.collectives]
+        fl = flops(self.compiled.spmd.program)
+        return {"collectives": len(cols), "bytes_per_device": int(round(sum(x[2] for x in cols))),
+                "flops_per_device": fl, "peak_bytes_per_device": peak_bytes(self.compiled.spmd.program),
+                "modelled_time_us": round(step_time_us(self.collectives, mesh, fl), 3),
+                "compute_time_us": round(compute_time_us(fl), 3),
+                "planner_cost": round(sum(collective_cost(k, g, b) for k, g, b, _ in cols), 1)}
+
+
+@dataclass
+class Autoshard:
+    """The outcome of `spmdlang.autoshard(...)`: the rewritten source and the report."""
+
+    source: str
+    chosen: Plan
+    as_written: Plan
+    runners_up: list[Plan]
+    solver: str
+    solve_s: float
+    problem: dict
+    budget: int | None
+    solve_cpu_s: float = 0.0
+
+    @property
+    def compiled(self) -> Compiled:
+        return self.chosen.compiled
+
+    def report(self) -> dict:
+        def plan_json(p: Plan) -> dict:
+            return {"label": p.label, "params": p.params, "constraints": p.constraints, "totals": p.totals(),
+                    "search_cost": None if p.search_cost is None else round(p.search_cost, 1)}
+
+        chosen = plan_json(self.chosen)
+        chosen["collectives"] = [{"kind": x.kind, "axes": list(x.axes),
+                                  "bytes_per_device": int(round(x.bytes_per_device)), "line": x.line, "op": x.op,
+                                  "reason": x.reason} for x in self.chosen.collectives]
+        chosen["layouts"] = self._layouts()
+        return {"mesh": {"axes": dict(self.compiled.mesh.axes)}, "solver": self.solver,
+                "solve_s": round(self.solve_s, 4), "solve_cpu_s": round(self.solve_cpu_s, 4),
+                "problem": self.problem,
+                "memory_per_device": self.budget, "chosen": chosen, "as_written": plan_json(self.as_written),
+                "runners_up": [plan_json(p) for p in self.runners_up], "plans": self._distinct_plans(),
+                "source": self.source}
+
+    def _layouts(self) -> list[dict]:
+        """Every parameter of the entry in the chosen plan: its sharding, and whether the program
+        wrote it, autoshard chose it, or propagation inferred it (a parameter left unannotated)."""
+        written = {p.name: p.sharding for p in self.as_written.compiled.canonical.params}
+        c = self.chosen.compiled
+        return [{"name": p.name, "sharding": str(c.propagation.shardings[p.value]),
+                 "from": "as written" if written.get(p.name) is not None
+                 else "autoshard" if p.name in self.chosen.params else "propagation"}
+                for p in c.canonical.params]
+
+    def _distinct_plans(self) -> list[dict]:
+        """The candidates, one entry per distinct compiled plan (the same per-partition program
+        under several labels is one plan): the chosen first, then the runners-up, then the program
+        as written; `fits` says whether the peak fits the memory budget (None: no budget)."""
+        plans = [self.chosen, *self.runners_up]
+        if self.as_written is not self.chosen:
+            plans.append(self.as_written)
+        out: list[dict] = []
+        seen: dict[str, dict] = {}
+        for p in plans:
+            key = p.compiled.spmd_ir
+            if key in seen:
+                seen[key]["labels"].append(p.label)
+                continue
+            peak = p.totals()["peak_bytes_per_device"]
+            seen[key] = {"labels": [p.label], "chosen": p is self.chosen, "totals": p.totals(),
+                         "fits": None if self.budget is None else peak <= self.budget}
+            out.append(seen[key])
+        return out
+
+
+def autoshard(program: str, mesh: dict | None = None, consts: dict | None = None, entry: str | None = None,
+              filename: str | None = None, memory_per_device: int | None = None, method: str = "auto",
+              runners_up: int = 2) -> Autoshard:
+    """Choose shardings for every unannotated parameter, result and assignment of `program` (a
+    path or source text) that minimise modelled step time with peak memory per device at most
+    `memory_per_device` bytes. method: "auto", "ilp" or "greedy". Raises SpmdError for a bad
+    program, or when no plan fits the memory budget."""
+    import os
+
+    if filename is None and "\n" not in program and (program.endswith(".spmd") or os.path.exists(program)):
+        filename, text = program, read_source(program)
+    else:
+        text, filename = program, filename or "<input>"
+    from ..limits import deep_call
+
+    return deep_call(_autoshard, text, filename, mesh, consts, entry, memory_per_device, method, runners_up)
+
+
+def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -> Autoshard:
+    base = compile(text, mesh=mesh, consts=consts, entry=entry, filename=filename)
+    module, source = parse(text, filename)
+    func = _entry(module, entry)
+    written = Plan("as written", _with_overrides(text, module, mesh, consts, base), base)
+
+    if method in ("auto", "ilp") and S.have_solver():
+        import scipy.optimize  # noqa: F401  (imported before the clock starts: seconds on a busy machine)
+    clock = [0.0, 0.0]  # wall, CPU (of this process: the machine may be shared)
+
+    def timed(f, *a, **k):
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            return f(*a, **k)
+        finally:
+            clock[0] += time.perf_counter() - t0
+            clock[1] += time.process_time() - c0
+
+    # under a memory budget a parameter may be stored more finely split than its one user reads it
+    # (ZeRO: gathered before use); without one that only adds a reshard, and the parameter takes
+    # its user's layout
+    prob = timed(P.build, base.canonical, attach_params=budget is None)
+    if method == "auto":
+        method = "ilp" if S.have_solver() and prob.size <= S.MAX_ILP_VARIABLES else "greedy"
+    solve = S.solve_ilp if method == "ilp" else S.solve_greedy
+    limit = None if budget is None else float(budget)
+    plans: list[Plan] = []
+    seen = {text: base} if mesh is None and consts is None else {}  # source -> compiled, for _plan
+    best = timed(solve, prob, limit)
+    # the budget binds the compiled peak, which holds activations too: tighten the parameters'
+    # share by what the plan went over, and solve again (keeping the last plan if none is found)
+    for _ in range(5):
+        if best is None:
+            break
+        plan = _plan(text, module, func, base, prob, best, mesh, consts, entry, filename, "autoshard", seen)
+        if budget is None or plan.totals()["peak_bytes_per_device"] <= budget:
+            break
+        over = plan.totals()["peak_bytes_per_device"] - budget
+        limit = prob.param_bytes(best.choice) - over
+        nxt = timed(solve, prob, limit) if limit > 0 else None
+        if nxt is None:
+            break
+        best = nxt
+    if best is not None:
+        solutions = [best]
+        for _ in range(n_runners):
+            # runners-up are for the report: the greedy search's best plan that lays out some
+            # parameter otherwise than every plan before it (fast, deterministic, not proven optimal)
+            nxt = timed(S.solve_greedy, prob, limit, exclude=[s.choice for s in solutions])
+            if nxt is None:
+                break
+            solutions.append(nxt)
+        plans.append(plan)
+        for k, sol in enumerate(solutions[1:]):
+            plans.append(_plan(text, module, func, base, prob, sol, mesh, consts, entry, filename,
+                               f"runner-up {k + 1}", seen))
+    solve_s = clock[0]
+    candidates = plans + [written]
+    fits = [p for p in candidates if budget is None or p.totals()["peak_bytes_per_device"] <= budget]
+    if not fits:
+        least = min(candidates, key=lambda p: p.totals()["peak_bytes_per_device"])
+        raise SpmdError(f"no plan found fits {budget:,} bytes per device: the smallest found needs "
+                        f"{least.totals()['peak_bytes_per_device']:,}", _where(source, func))
+    rank = {id(p): i for i, p in enumerate(candidates)}
+    chosen = min(fits, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
+    others = [p for p in plans if p is not chosen]
+    problem = {"units": len(prob.units), "groups": len(prob.groups), "edges": len(prob.edges),
+               "variables": prob.size}
+    return Autoshard(chosen.source, chosen, written, others, method, solve_s, problem, budget, clock[1])
+
+
+def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, label, seen=None) -> Plan:
+    """Write solution `sol` into the source: first the parameter and result specs, then shard()
+    where propagation from those does not reach the chosen layout of an assignment. Each variant is
+    compiled; the one with the least modelled step time is the plan. `seen`: source text ->
+    compiled, shared by the plans of one search (variants often write the same text)."""
+    prog = base.canonical
+    seen = {} if seen is None else seen
+
+    def compile_once(source):
+        if source not in seen:
+            seen[source] = compile(source, filename=filename, entry=entry)
+        return seen[source]
+
+    def write(results, wrap: bool):
+        t = _Text(text)
+        params = _spec_edits(t, func, prob, sol, prog, results=results, structs=structs)
+        constraints = _rewrap(t, func, others, chosen, got, prob, sol, c1) if wrap else []
+        return _with_overrides(text, module, mesh, consts, base, t), params, constraints
+
+    def candidate(results, wrap: bool):
+        source, params, constraints = write(results, wrap)
+        try:
+            c = compile_once(source)
+            c.spmd  # noqa: B018  (partition now: a plan that cannot be partitioned is not a candidate)
+        except SpmdError:
+            return None
+        return Plan(label, source, c, sol.cost, params, constraints)
+
+    structs = {s.name: s for s in module.structs}
+    t = _Text(text)
+    params = _spec_edits(t, func, prob, sol, prog, structs=structs)
+    first = _with_overrides(text, module, mesh, consts, base, t)
+    c1 = compile_once(first)
+    plans = [Plan(label, first, c1, sol.cost, params, [])]
+    # the assignments whose chosen layout propagation does not reproduce
+    others = [f for f in module.funcs if f is not func]
+    chosen = _assigned_values(prog, func, others)
+    got = _assigned_values(c1.canonical, func, others)
+    wrapped = bool(_rewrap(_Text(text), func, others, chosen, got, prob, sol, c1))
+    if wrapped:
+        p = candidate(True, True)
+        if p is not None:
+            plans.insert(0, p)
+    # a result's layout propagates backwards, into a backward pass that no assignment names (a
+    # weight update laid out as the search stores it pulls its split into the gradient): the same
+    # plan with the results laid out as propagation lays them out from the rest, written in
+    for wrap in ([True, False] if wrapped else [False]):
+        source, _, _ = write(False, wrap)
+        try:
+            free = compile_once(source)
+            specs = [_spec(free.propagation.shardings[r.value]) for r in free.program.results]
+        except SpmdError:
+            continue
+        p = candidate(specs, wrap)
+        if p is not None:
+            plans.append(p)
+    rank = {id(p): i for i, p in enumerate(plans)}
+    return min(plans, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
+
+
+# ---------------------------------------------------------------------------------- the report
+
+
+def render_autoshard(console, report: dict) -> None:
+    """The human-readable report: the chosen plan's annotations and ledger, the runners-up."""
+    from rich.markup import escape
+
+    from ..explain import heading, table
+
+    mesh = ", ".join(f"{a}={n}" for a, n in report["mesh"]["axes"].items())
+    prob = report["problem"]
+    heading(console, f"autoshard  mesh [{mesh}]  solver {report['solver']}  {report['solve_s']:.2f} s  "
+            f"({prob['groups']} groups of {prob['units']} values and ops, {prob['variables']:,} variables)")
+    chosen = report["chosen"]
+    t = table("parameter", "sharding", "from")
+    for x in chosen["layouts"]:
+        t.add_row(escape(x["name"]), escape(x["sharding"]), x["from"])
+    console.print(t)
+    if chosen["constraints"]:
+        t = table("line", "shard()", "sharding")
+        for c in chosen["constraints"]:
+            t.add_row(str(c["line"]), escape(c["name"]), escape(c["sharding"]))
+        console.print(t)
+    if chosen["collectives"]:
+        heading(console, "collectives of the chosen plan (per device)")
+        t = table("line", "kind", "axes", "bytes", "why", text_column="why",
+                  texts=[x["reason"] for x in chosen["collectives"]])
+        for x in chosen["collectives"]:
+            t.add_row(str(x["line"] or ""), x["kind"], ",".join(x["axes"]), f"{x['bytes_per_device']:,}",
+                      escape(x["reason"]))
+        console.print(t)
+    else:
+        console.print("the chosen plan needs no collectives")
+    heading(console, "plans (modelled step time: collectives + local work, tpu-v4 preset)")
+    budget = report["memory_per_device"]
+    t = table("plan", "colls", "bytes", "peak mem", *(("fits budget",) if budget is not None else ()), "time us")
+    for p in report["plans"]:
+        x = p["totals"]
+        label = " = ".join(p["labels"]) + (" (chosen)" if p["chosen"] else "")
+        fits = (("yes" if p["fits"] else "NO: over budget",) if budget is not None else ())
+        t.add_row(escape(label), str(x["collectives"]), f"{x['bytes_per_device']:,}",
+                  f"{x['peak_bytes_per_device']:,}", *fits, f"{x['modelled_time_us']:.1f}")
+    console.print(t)
+    if budget is not None:
+        console.print(f"memory budget: {budget:,} bytes per device")
