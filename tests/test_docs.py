@@ -98,7 +98,8 @@ def _documented_commands() -> list[tuple[str, str]]:
 
 def _is_synopsis(argv: list[str]) -> bool:
     """A synopsis names placeholders (FILE, N, a|b, [--opt], ...) or only the command."""
-    return len(argv) == 1 or any(re.search(r"[\[\]|]|\.\.\.|^[A-Z][A-Z.,_=]*$", a) for a in argv)
+    return len(argv) == 1 or any(re.search(r"[\[\]|]|\.\.\.|^[A-Z][A-Z.,_=]*$|^[A-Z]{2,}\.\w+(:[A-Z]+)?$", a)
+                                 for a in argv)  # the last: FILE.py:FUNCTION, OUT.spmd
 
 
 def _subparser(name: str):
