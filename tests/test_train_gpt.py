@@ -12,6 +12,17 @@ import pytest
 
 import spmdlang
 
+
+@pytest.fixture(autouse=True)
+def _jax_defaults():
+    """jax.random's draws as jax computes them by default (no x64): an emitted module of an earlier
+    test that holds 64-bit values turns x64 on for the process, and under x64 jax.random.bernoulli
+    of a Python float draws f64 uniforms, so the reference itself would change."""
+    import jax
+
+    with jax.enable_x64(False):
+        yield
+
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 optax = pytest.importorskip("optax")
