@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def distinct_layers(n: int) -> str:
     params = ", ".join(f"w{i}: f32[16, 16]" for i in range(n))
     body = "".join(f"  h = tanh(h @ w{i}) * {1.0 + i % 3}\n" for i in range(n))
-    return f"mesh [data=2, model=2]\nfunc main(x: f32[8, 16] {{data, _}}, {params}) -> f32[8, 16] {{\n  h = x\n{body}  return h\n}}\n"
+    return (f"mesh [data=2, model=2]\nfunc main(x: f32[8, 16] {{data, _}}, {params}) -> f32[8, 16] {{\n"
+            f"  h = x\n{body}  return h\n}}\n")
 
 
 def test_alike_layers_enumerate_their_strategies_once(monkeypatch):
