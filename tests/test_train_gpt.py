@@ -12,16 +12,7 @@ import pytest
 
 import spmdlang
 
-
-@pytest.fixture(autouse=True)
-def _jax_defaults():
-    """jax.random's draws as jax computes them by default (no x64): an emitted module of an earlier
-    test that holds 64-bit values turns x64 on for the process, and under x64 jax.random.bernoulli
-    of a Python float draws f64 uniforms, so the reference itself would change."""
-    import jax
-
-    with jax.enable_x64(False):
-        yield
+pytestmark = pytest.mark.usefixtures("jax_without_x64")  # jax.random's reference draws (conftest)
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
