@@ -37,8 +37,9 @@ def program(shape: str, ops: int) -> str:
 
 def run(shape: str, ops: int, solver: str) -> dict:
     import spmdlang
-    from spmdlang import shard_search
-    from spmdlang.search import ilp
+    from spmdlang.autoshard import driver
+    from spmdlang.autoshard import problem as P
+    from spmdlang.autoshard import solve as S
 
     spent = {"build": 0.0, "solve": 0.0, "compile": 0.0}
 
@@ -51,17 +52,17 @@ def run(shape: str, ops: int, solver: str) -> dict:
                 spent[name] += time.perf_counter() - t
         return wrapper
 
-    saved = ilp.build, ilp.solve_ilp, ilp.solve_greedy, shard_search._plan
-    ilp.build = timed("build", ilp.build)
-    ilp.solve_ilp, ilp.solve_greedy = timed("solve", ilp.solve_ilp), timed("solve", ilp.solve_greedy)
-    shard_search._plan = timed("compile", shard_search._plan)
+    saved = P.build, S.solve_ilp, S.solve_greedy, driver._plan
+    P.build = timed("build", P.build)
+    S.solve_ilp, S.solve_greedy = timed("solve", S.solve_ilp), timed("solve", S.solve_greedy)
+    driver._plan = timed("compile", driver._plan)
     try:
         text = program(shape, ops)
         t0 = time.perf_counter()
         r = spmdlang.autoshard(text, filename=f"{shape}.spmd", method=solver)
         total = time.perf_counter() - t0
     finally:
-        ilp.build, ilp.solve_ilp, ilp.solve_greedy, shard_search._plan = saved
+        P.build, S.solve_ilp, S.solve_greedy, driver._plan = saved
     n_ops = len(spmdlang.compile(text).program.ops)
     return {"shape": shape, "ops": n_ops, "solver": r.solver, "variables": r.problem["variables"],
             "groups": r.problem["groups"], **{k: round(v, 1) for k, v in spent.items()},

@@ -259,7 +259,19 @@ class Compiled:
 
             source = self.jax_source if backend == "jax" else self.xla_source
             return run_processes(source, arrays, self.mesh.size, processes)
-        return self.runner(backend)(arrays)
+        from jax.errors import JaxRuntimeError
+
+        try:
+            return self.runner(backend)(arrays)
+        except JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            from .limits import mesh_span
+
+            raise SpmdError(f"the {backend} backend ran out of memory: XLA could not allocate what this program "
+                            f"asked for ({str(e).strip().splitlines()[0][:200]}); the estimate made before the run "
+                            "was too low for it", mesh_span(self.program),
+                            note="give it less to hold (--set, --mesh), or more memory") from None
 
 
 def _nonfinite(a: np.ndarray) -> int:

@@ -29,3 +29,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def jax_without_x64():
+    """jax as configured by default (no x64) for the test: an emitted module of an earlier test that
+    holds 64-bit values turns x64 on for the whole process, and under x64 jax.random.bernoulli of a
+    Python float draws f64 uniforms, so a reference computed with jax.random would change."""
+    import jax
+
+    with jax.enable_x64(False):
+        yield

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 import spmdlang
+from spmdlang.autoshard import Plan, autoshard, batch_only, problem, solve, strip_annotations
 from spmdlang.frontend.parse import parse
-from spmdlang.autoshard import problem, solve
-from spmdlang.autoshard import Plan, autoshard, batch_only, strip_annotations
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = sorted((ROOT / "programs").glob("*.spmd"))

@@ -8,8 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import spmdlang
-from spmdlang import shard_search
-from spmdlang.search import ilp
+from spmdlang.autoshard import autoshard, batch_only, driver
+from spmdlang.autoshard import problem as ilp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def distinct_layers(n: int) -> str:
     params = ", ".join(f"w{i}: f32[16, 16]" for i in range(n))
     body = "".join(f"  h = tanh(h @ w{i}) * {1.0 + i % 3}\n" for i in range(n))
-    return f"mesh [data=2, model=2]\nfunc main(x: f32[8, 16] {{data, _}}, {params}) -> f32[8, 16] {{\n  h = x\n{body}  return h\n}}\n"
+    return (f"mesh [data=2, model=2]\nfunc main(x: f32[8, 16] {{data, _}}, {params}) -> f32[8, 16] {{\n"
+            f"  h = x\n{body}  return h\n}}\n")
 
 
 def test_alike_layers_enumerate_their_strategies_once(monkeypatch):
@@ -44,14 +45,14 @@ def test_alike_layers_enumerate_their_strategies_once(monkeypatch):
 
 def test_every_candidate_source_is_compiled_once(monkeypatch):
     sources = Counter()
-    real = shard_search.compile
+    real = driver.compile
 
     def counted(source, **kw):
         sources[source] += 1
         return real(source, **kw)
 
-    monkeypatch.setattr(shard_search, "compile", counted)
+    monkeypatch.setattr(driver, "compile", counted)
     path = ROOT / "programs" / "mlp.spmd"
-    r = shard_search.autoshard(shard_search.batch_only(path.read_text(), str(path)), filename=str(path))
+    r = autoshard(batch_only(path.read_text(), str(path)), filename=str(path))
     assert r.chosen is not None
     assert sources and max(sources.values()) == 1, [n for n in sources.values() if n > 1]

@@ -201,7 +201,10 @@ def test_maximum_and_minimum_ties_split_in_half_as_jax():
 
 
 def _f64_source(src: str) -> str:
-    return re.sub(r"\b(f32|bf16)\b", "f64", src)
+    """The program in f64, but jax.random's draws (f32, bf16 or f16 only, as jax draws them
+    without x64) stay f32 and are cast: a draw passes no gradient anyway."""
+    src = re.sub(r"\b(f32|bf16)\b", "f64", src)
+    return re.sub(r"\b((?:uniform|normal)\(.*?)\bf64(\[[^\]]*\][^)]*\))", r"cast(\1f32\2, f64)", src)
 
 
 def finite_difference_check(seed: int, points: int = 3, eps: float = 1e-6) -> None:

@@ -69,7 +69,8 @@ def test_ids_out_of_the_window_clamp_into_the_window(spec, t, i):
     cw = m[:, min(max(t, 0), 3):min(max(t, 0), 3) + 2]
     want = [w[np.clip(i, 0, 1)], w[np.clip(ids, 0, 1)], np.take_along_axis(cw, np.clip(mi, 0, 1), 1),
             sum(window(x, t + k, 2)[np.clip(i + k, 0, 1)] for k in range(2))]
-    got = _run(WINDOW.replace("X", spec), {"x": x, "t": np.int32(t), "i": np.int32(i), "ids": ids, "m": m, "mt": mt, "mi": mi})
+    got = _run(WINDOW.replace("X", spec),
+               {"x": x, "t": np.int32(t), "i": np.int32(i), "ids": ids, "m": m, "mt": mt, "mi": mi})
     _same(got, want)
 
 

@@ -16,6 +16,8 @@ import pytest
 import spmdlang
 from spmdlang.errors import SpmdError
 
+pytestmark = pytest.mark.usefixtures("jax_without_x64")  # jax.random's reference draws (conftest)
+
 OURS = ("ref", "sim", "jax")
 
 # rank 0 to 4; the result specs split dims of 7, 5, 13, 3 ways that leave short and empty shards

@@ -194,11 +194,19 @@ def test_conv_dilated_far_past_its_input(capsys, tmp_path, rhs, spec):
                            f"  return conv(x, w, rhs_dilation={rhs})\n}}\n")
     c = spmdlang.compile(path)
     inputs = c.random_inputs(3)
-    want = np.asarray(jax.lax.conv_general_dilated(inputs["x"], inputs["w"], (1,), [(rhs, rhs)], None, (rhs,),
-                                                   ("NWC", "WIO", "NWC")))
-    np.testing.assert_allclose(want, np.einsum("nwc,cf->nwf", inputs["x"], inputs["w"][1]), rtol=1e-5, atol=1e-5)
+    want = np.einsum("nwc,cf->nwf", inputs["x"], inputs["w"][1])  # the centre tap alone
+    if rhs <= 10**8:  # (XLA on CPU pads the input first: at 10^12 it asks for 32 TB)
+        lax = jax.lax.conv_general_dilated(inputs["x"], inputs["w"], (1,), [(rhs, rhs)], None, (rhs,),
+                                           ("NWC", "WIO", "NWC"))
+        np.testing.assert_allclose(np.asarray(lax), want, rtol=1e-5, atol=1e-5)
     for backend in ("ref", "sim", "jax"):
-        np.testing.assert_allclose(c.run(inputs, backend=backend)[0], want, rtol=1e-5, atol=1e-5)
+        try:
+            got = c.run(inputs, backend=backend)[0]
+        except spmdlang.SpmdError as e:  # XLA pads the input first: at 10^12 it cannot allocate it
+            assert backend == "jax" and rhs > 10**8 and "the jax backend ran out of memory" in str(e), e
+            assert e.span is not None and e.span.line == 1
+            continue
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # the per-partition program holds no tensor larger than the input's whole rows
     assert max(v.type.size for op in c.spmd.program.ops for v in op.results) <= 8 * 4 * 4
 

@@ -87,6 +87,10 @@ INSTANCES.update({
                              (("f32[5, 3]", "f32[3, 2]", "i32[]", "i32[]"), {})],
     "random": [(("i32[]", "i32[4, 6]"), {"dist": "uniform", "dtype": "f32"}),
                (("i32[]", "i32[3, 5]"), {"dist": "normal", "dtype": "f32"})],
+    # jax.random's draws: every layout of the result is drawn locally (counters of global indices)
+    "random_draw": [(("u32[2]",), {"dist": "uniform", "dtype": "f32", "shape": (4, 6), "minval": -1.0, "maxval": 2.0}),
+                    (("u32[2]",), {"dist": "bits", "dtype": "u32", "shape": (3, 5)}),
+                    (("u32[2]",), {"dist": "bernoulli", "dtype": "bool", "shape": (3, 5), "p": 0.3})],
 })
 
 

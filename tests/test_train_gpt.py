@@ -12,6 +12,8 @@ import pytest
 
 import spmdlang
 
+pytestmark = pytest.mark.usefixtures("jax_without_x64")  # jax.random's reference draws (conftest)
+
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 optax = pytest.importorskip("optax")

@@ -2,8 +2,9 @@
 from the reshard planner, one integer linear program (Alpa, OSDI 2022), or a greedy pass.
 
 The graph. Every parameter and every op of the canonical global program is a unit, with the
-strategies autoshard.strategies lists (a parameter's layouts, an op's factor splits). A strategy fixes the layout each operand is wanted in, the layout of each result (pending sums
-included) and the op's local work.
+strategies autoshard.strategies lists (a parameter's layouts, an op's factor splits). A strategy
+fixes the layout each operand is wanted in, the layout of each result (pending sums included) and
+the op's local work.
 Costs are the cost model's (partition.cost): local work at FLOPS_PER_BYTE, as the partitioner
 weighs an op's candidates, and on every edge producer -> consumer the reshard planner's cheapest
 plan from the producer's result layout to the layout the consumer wants (`comm_cost`).

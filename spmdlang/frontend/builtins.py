@@ -854,7 +854,8 @@ def _dynamic_update_slice(ctx, span, args):
         raise SpmdError(f"dynamic_update_slice: the update is {upd.type.dtype} but x is {x.type.dtype}; cast it",
                         args.span("update"))
     starts = _starts(ctx, args, x, "dynamic_update_slice")
-    ops = [_start_value(ctx, s, n, m, span) if isinstance(s, Value) else ctx.materialize(min(max(s, 0), n - m), span, "i32")
+    ops = [_start_value(ctx, s, n, m, span) if isinstance(s, Value)
+           else ctx.materialize(min(max(s, 0), n - m), span, "i32")
            for s, n, m in zip(starts, x.type.shape, upd.type.shape)]
     return ctx.b.emit("dynamic_update_slice", x, upd, *ops, span=span)
 

@@ -422,12 +422,20 @@ def conv_numpy(x, w, **attrs):
         else:
             part = np.tensordot(patch, tap, axes=([patch.ndim - 1], [0]))
         out[(slice(None),) + dst + (slice(None),)] += part
-    if _reads_padding(padding, lhs) and not np.isfinite(ww).all():
-        # padding and holes are zeros that multiply: 0 * inf and 0 * NaN are NaN where a non-finite
-        # tap reads one (every non-finite tap of a feature, less those that reach the input)
-        ind = (~np.isfinite(ww)).any(axis=-2, keepdims=True).astype(np.float64)
-        reach = conv_numpy(np.ones((1, *x.shape[1:-1], 1)), ind, **conv_attrs(strides, padding, lhs, rhs))
-        out = np.where(ind.sum(axis=tuple(range(nsp)))[0] - reach > 0.5, np.nan, out)
+    if out.dtype.kind == "f" and not np.isfinite(ww).all():
+        # padding and lhs_dilation holes are zeros that multiply the kernel, as in XLA: where a
+        # tap with an inf or NaN (in the channels output feature f reads) reads one, f is NaN
+        for offset in np.ndindex(*w.shape[:nsp]):
+            cols = ~np.isfinite(ww[offset]).all(axis=0)
+            if not cols.any():
+                continue
+            reads = np.ones(tuple(out_sp), bool)
+            for i, o in enumerate(offset):
+                dim = np.zeros(out_sp[i], bool)
+                if rows[i][o] is not None:
+                    dim[rows[i][o][0]] = True
+                reads &= dim.reshape([out_sp[i] if k == i else 1 for k in range(nsp)])
+            out[:, (~reads)[..., None] & cols] = np.nan
     return out.astype(dt)
 
 

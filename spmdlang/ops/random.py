@@ -243,7 +243,8 @@ def _draw_jax(args, attrs, out):
         "bits": lambda: f"jax.random.bits({key}, {shape}, jnp.uint32)",
         "uniform": lambda: f"jax.random.uniform({key}, {shape}, {dt}, {attrs['minval']!r}, {attrs['maxval']!r})",
         "normal": lambda: f"jax.random.normal({key}, {shape}, {dt})",
-        "bernoulli": lambda: f"jax.random.bernoulli({key}, {attrs['p']!r}, {shape})",
+        # p as an f32 array: a Python float would draw f64 uniforms where the module enables x64
+        "bernoulli": lambda: f"jax.random.bernoulli({key}, jnp.float32({attrs['p']!r}), {shape})",
         "split": lambda: f"jax.random.split({key}, {shape[0]})" if len(shape) == 1 else
                          f"jax.random.split({key}, {shape})",
         "fold_in": lambda: f"jax.random.fold_in({key}, {args[1]}.astype(jnp.uint32))",

@@ -197,7 +197,8 @@ def _sort_partition(ctx):
 
 
 register("sort", doc="ascending along `axis` (stable)", example=(("f32[8, 16]",), {"axis": 1}),
-         infer=_sort_infer("sort"), numpy=lambda x, *, axis: np.sort(T.widen(x), axis=axis, kind="stable").astype(x.dtype),
+         infer=_sort_infer("sort"),
+         numpy=lambda x, *, axis: np.sort(T.widen(x), axis=axis, kind="stable").astype(x.dtype),
          rule=_sort_rule,
          partition=_sort_partition, flops=operand_flops, family=Family.layout,
          jax=lambda a, attrs, out: f"jnp.sort({a[0]}, axis={attrs['axis']}, stable=True)")
