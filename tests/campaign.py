@@ -202,7 +202,11 @@ def campaign(args) -> dict:
                 retire(w)
                 feed(start_worker())
                 continue
-            record(json.loads(line))
+            r, took = json.loads(line), time.monotonic() - w.started
+            if took > args.timeout:  # the result came in after the deadline: a hang all the same
+                r = {"seed": w.seed, "kind": KINDS[w.seed % len(KINDS)], "class": "hang",
+                     "reason": f"no result in {args.timeout} s", "seconds": round(took, 2)}
+            record(r)
             w.done += 1
             if w.done >= args.recycle and pending:
                 retire(w)
