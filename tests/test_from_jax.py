@@ -98,20 +98,23 @@ def test_flax_training_step(step):
     assert any(k.startswith("opt_state._0.") for k in imp.params)
 
 
+def _megatron_leaf(path, leaf, other):
+    """A flax LM leaf's Megatron spec: q/k/v and the first dense layer by columns (heads, hidden),
+    the attention output and the second dense layer by rows; `other` for every other leaf."""
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    if "Dense_0/kernel" in name or any(f"{w}/kernel" in name for w in ("query", "key", "value")):
+        return P(None, "model") if leaf.ndim == 2 else P(None, "model", None)
+    if "Dense_1/kernel" in name or "out/kernel" in name:
+        return P("model", None) if leaf.ndim == 2 else P("model", None, None)
+    return other
+
+
 def test_megatron_specs_on_the_flax_lm():
     """Megatron in_specs on the imported LM: attention heads and the MLP's hidden dim over model."""
     args = flax_models.lm_step_args()
     params = args[0]
 
-    def spec(path, leaf):
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
-        if "Dense_0/kernel" in name or any(f"{w}/kernel" in name for w in ("query", "key", "value")):
-            return P(None, "model") if leaf.ndim == 2 else P(None, "model", None)
-        if "Dense_1/kernel" in name or "out/kernel" in name:
-            return P("model", None) if leaf.ndim == 2 else P("model", None, None)
-        return None
-
-    pspecs = jax.tree_util.tree_map_with_path(spec, params)
+    pspecs = jax.tree_util.tree_map_with_path(lambda path, leaf: _megatron_leaf(path, leaf, None), params)
     imp = check(flax_models.lm_step, *args, backends=("sim",), mesh=flax_models.MESH,
                 in_specs=(pspecs, None, P("data")))
     assert "{_, model, _}" in imp.source and "{model, _, _}" in imp.source
@@ -121,15 +124,7 @@ def megatron_specs(params, opt_state):
     """Megatron on the flax LM: q/k/v and the first dense layer split by columns (heads, hidden),
     the attention output and the second dense layer by rows; AdamW's mu and nu laid out alike."""
 
-    def spec(path, leaf):
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
-        if "Dense_0/kernel" in name or any(f"{w}/kernel" in name for w in ("query", "key", "value")):
-            return P(None, "model") if leaf.ndim == 2 else P(None, "model", None)
-        if "Dense_1/kernel" in name or "out/kernel" in name:
-            return P("model", None) if leaf.ndim == 2 else P("model", None, None)
-        return P()
-
-    ps = jax.tree_util.tree_map_with_path(spec, params)
+    ps = jax.tree_util.tree_map_with_path(lambda path, leaf: _megatron_leaf(path, leaf, P()), params)
     os_ = jax.tree_util.tree_map(lambda _: P(), opt_state)
     return ps, (os_[0]._replace(mu=ps, nu=ps), *os_[1:])
 
