@@ -338,6 +338,19 @@ def _cli(*args, stdin=None):
                           input=stdin, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
 
 
+def test_overridden_consts_keep_their_kind_in_the_written_program(tmp_path):
+    """--set LR=1 on a float const writes `const LR = 1.0` (still a float const, as the compile read
+    it), an integer const stays an integer."""
+    src = tmp_path / "lr.spmd"
+    src.write_text("mesh [data=2]\nconst LR = 0.5\nconst B = 8\n"
+                   "func main(x: f32[B, 4] {data, _}, w: f32[4, 4]) -> f32[B, 4] {\n  return (x @ w) * LR\n}\n")
+    out = tmp_path / "auto.spmd"
+    r = _cli(str(src), "--set", "LR=1,B=4", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "const LR = 1.0" in text and "const B = 4" in text
+
+
 def test_cli_writes_the_program_and_reports(tmp_path):
     src = tmp_path / "mlp.spmd"
     src.write_text(batch_only((ROOT / "programs" / "mlp.spmd").read_text()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..api import Compiled
 from ..errors import Source, Span
 from ..frontend import ast as A
+from ..frontend.lower import Lowerer
 from ..frontend.parse import parse
 
 
@@ -98,10 +99,19 @@ def _with_overrides(text: str, module: A.Module, mesh, consts, base: Compiled, t
         for ax in m.axes:
             if mesh and ax.name in mesh:
                 t.replace(ax.size.span, str(mesh[ax.name]))
-    for cdecl in module.consts:
-        if consts and cdecl.name in consts:
-            t.replace(cdecl.value.span, str(consts[cdecl.name]))
+    if consts:
+        values = _const_values(module, consts)
+        for cdecl in module.consts:
+            if cdecl.name in consts:  # as the compile read it: a float const stays a float (LR=1 -> 1.0)
+                t.replace(cdecl.value.span, repr(values[cdecl.name]))
     return t.result()
+
+
+def _const_values(module: A.Module, consts) -> dict:
+    """Every const's value under the overrides `consts`, typed as the compile types it."""
+    lowerer = Lowerer(module, module.span.source, const_override=consts)
+    lowerer._lower_consts()
+    return lowerer.consts
 
 
 def _assignments(stmts) -> list[A.Assign]:
