@@ -137,34 +137,23 @@ def test_xla_baseline_that_fails_to_compile_is_a_failed_result(monkeypatch, caps
     assert code == 1 and "failed to compile" in out.out and "hlo verifier" in out.out
 
 
-def test_scatter_reproduction_shows_xla_partitioner_is_wrong():
-    out = _run_snippet(_doc_snippets()[2])
-    assert "unsharded [0. 1. 2. 3. 4.]" in out  # unpartitioned: right
-    assert "sharded   [0. 1. 4. 3. 4.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
+# (snippet of docs/known_xla_issues.md, what XLA or jax gets right, what XLA gets wrong): each
+# reproduction prints both, and the test fails once XLA stops getting it wrong
+_WRONG_IN_XLA = {
+    "scatter_partitioner": (2, ["unsharded [0. 1. 2. 3. 4.]"], "sharded   [0. 1. 4. 3. 4.]"),
+    "strided_slice_into_a_finely_split_dim": (4, ["unsharded [1. 4.]"], "sharded   [0. 3.]"),
+    "gather_of_a_window_clamps_to_the_operand": (5, ["eager   10.0", "clamped 10.0"], "jit     60.0"),
+    "all_reduce_max_drops_nan": (6, ["jnp.max nan"], "pmax    [1.]"),
+    "multiply_by_a_converted_bool_drops_nan": (7, ["eager  nan", "select nan"], "jit    0.0"),
+}
 
 
-def test_single_strided_slice_into_a_finely_split_dim_reproduction():
-    out = _run_snippet(_doc_snippets()[4])
-    assert "unsharded [1. 4.]" in out  # unpartitioned: right
-    assert "sharded   [0. 3.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
-
-
-def test_gather_of_a_window_reproduction_shows_xla_clamps_to_the_operand():
-    out = _run_snippet(_doc_snippets()[5])
-    assert "eager   10.0" in out and "clamped 10.0" in out  # right
-    assert "jit     60.0" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
-
-
-def test_all_reduce_max_drops_nan_reproduction():
-    out = _run_snippet(_doc_snippets()[6])
-    assert "jnp.max nan" in out  # right
-    assert "pmax    [1.]" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
-
-
-def test_multiply_by_a_converted_bool_reproduction_shows_xla_drops_nan():
-    out = _run_snippet(_doc_snippets()[7])
-    assert "eager  nan" in out and "select nan" in out  # right
-    assert "jit    0.0" in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
+@pytest.mark.parametrize("case", sorted(_WRONG_IN_XLA))
+def test_reproduction_shows_xla_is_wrong(case):
+    index, right, wrong = _WRONG_IN_XLA[case]
+    out = _run_snippet(_doc_snippets()[index])
+    assert all(r in out for r in right), out  # unpartitioned / eager / jnp: right
+    assert wrong in out, f"XLA no longer gets it wrong? update docs/known_xla_issues.md\n{out}"
 
 
 def test_conv_padding_times_inf_reproduction_shows_both_forms():
