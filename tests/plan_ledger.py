@@ -145,6 +145,9 @@ CASES: dict[str, dict] = {
     "programs/train_zero": {
         "sizes": {"tiny": {"B": 8, "D": 16, "F": 32}, "default": {}, "large": {"B": 256, "D": 1024, "F": 4096}},
         "meshes": [{"data": 8}, {"data": 4}]},
+    "programs/train_mnist_cnn": {
+        "sizes": {"tiny": {"N": 2, "HW": 12, "C1": 4, "C2": 8, "D": 16}, "default": {}, "large": {"N": 64}},
+        "meshes": [{"rows": 8}, {"rows": 3}]},
 }
 
 # (program, size, mesh) -> why we send more bytes or use more collectives than XLA there.
