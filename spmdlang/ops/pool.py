@@ -24,9 +24,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder
-from ..partition.halo import Window
-from ..partition.reshard import chunk
-from .contract import conv_output_size
+from .contract import _conv_window, conv_output_size
 from .moving import _worth_it
 from .registry import Family, check, register, set_vjp
 
@@ -127,8 +125,6 @@ def _partition(ctx):
     Output shard i of a split dim reads the (dilated, padded) input from i * c_out * stride: where
     that is where input shard i starts (a 2x2 stride-2 pool on aligned blocks) nothing moves; else
     the halo windows of a conv with the same window, stride and dilation (contract._conv_window)."""
-    from .contract import _conv_window
-
     (x,) = ctx.op.operands
     out = ctx.target()
     window, strides, padding = ctx.attrs["window"], ctx.attrs["strides"], ctx.attrs["padding"]
@@ -185,7 +181,8 @@ def _dilate_dim(ctx, x, d: int, m: int, fill):
     return ctx.emit("reshape", y, shape=shape[:d] + (shape[d] * m,) + shape[d + 1:])
 
 
-register("pool", doc="max or sum of each window over the spatial dims of [N, spatial..., C]",
+register("pool", doc="max or sum of each window over the spatial dims of [N, spatial..., C] (lhs_dilation: "
+                     "the input spread out, the identity in the holes)",
          example=(("f32[2, 8, 8, 3]",), {"reduce": "max", "window": (2, 2), "strides": (2, 2),
                                          "padding": ((0, 0), (0, 0))}),
          infer=_infer, numpy=_numpy, rule=_rule, jax=_jax, partition=_partition, family=Family.layout,
