@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import spmdlang
+from spmdlang.ir.core import result_names
 
 ROOT = Path(__file__).resolve().parent.parent
 MNIST = ROOT / "programs" / "train_mnist_cnn.spmd"
@@ -113,3 +114,35 @@ def test_sum_pool_gradient_is_a_dilated_sum_pool():
     assert "lhs_dilation=[2, 2]" in c.ir
     assert "groups=" not in c.ir  # no one-hot depthwise conv
     assert "jax.lax.pad(" in c.jax_source
+
+
+def test_mnist_program_is_flaxs_mnist_training_step():
+    """programs/train_mnist_cnn.spmd on [rows=8] (jax backend, our per-partition module) equals
+    flax's examples/mnist CNN stepped with optax.sgd(0.1, momentum=0.9), run by jax on one device:
+    the same loss, new parameters and new momentum, from a momentum that is not zero."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("flax")
+    import numpy as np
+
+    import mnist_model as mm
+
+    n = 4
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((n, 28, 28, 1)).astype(np.float32)
+    labels = rng.integers(0, 10, n).astype(np.int32)
+    params = mm.cnn.init(jax.random.PRNGKey(0), images)["params"]
+    trace = jax.tree_util.tree_map(lambda a: 0.01 * rng.standard_normal(a.shape).astype(np.float32), params)
+    opt_state = mm.tx.init(params)
+    opt_state = (opt_state[0]._replace(trace=trace),) + tuple(opt_state[1:])
+    loss, new_params, new_state = mm.train_step(params, opt_state, images, labels)
+
+    c = spmdlang.compile(str(MNIST), consts={"N": n})
+    leaf = lambda tree, f: np.asarray(tree[mm.FIELDS[f][0]][mm.FIELDS[f][1]])  # noqa: E731
+    inputs = {"x": images, "labels": labels}
+    for f in mm.FIELDS:
+        inputs[f"p.{f}"], inputs[f"m.{f}"] = leaf(params, f), leaf(trace, f)
+    got = dict(zip(result_names(c.program), c.run(inputs, backend="jax")))
+    np.testing.assert_allclose(got["return0"], loss, rtol=1e-5)
+    for f in mm.FIELDS:
+        np.testing.assert_allclose(got[f"return1.{f}"], leaf(new_params, f), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got[f"return2.{f}"], leaf(new_state[0].trace, f), rtol=1e-4, atol=1e-6)
