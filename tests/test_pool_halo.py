@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import spmdlang
@@ -122,8 +123,6 @@ def test_mnist_program_is_flaxs_mnist_training_step():
     the same loss, new parameters and new momentum, from a momentum that is not zero."""
     jax = pytest.importorskip("jax")
     pytest.importorskip("flax")
-    import numpy as np
-
     import mnist_model as mm
 
     n = 4

@@ -197,7 +197,8 @@ def _pool_vjp(d, op, ct):
     transposed depthwise conv (the taps stacked as channels, a one-hot kernel flipped, lhs_dilation
     the strides, padding cropped away), which partitions as a halo exchange on split spatial dims,
     even split unevenly. (Pad and reshape to interleave each slice's zeros would reshard a split
-    dim whose shards the reshape does not keep.)"""
+    dim whose shards the reshape does not keep.) A sum pool's gradient is a sum pool instead
+    (_sum_pool_transpose): the same halos, without the conv."""
     from .contract import conv_attrs
 
     (x,) = op.operands
