@@ -135,7 +135,8 @@ def consumer_layouts(p) -> dict[Value, Sharding]:
             continue
         made = local.produced.get(v)
         want = asks[0]
-        if made is None or want.partial or same(made, want) or v in out:
+        # a pending sum is settled or not by the strategies (and the combined-settlement plan)
+        if made is None or made.partial or want.partial or same(made, want) or v in out:
             continue
         walk = walk or _Walk(p)
         if not walk.movable(walk.top.get(v)) or walk.reshard(v, want) <= 0:
