@@ -55,8 +55,9 @@ class _Walk:
                 k = self.mesh.group_size(c.axes)
                 self.own[g] = self.own.get(g, 0.0) + collective_cost(c.kind, k, c.bytes_per_device) * c.trip_count
 
-    def reshard(self, v: Value, want: Sharding) -> float:
-        made = self.local.produced.get(v)
+    def reshard(self, v: Value, want: Sharding, made: Sharding | None = None) -> float:
+        """The collectives of resharding v from `made` (default: as the first plan made it) to `want`."""
+        made = made or self.local.produced.get(v)
         if made is None or same(made, want):
             return 0.0
         return comm_cost(plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, made, want))
@@ -96,11 +97,12 @@ class _Walk:
             return 0.0
         return self.first(g) + sum(self.spent(x, depth - 1) for x in g.operands if self.own_use(x))
 
-    def cost(self, v: Value, want: Sharding, depth: int) -> tuple[float, float, dict[Value, Sharding]]:
-        """(cheapest cost of v in `want`, what the first plan spends on v's movable ops, the
-        values to plan in new layouts for the cheapest)."""
+    def cost(self, v: Value, want: Sharding, depth: int,
+             others: tuple[Sharding, ...] = ()) -> tuple[float, float, dict[Value, Sharding]]:
+        """(cheapest cost of v in `want`, and in each of `others` for other uses, what the first
+        plan spends on v's movable ops, the values to plan in new layouts for the cheapest)."""
         g = self.top.get(v)
-        after = self.reshard(v, want)
+        after = self.reshard(v, want) + sum(self.reshard(v, o) for o in others)
         if depth == 0 or not self.movable(g):
             return after, 0.0, {}
         ins = self.implied(g, want)
@@ -109,6 +111,7 @@ class _Walk:
             return after + spent, spent, {}
         spent = self.first(g)
         moved_cost = local_work(g, ins, [want], self.mesh) / FLOPS_PER_BYTE
+        moved_cost += sum(self.reshard(v, o, want) for o in others)
         moved = {v: want}
         for x, lx in zip(g.operands, ins):
             if self.own_use(x):
@@ -131,17 +134,28 @@ def consumer_layouts(p) -> dict[Value, Sharding]:
     walk = None
     out: dict[Value, Sharding] = {}
     for v, asks in p.demands.items():
-        if len(asks) != local.users.get(v, 0) or any(not same(a, asks[0]) for a in asks):
-            continue
         made = local.produced.get(v)
-        want = asks[0]
         # a pending sum is settled or not by the strategies (and the combined-settlement plan)
-        if made is None or made.partial or want.partial or same(made, want) or v in out:
+        if len(asks) != local.users.get(v, 0) or made is None or made.partial or v in out:
+            continue
+        wants: list[Sharding] = []
+        for a in asks:
+            if not any(same(a, w) for w in wants):
+                wants.append(a)
+        if any(w.partial for w in wants) or all(same(made, w) for w in wants):
             continue
         walk = walk or _Walk(p)
-        if not walk.movable(walk.top.get(v)) or walk.reshard(v, want) <= 0:
+        if not walk.movable(walk.top.get(v)) or not any(walk.reshard(v, w) > 0 for w in wants):
             continue
-        _, _, moved = walk.cost(v, want, MAX_DEPTH)
-        for u, s in moved.items():
+        # make v in one of the layouts its uses want, each other use resharding from there
+        best = None
+        for w in wants:
+            if same(made, w):
+                continue
+            others = tuple(o for o in wants if o is not w)
+            c, _, moved = walk.cost(v, w, MAX_DEPTH, others)
+            if moved and (best is None or c < best[0]):
+                best = (c, moved)
+        for u, s in (best[1] if best else {}).items():
             out.setdefault(u, s)
     return out
