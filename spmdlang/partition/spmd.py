@@ -261,6 +261,8 @@ class OpContext(LocalOps):
     def reshard(self, i: int, want: Sharding, why: str = "") -> Value:
         """Operand i's local value laid out as `want` (collectives logged as for this op, with
         `why` added to their reason where the step has one to give)."""
+        if self.op is self._em.current and not self._em.frames:  # what this use wants (partition.consumer)
+            self._p.demands.setdefault(self.op.operands[i], []).append(want.closed())
         return self._em.reshard(self.op.operands[i], want, f"for {self.op.kind}" + (f": {why}" if why else ""))
 
     def set_result(self, local: Value, s: Sharding, j: int = 0) -> None:
