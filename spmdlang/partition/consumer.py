@@ -46,8 +46,10 @@ def same(a: Sharding, b: Sharding) -> bool:
 
 
 class _Walk:
+    """The walk up from values of partitioner `p`'s first plan, with what its ops cost there."""
+
     def __init__(self, p):
-        self.p, self.local, self.mesh = p, p.local, p.mesh
+        self.local, self.mesh = p.local, p.mesh
         self.top: dict[Value, Op] = {r: op for op in p.prog.ops for r in op.results}
         self.own: dict[Op, float] = {}  # each op's own collectives in the first plan
         for c, g in zip(p.ledger.entries, p.ledger.at):
@@ -57,7 +59,8 @@ class _Walk:
 
     def reshard(self, v: Value, want: Sharding, made: Sharding | None = None) -> float:
         """The collectives of resharding v from `made` (default: as the first plan made it) to `want`."""
-        made = made or self.local.produced.get(v)
+        if made is None:
+            made = self.local.produced.get(v)
         if made is None or same(made, want):
             return 0.0
         return comm_cost(plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, made, want))
