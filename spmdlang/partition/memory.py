@@ -80,103 +80,103 @@ def temp_peak(ops, outside, outputs, carries=None) -> int:
     parameters: live throughout, counted by the caller) and `outputs` (counted whole by the
     caller; temporaries that die before an output is written may share its buffer). `carries`:
     a loop body's (parameter, next value) pairs; None for a program."""
-    outputs = set(outputs)
-    users: dict = {}
-    dead: dict = {}  # loop op -> indices of dead carries
-    for op in ops:
-        for v in op.operands:
-            users.setdefault(v, []).append(op)
-    for op in ops:
-        if op.kind == LOOP:
-            dead[op] = {k for k, r in enumerate(op.results)
-                        if _dead_carry(op, k, r in outputs or r in users)}
-
-    def reads(op):
-        """The operands `op` really reads (a dead carry's initial value is not read; scalars a
-        loop captures are constants folded into its body)."""
-        if op.kind != LOOP:
-            return op.operands
-        n = len(op.results)
-        return [v for k, v in enumerate(op.operands)
-                if (k < n and k not in dead[op]) or (k >= n and v.type.size > 1)]
-
-    readers: dict = {}
-    for op in ops:
-        for v in reads(op):
-            readers.setdefault(v, []).append(op)
-
-    def stored(v, op) -> bool:
-        return (v in outputs or not _fused_into_consumer(op)
-                or any(not _fuses_operands(u) for u in readers.get(v, ())))
-
-    # what each value reads when computed: itself if stored, else the stored values it is made of
-    made_of: dict = {v: (v,) for v in outside}
-    buffers = set()
-    for op in ops:
-        for r in op.results:
-            if stored(r, op):
-                buffers.add(r)
-                made_of[r] = (r,)
-            else:
-                made_of[r] = tuple(dict.fromkeys(s for v in op.operands for s in made_of.get(v, ())))
-    last: dict = {}
-    for i, op in enumerate(ops):
-        for v in reads(op):
-            for s in made_of.get(v, ()):
-                last[s] = i
-
-    # buffers: a root value and the values sharing its memory, with their lifetimes
-    root, start, end = {}, {}, {}
-    for i, op in enumerate(ops):
-        taken = set()
-        for k, r in enumerate(op.results):
-            if r not in buffers or r in outside:
-                continue
-            if op.kind == LOOP and k in dead[op]:
-                continue
-            if op.kind == "reshape":
-                cands = op.operands[:1]
-            elif op.kind == LOOP:
-                cands = op.operands[k:k + 1]
-            elif op.kind == "dynamic_update_slice":
-                cands = op.operands[:1]
-            elif op.kind == "all_reduce" or _fused_into_consumer(op):
-                cands = [s for v in op.operands for s in made_of.get(v, ())]
-            else:
-                cands = []
-            into = None
-            for c in cands:
-                x = root.get(c)
-                if x is not None and x not in taken and (op.kind == "reshape" or (
-                        end[x] == i and x.type.nbytes == r.type.nbytes)):
-                    into = x
-                    break
-            if into is None:
-                into, start[r], end[r] = r, i, last.get(r, i)
-            else:
-                end[into] = max(end[into], last.get(r, i))
-            taken.add(into)
-            root[r] = into
-    out_roots = {root[v] for v in outputs if v in root}
-    temps = [x for x in start if x not in out_roots]
+    walk = _Walk(ops, set(outside), set(outputs))
+    walk.share_buffers()
+    temps = [x for x in walk.start if x not in walk.out_roots]
     if carries is None:  # a loop body's outputs are its carries: busy for the whole iteration
-        temps = _outside_outputs(temps, [(x.type.nbytes, start[x]) for x in out_roots], start, end)
-
+        temps = _outside_outputs(temps, [(x.type.nbytes, walk.start[x]) for x in walk.out_roots], walk.start,
+                                 walk.end)
     delta = [0] * (len(ops) + 1)
     for x in temps:
-        delta[start[x]] += x.type.nbytes
-        delta[end[x] + 1] -= x.type.nbytes
+        delta[walk.start[x]] += x.type.nbytes
+        delta[walk.end[x] + 1] -= x.type.nbytes
     position = {r: i for i, op in enumerate(ops) for r in op.results}
     for p, r in carries or ():  # the old value read after the new one is made: a copy
-        if r in position and last.get(p, -1) > position[r]:
+        if r in position and walk.last.get(p, -1) > position[r]:
             delta[position[r]] += p.type.nbytes
-            delta[last[p] + 1] -= p.type.nbytes
+            delta[walk.last[p] + 1] -= p.type.nbytes
     bodies = {i: loop_peak(op) for i, op in enumerate(ops) if op.kind == LOOP}
     live = peak = 0
     for i in range(len(ops)):
         live += delta[i]
         peak = max(peak, live + bodies.get(i, 0))
     return peak
+
+
+class _Walk:
+    """One block of ops: which values are buffers (`buffers`), what each value is computed from
+    (`made_of`: itself if stored, else the stored values its fusion reads), the position of each
+    buffer's last read (`last`), and after share_buffers, the buffers' memory: `root` (the value
+    whose memory a value uses) and each root's `start` and `end` positions."""
+
+    def __init__(self, ops, outside: set, outputs: set):
+        self.ops, self.outside, self.outputs = ops, outside, outputs
+        users: dict = {}
+        for op in ops:
+            for v in op.operands:
+                users.setdefault(v, []).append(op)
+        self.dead = {op: {k for k, r in enumerate(op.results) if _dead_carry(op, k, r in outputs or r in users)}
+                     for op in ops if op.kind == LOOP}
+        readers: dict = {}
+        for op in ops:
+            for v in self.reads(op):
+                readers.setdefault(v, []).append(op)
+        self.made_of: dict = {v: (v,) for v in outside}
+        self.buffers = set()
+        for op in ops:
+            for r in op.results:
+                if (r in outputs or not _fused_into_consumer(op)
+                        or any(not _fuses_operands(u) for u in readers.get(r, ()))):
+                    self.buffers.add(r)
+                    self.made_of[r] = (r,)
+                else:
+                    self.made_of[r] = tuple(dict.fromkeys(s for v in op.operands for s in self.made_of.get(v, ())))
+        self.last: dict = {}
+        for i, op in enumerate(ops):
+            for v in self.reads(op):
+                for s in self.made_of.get(v, ()):
+                    self.last[s] = i
+
+    def reads(self, op):
+        """The operands `op` holds buffers of (a loop: not a dead carry's initial value, and not the
+        scalars it captures, a few bytes that XLA folds into its body)."""
+        if op.kind != LOOP:
+            return op.operands
+        n = len(op.results)
+        return [v for k, v in enumerate(op.operands)
+                if (k < n and k not in self.dead[op]) or (k >= n and v.type.size > 1)]
+
+    def candidates(self, op, k: int):
+        """The values whose buffer result k of `op` may take over (where it dies at `op`)."""
+        if op.kind in ("reshape", "dynamic_update_slice"):
+            return op.operands[:1]
+        if op.kind == LOOP:
+            return op.operands[k:k + 1]
+        if op.kind == "all_reduce" or _fused_into_consumer(op):
+            return [s for v in op.operands for s in self.made_of.get(v, ())]
+        return []
+
+    def share_buffers(self) -> None:
+        self.root, self.start, self.end = {}, {}, {}
+        for i, op in enumerate(self.ops):
+            taken = set()
+            for k, r in enumerate(op.results):
+                if r not in self.buffers or r in self.outside or (op.kind == LOOP and k in self.dead[op]):
+                    continue
+                into = None
+                for c in self.candidates(op, k):
+                    x = self.root.get(c)
+                    if x is not None and x not in taken and (op.kind == "reshape" or (
+                            self.end[x] == i and x.type.nbytes == r.type.nbytes)):
+                        into = x
+                        break
+                if into is None:
+                    into, self.start[r], self.end[r] = r, i, self.last.get(r, i)
+                else:
+                    self.end[into] = max(self.end[into], self.last.get(r, i))
+                taken.add(into)
+                self.root[r] = into
+        self.out_roots = {self.root[v] for v in self.outputs if v in self.root}
 
 
 def _outside_outputs(temps, slots, start, end):
