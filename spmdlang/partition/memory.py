@@ -20,9 +20,9 @@ buffer assignment leave:
   carry nothing reads after the loop and whose value only feeds its own update is dropped, as
   XLA's while-loop simplifier drops it.
 
-Not modelled: XLA's scheduler reordering ops (the program order is the schedule), fragmentation of
-its temp heap, and fusion decisions specific to XLA:CPU's library calls (which keep some fused
-operands of a convolution or reduction whole). `benchmarks/bench_explain_xla.py` compares the
+Not modelled: XLA's scheduler reordering ops (the program order is the schedule; XLA may compute
+weight-only values first and hold them), fragmentation of its temp heap, and values XLA:CPU stores
+for its library calls where the model fuses them. `benchmarks/bench_explain_xla.py` compares the
 figure with memory_analysis() on every program in programs/ (docs/performance.md).
 The unfused walk (every value a buffer, live from its op to its last use) is limits.peak_and_culprit:
 what the ref and sim backends, which do not fuse, hold.
