@@ -27,8 +27,8 @@ TOLERANCE = 0.15
 # why a program's figure is outside 15% of XLA's (checked by tests/test_explain_xla.py: a program
 # outside tolerance must have its reason here, and one within it must not)
 REASONS = {
-    ("conv", "peak"): "XLA:CPU stores the row halo's concatenation (528 KB), read by two ops, and a broadcast "
-                      "constant (256 KB) for its library convolution; the model fuses both",
+    ("conv", "peak"): "XLA:CPU computes a broadcast constant (256 KB) first and holds it for its last "
+                      "convolution's library call (conv, bias, relu and sum in one); the model fuses it",
     ("embedding", "peak"): "XLA:CPU computes the one-hot labels (1 MB) first and stores them for its library "
                            "reduction of logits x one-hot; the model fuses them into the reduction",
     ("unet3d", "peak"): "XLA's scheduler computes every layer's masked kernels and its convolutions of constants "
