@@ -136,8 +136,11 @@ class Partitioner:
             for v, req in zip(op.operands, plan.reqs):
                 self.demands.setdefault(v, []).append(req.closed())
         locals_ = []
+        why = f"for {op.kind}"
+        if op.results[0] in self.layouts:  # partition.consumer: run where the result's uses want it
+            why += f" (run in the layout its result's uses want, {self.layouts[op.results[0]]})"
         for i, (v, req) in enumerate(zip(op.operands, plan.reqs)):
-            x = self.em.reshard(v, req, f"for {op.kind}")
+            x = self.em.reshard(v, req, why)
             for f in plan.fa:
                 d = rule.factor_dims(i, f)
                 if rule.kinds[f] != REDUCTION or d is None:
