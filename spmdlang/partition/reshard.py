@@ -13,14 +13,31 @@ The table, per axis (DTensor's `_redistribute` in mesh-axis form):
   a absent            a splits dim d next     shard_slice(a, d)          0  (a local slice)
   same shard counts   other axes/order        collective_permute         S
 Axes leaving a dim go minor first; axes joining a dim are appended on its minor side; runs of
-axes doing the same thing share one collective (one all_reduce over both contracting axes).
-Reduce-scatters and slices come first (they shrink the data), then all_reduces of what cannot be
-scattered, then moves and gathers. Uneven splits nest only when m * ceil(n/(k*m)) == ceil(n/k)
-(or the coarse layout is whole); where they do not, the dim is gathered whole and sliced afresh.
-Where both layouts have the same shard count on every dim, one collective_permute is an option;
-so is the fallback "settle sums in place, gather whole what does not nest, slice", which bounds
-every plan by the bytes of gathering everything. The cheapest plan wins in the cost model (partition.cost: bytes plus
-the latency steps of each collective), then fewer steps.
+axes doing the same thing share one collective (one all_reduce over both contracting axes, one
+all_to_all over a group (x, y) that moves together, one all_to_all for moves between disjoint
+dims). Reduce-scatters and slices come first (they shrink the data), then all_reduces of what
+cannot be scattered, then moves and gathers. Uneven splits nest only when
+m * ceil(n/(k*m)) == ceil(n/k) (or the coarse layout is whole); where they do not, the dim is
+gathered whole and sliced afresh.
+
+Moves over several axes. A permute relabels axes: any layout reaches any other with the same
+shard count on every dim in one collective_permute of the local block. So an axis need not be
+gathered to change dim or position: {x, (y, z)} -> {(y, x), z} is all_to_all(z, dim 1 -> 0),
+giving {(x, z), y} (the target's shard counts), then one permute; {x, y, _} -> {z, (x, y), _}
+is a slice over z, giving {x, (y, z), _}, then one permute; an unmerge
+{_, (x, y)} -> {x, y} is all_to_all((x, y), 1 -> 0) then all_to_all(y, 0 -> 1). Only axes the
+target no longer uses are gathered, axes it adds are local slices, done before the moves.
+
+Four plans are weighed: the greedy walk of the table above; the fallback "settle sums in place,
+gather whole what does not nest, slice", which bounds every plan by the bytes of gathering
+everything; one collective_permute where both layouts have the same shard counts; and, where
+those move more than once, gather an axis the target keeps, or slice after moving, a search
+(Dijkstra over layouts, `_Search`) whose steps are the rows above on minor runs of each dim plus
+a permute to any layout of the same shard counts, once for the cost model and once for the
+fewest bytes. The plan kept is the cheapest in the cost model (partition.cost: bytes plus the
+latency steps of each collective), then the one with fewer collectives, among the plans that no
+other plan beats on both bytes and collectives (at a few bytes per device the 16-byte latency
+steps alone would prefer two all_to_alls over k=2 to one over k=4 that sends fewer bytes).
 """
 
 from __future__ import annotations
