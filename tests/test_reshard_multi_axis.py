@@ -213,3 +213,27 @@ def test_bytes_against_xla_sample():
 def test_bytes_against_xla_wide_sample():
     _against_xla(_sample(PAIRS2, 200, 6), (8, 8))
     _against_xla(_sample(PAIRS3, 40, 7), (8, 8, 8))
+
+
+def partial_program(shape, src: Sharding, partial: tuple[str, ...], dst: Sharding) -> str:
+    """The value arrives as a pending sum over `partial`: the sum over a leading dim split there."""
+    dims = ", ".join(map(str, shape))
+    lead = partial[0] if len(partial) == 1 else "(" + ", ".join(partial) + ")"
+    k = MESH.group_size(partial)
+    return (f"mesh [x=2, y=2, z=2]\nfunc main(t: f32[{k + 1}, {dims}] {{{lead}, {text(src)[1:]}) -> "
+            f"f32[{dims}] {text(dst)} {{\n  return shard(sum(t, axis=0), {text(dst)})\n}}\n")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_pending_sums_sample(shape):
+    """Sources that owe a sum over the axes they leave free: settled by reduce_scatters where the
+    target splits those axes, all_reduces where it does not, moved before or after."""
+    cases = [(s, d) for s, d in PAIRS2 if len(s.used_axes()) < 3]
+    for src, dst in _sample(cases, 25, 8):
+        free = tuple(a for a in MESH.names if a not in src.used_axes())
+        partial = free[:1] if len(src.used_axes()) == 1 else free
+        steps = plan_reshard(shape, F32, MESH, src.with_partial(partial), dst)
+        assert steps[-1].after.dims == dst.dims and not steps[-1].after.partial
+        c = spmdlang.compile(partial_program(shape, src, partial, dst))
+        d = c.diff(backends=["ref", "sim"])
+        assert d["ok"], f"{text(src)} partial{partial} -> {text(dst)} on {shape}: {d['results']}\n{c.spmd_ir}"
