@@ -96,6 +96,9 @@ CASES: dict[str, dict] = {
     "patterns/multi_dim_all_to_all": {
         "sizes": {"tiny": {"A": 2}, "default": {}, "large": {"A": 32, "B": 32, "C": 32, "D": 64}},
         "meshes": [{"x": 2, "y": 4}, {"x": 4, "y": 2}]},
+    "patterns/multi_axis_reshard": {
+        "sizes": {"tiny": {"N": 6, "M": 10}, "default": {}, "large": {"N": 128, "M": 256}},
+        "meshes": [{"x": 2, "y": 2, "z": 2}, {"x": 4, "y": 2, "z": 1}]},
     "patterns/small_dim_mlp": {
         "sizes": {"tiny": {}, "default": {"D": 256, "F": 1024}, "large": {"D": 1024, "F": 4096}},
         "meshes": [{"data": 8, "model": 1}, {"data": 4, "model": 2}]},
