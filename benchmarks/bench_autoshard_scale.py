@@ -10,7 +10,8 @@ Two shapes, both on mesh [data=2, model=4] with only the batch input annotated:
 Prints the load average before and after each program (the machine may be shared), the search's
 problem size, seconds spent building the problem, solving it, and compiling the candidate plans
 (`compile`, with how many candidate sources were compiled), and in all: wall clock (`total_s`)
-and this process's CPU time (`cpu_s`, which a busy machine inflates less).
+and this process's CPU time (`cpu_s`, which a busy machine inflates less); and the process's
+peak memory so far (`peak_rss_mb`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -70,7 +72,8 @@ def run(shape: str, ops: int, solver: str) -> dict:
     return {"shape": shape, "ops": n_ops, "solver": r.solver, "variables": r.problem["variables"],
             "groups": r.problem["groups"], **{k: round(v, 1) for k, v in spent.items()},
             "candidate_compiles": r.problem["candidate_compiles"], "total_s": round(total, 1),
-            "cpu_s": round(cpu, 1), "chosen": r.chosen.label, "modelled_time_us": r.chosen.totals()["modelled_time_us"]}
+            "cpu_s": round(cpu, 1), "chosen": r.chosen.label, "modelled_time_us": r.chosen.totals()["modelled_time_us"],
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
 
 def main() -> None:
