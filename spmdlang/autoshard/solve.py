@@ -140,86 +140,97 @@ def solve_ilp(prob: Problem, budget: float | None = None, exclude=(), node_limit
     """The optimum of the integer program; `exclude`: parameter layouts already taken (each a
     dict group -> strategy), so the answer differs from each of them in some parameter.
     Returns None when infeasible."""
-    import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
 
     t0 = time.perf_counter()
     pgroups = [gi for gi, g in enumerate(prob.groups) if g.param_bytes]
     keep = set(pgroups) if (budget is not None or exclude) else set()
     node, edges, const, steps = _eliminate(prob, keep)
-    left = sorted(node)
-    sizes = np.array([len(node[gi]) for gi in left], dtype=np.int64)
-    starts = np.concatenate(([0], np.cumsum(sizes)))
-    offset = {gi: int(starts[k]) for k, gi in enumerate(left)}
-    n = int(starts[-1])
-    # the constraint matrix as coordinate triplets, a block of rows at a time (numpy, not a
-    # Python loop per variable): each group takes one strategy ...
-    c = [np.concatenate([np.asarray(node[gi], dtype=float) for gi in left]) if left else np.zeros(0)]
-    rows = [np.repeat(np.arange(len(left)), sizes)]
-    cols = [np.arange(n)]
-    vals = [np.ones(n)]
-    lo, hi = [np.ones(len(left))], [np.ones(len(left))]
-    r = len(left)
-    # ... and each edge between two groups is one variable per pair of classes (strategies with
-    # equal cost rows, or columns), whose sums over a class are that class's strategy variables
+    ip = _IntegerProgram(node)
     for (a, b), m in sorted(edges.items()):
         if float(m.max() - m.min()) < 1e-9:
             const += float(m.flat[0])
-            continue
-        ri, rrep = _class_index(m)
-        ci, crep = _class_index(m.T)
-        nr, nc = len(rrep), len(crep)
-        c.append(m[np.ix_(rrep, crep)].ravel())
-        first = n
-        n += nr * nc
-        grid = first + np.arange(nr * nc).reshape(nr, nc)
-        # row class k of a: sum_J e[k, J] - sum_{s in class k} x[a, s] = 0
-        rows += [np.repeat(r + np.arange(nr), nc), r + ri]
-        cols += [grid.ravel(), offset[a] + np.arange(len(ri))]
-        vals += [np.ones(nr * nc), -np.ones(len(ri))]
-        r += nr
-        # column class k of b: sum_I e[I, k] - sum_{s in class k} x[b, s] = 0
-        rows += [np.tile(r + np.arange(nc), nr), r + ci]
-        cols += [grid.ravel(), offset[b] + np.arange(len(ci))]
-        vals += [np.ones(nr * nc), -np.ones(len(ci))]
-        r += nc
-        lo.append(np.zeros(nr + nc))
-        hi.append(np.zeros(nr + nc))
+        else:
+            ip.edge(a, b, m)
     if budget is not None:
-        for gi in pgroups:
-            rows.append(np.full(prob.groups[gi].n, r))
-            cols.append(offset[gi] + np.arange(prob.groups[gi].n))
-            vals.append(np.asarray(prob.groups[gi].param_bytes, dtype=float))
-        lo.append([-np.inf])
-        hi.append([float(budget)])
-        r += 1
+        ip.row([(gi, np.arange(prob.groups[gi].n), prob.groups[gi].param_bytes) for gi in pgroups], float(budget))
     for taken in exclude:
-        rows.append(np.full(len(pgroups), r))
-        cols.append(np.array([offset[gi] + taken[gi] for gi in pgroups], dtype=np.int64))
-        vals.append(np.ones(len(pgroups)))
-        lo.append([-np.inf])
-        hi.append([len(pgroups) - 1])
-        r += 1
-    integrality = np.zeros(n)
-    integrality[: int(starts[-1])] = 1
+        ip.row([(gi, [taken[gi]], [1.0]) for gi in pgroups], len(pgroups) - 1)
     choice = {}
-    if n:
-        a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(r, n)).tocsr()
-        res = milp(np.concatenate(c), constraints=LinearConstraint(a, np.concatenate(lo), np.concatenate(hi)),
-                   integrality=integrality, bounds=Bounds(np.zeros(n), np.ones(n)),
+    if ip.n:
+        c, a, lo, hi, integrality = ip.arrays()
+        res = milp(c, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
+                   bounds=Bounds(np.zeros(ip.n), np.ones(ip.n)),
                    options={"time_limit": time_limit, "presolve": True, "mip_rel_gap": MIP_REL_GAP,
                             **({"node_limit": node_limit} if node_limit is not None else {})})
         if res.x is None and res.status == 1:  # no plan found in the time limit
             return solve_greedy(prob, budget, exclude)
         if res.x is None:  # infeasible
             return None
-        for gi in left:
-            choice[gi] = int(np.argmax(res.x[offset[gi]: offset[gi] + len(node[gi])]))
+        for gi in ip.left:
+            choice[gi] = int(np.argmax(res.x[ip.offset[gi]: ip.offset[gi] + len(node[gi])]))
     for g, near, arg in reversed(steps):
         choice[g] = int(arg if not near else arg[tuple(choice[h] for h in near)])
     choice = {gi: choice[gi] for gi in range(len(prob.groups))}
     return Solution(choice, prob.evaluate(choice), "ilp", time.perf_counter() - t0)
+
+
+class _IntegerProgram:
+    """The integer program's cost vector and constraint matrix, built as coordinate triplets a
+    block of rows at a time (numpy, not a Python loop per variable). First one binary per group
+    left and strategy, each group taking one strategy."""
+
+    def __init__(self, node: dict):
+        self.left = sorted(node)
+        sizes = np.array([len(node[gi]) for gi in self.left], dtype=np.int64)
+        starts = np.concatenate(([0], np.cumsum(sizes)))
+        self.offset = {gi: int(starts[k]) for k, gi in enumerate(self.left)}
+        self.n = self.binaries = int(starts[-1])
+        self.c = [np.concatenate([np.asarray(node[gi], dtype=float) for gi in self.left]) if self.left
+                  else np.zeros(0)]
+        self.rows = [np.repeat(np.arange(len(self.left)), sizes)]
+        self.cols = [np.arange(self.n)]
+        self.vals = [np.ones(self.n)]
+        self.lo, self.hi = [np.ones(len(self.left))], [np.ones(len(self.left))]
+        self.r = len(self.left)
+
+    def edge(self, a, b, m) -> None:
+        """Edge a-b: one continuous variable per pair of classes (strategies with equal cost rows,
+        or columns); its sums over a class of a (of b) equal that class's strategy variables."""
+        ri, rrep = _class_index(m)
+        ci, crep = _class_index(m.T)
+        nr, nc = len(rrep), len(crep)
+        self.c.append(m[np.ix_(rrep, crep)].ravel())
+        grid = (self.n + np.arange(nr * nc)).reshape(nr, nc)
+        self.n += nr * nc
+        r = self.r  # row class k of a: sum_J e[k, J] - sum_{s in k} x[a, s] = 0; then the columns'
+        self.rows += [np.repeat(r + np.arange(nr), nc), r + ri, np.tile(r + nr + np.arange(nc), nr), r + nr + ci]
+        self.cols += [grid.ravel(), self.offset[a] + np.arange(len(ri)), grid.ravel(),
+                      self.offset[b] + np.arange(len(ci))]
+        self.vals += [np.ones(nr * nc), -np.ones(len(ri)), np.ones(nr * nc), -np.ones(len(ci))]
+        self.lo.append(np.zeros(nr + nc))
+        self.hi.append(np.zeros(nr + nc))
+        self.r += nr + nc
+
+    def row(self, terms, high: float) -> None:
+        """sum over terms (group, its strategies, coefficients) of coefficient * x <= high."""
+        for gi, strategies, coefs in terms:
+            self.rows.append(np.full(len(strategies), self.r))
+            self.cols.append(self.offset[gi] + np.asarray(strategies, dtype=np.int64))
+            self.vals.append(np.asarray(coefs, dtype=float))
+        self.lo.append([-np.inf])
+        self.hi.append([high])
+        self.r += 1
+
+    def arrays(self):
+        """(costs, constraint matrix, its lower and upper bounds, integrality)."""
+        from scipy.sparse import coo_matrix
+
+        a = coo_matrix((np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols))),
+                       shape=(self.r, self.n)).tocsr()
+        integrality = np.zeros(self.n)
+        integrality[: self.binaries] = 1
+        return np.concatenate(self.c), a, np.concatenate(self.lo), np.concatenate(self.hi), integrality
 
 
 def solve_greedy(prob: Problem, budget: float | None = None, exclude=(), passes: int = 4) -> Solution | None:
