@@ -172,6 +172,10 @@ def finish(spmd):
     repl.update(more)  # ledger.remapped follows chains: op -> its CSE'd op -> its rewritten op
     prog = dead_code(prog)
     prog, ledger = _combine(prog, remapped(spmd.ledger, repl, set(all_ops(prog.ops))))
+    prog, more = algebraic(prog)  # combining packs values with reshapes: a reshape of a reshape is one
+    if more:
+        prog = dead_code(prog)
+        ledger = remapped(ledger, more, set(all_ops(prog.ops)))
     notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}
     return replace(spmd, program=prog, ledger=ledger, notes=notes)
 
