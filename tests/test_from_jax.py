@@ -357,7 +357,10 @@ def test_cli_import_errors_write_nothing(tmp_path):
 # Measured (collectives / bytes per device, original -> round trip): train_gpt 17 / 416,177 ->
 # 21 / 466,097; train_pipeline_microbatch 24 / 86,276 -> 46 / 155,908; train_stack_scan
 # 21 / 688,132 -> 108 / 1,038,343.
-PLAN_DIFFERS = {"train_stack_scan", "train_pipeline_microbatch", "train_gpt"}
+PLAN_DIFFERS = {"train_stack_scan", "train_pipeline_microbatch", "train_gpt",
+                # jax's gradient of the avg pools (interior pads, imported as reshape, pad and slice)
+                # takes 2 halo permutes more than the program's own (a dilated sum pool: none)
+                "train_mnist_cnn"}
 # the v2 random builtins are emitted as Threefry on u32 whose uniform ends in bitcast_convert_type
 # (the bits read as an f32), which the language lacks
 NO_EQUIVALENT = {"moe_top2": "jax primitive 'bitcast_convert_type'"}
