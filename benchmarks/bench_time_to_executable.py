@@ -126,7 +126,8 @@ def main(argv=None) -> int:
           f"median of {a.rounds} interleaved rounds; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; "
           f"jax {jax.__version__}, {platform.python_version()}")
     if a.json:
-        a.json.write_text(json.dumps({"rows": rows, "geomean": geo, "cpu_geomean": cpu_geo, "jax": jax.__version__}, indent=1) + "\n")
+        doc = {"rows": rows, "geomean": geo, "cpu_geomean": cpu_geo, "jax": jax.__version__}
+        a.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 

@@ -21,7 +21,7 @@ IDENTITIES = [
     ("a / 1.0", lambda a: a / np.float32(1.0), {"div"}),
     ("a - 0.0", lambda a: a - np.float32(0.0), {"sub"}),
     ("a + -0.0", lambda a: a + np.float32(-0.0), {"add"}),
-    ("-(-a)", lambda a: -(-a), {"neg"}),
+    ("-(-a)", lambda a: np.negative(np.negative(a)), {"neg"}),
     ("where(a > 0.0, a, a)", lambda a: a, {"select"}),
     ("cast(a, f32)", lambda a: a, {"cast"}),
     ("reshape(reshape(a, [24]), [4, 6])", lambda a: a, {"reshape"}),
