@@ -96,6 +96,9 @@ CASES: dict[str, dict] = {
     "patterns/multi_dim_all_to_all": {
         "sizes": {"tiny": {"A": 2}, "default": {}, "large": {"A": 32, "B": 32, "C": 32, "D": 64}},
         "meshes": [{"x": 2, "y": 4}, {"x": 4, "y": 2}]},
+    "patterns/multi_axis_reshard": {
+        "sizes": {"tiny": {"N": 6, "M": 10}, "default": {}, "large": {"N": 128, "M": 256}},
+        "meshes": [{"x": 2, "y": 2, "z": 2}, {"x": 4, "y": 2, "z": 1}]},
     "patterns/small_dim_mlp": {
         "sizes": {"tiny": {}, "default": {"D": 256, "F": 1024}, "large": {"D": 1024, "F": 4096}},
         "meshes": [{"data": 8, "model": 1}, {"data": 4, "model": 2}]},
@@ -127,6 +130,13 @@ CASES: dict[str, dict] = {
     "patterns/two_axis_contraction": {
         "sizes": {"tiny": {"B": 4, "K": 32, "N": 16}, "default": {}, "large": {"B": 1024, "K": 4096, "N": 2048}},
         "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},
+    "patterns/consumer_layout": {
+        "sizes": {"tiny": {"R": 5, "C": 2}, "default": {}, "large": {"R": 4099, "C": 256, "K": 700}},
+        "meshes": [{"x": 8, "y": 1}, {"x": 4, "y": 2}]},
+    "patterns/train_vocab_ce": {
+        "sizes": {"tiny": {"B": 2, "S": 4, "V": 30, "D": 8}, "default": {},
+                  "large": {"B": 16, "S": 128, "V": 8190, "D": 256}},
+        "meshes": [{"data": 2, "vocab": 4}, {"data": 4, "vocab": 2}]},
     "programs/train_mlp": {
         "sizes": {"tiny": {"B": 4, "D": 16, "F": 32}, "default": {}, "large": {"B": 256, "D": 1024, "F": 4096}},
         "meshes": [{"data": 2, "model": 4}, {"data": 8, "model": 1}]},
