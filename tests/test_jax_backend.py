@@ -135,7 +135,7 @@ def test_issue_seeds_on_jax(seed):
 # operands behind an optimization barrier)
 _REGRESSIONS = {
     "roll_qp": """mesh [p=2, q=2]
-func main(x: f32[4] {(q, p)}) -> f32[4] {_} {
+func main(x: f32[4] {(q, p)}) -> f32[4] {(q, p)} {
   return roll(x, 1, 0)
 }
 """,
