@@ -126,6 +126,30 @@ def test_bf16_stays_bf16_and_follows_jax():
             np.testing.assert_allclose(g.astype(np.float32), np.asarray(w, np.float32), rtol=3e-2, atol=3e-2)
 
 
+def test_bf16_means_sum_and_divide_in_f32_as_jnp_mean():
+    """standardize's mean(x^2) - mean^2 cancels: values near 1 with a small spread. jnp.mean sums and
+    divides a bf16 in f32 and rounds once; rounding the sum first (campaign seed 33117) gave the jax
+    module a variance 1.8x too small. ref and sim equal jax op by op bit for bit, split over rows or
+    not; the jax module equals jitted jax (XLA's fusion keeps f32 between bf16 ops, in jax.nn's
+    jitted standardize as in our module)."""
+    x = (1 + 0.15 * np.random.default_rng(3).standard_normal((6, 5))).astype(ml_dtypes.bfloat16)
+    src = ("mesh [a=4]\nfunc main(x: bf16[6, 5] {a, _}) -> (bf16[6, 5], bf16[6], bf16[5]) {\n"
+           "  return standardize(x, epsilon=0.01), mean(x, axis=1), mean(x * x, axis=0)\n}\n")
+    c = spmdlang.compile(src)
+    def want(x):
+        return [nn.standardize(x, epsilon=0.01), jnp.mean(x, axis=1), jnp.mean(x * x, axis=0)]
+
+    with jax.disable_jit():
+        op_by_op = want(x)
+    for backend, expected in (("ref", op_by_op), ("sim", op_by_op), ("jax", jax.jit(want)(x))):
+        for g, w in zip(c.run({"x": x}, backend=backend), expected):
+            assert g.dtype == ml_dtypes.bfloat16
+            if backend == "jax":  # XLA fuses our module as it fuses jax's: the same roundings
+                np.testing.assert_allclose(g.astype(np.float32), np.asarray(w, np.float32), rtol=1e-2)
+            else:
+                np.testing.assert_array_equal(g.astype(np.float32), np.asarray(w, np.float32), err_msg=backend)
+
+
 def test_hyperparameters_take_consts_and_tensors():
     src = ("mesh [a=2]\nconst SLOPE = 0.3\nconst ALPHA = 2.0 * SLOPE\n"
            "func main(x: f32[4, 6] {a, _}, s: f32[6]) -> (f32[4, 6], f32[4, 6], f32[4, 6]) {\n"

@@ -335,6 +335,8 @@ def _reduce(kind):
             x = ctx.cast(x, "i32", span)
         if kind == "mean" and T.is_int(x.type.dtype):
             x = ctx.cast(x, float_for(x.type.dtype), span)
+        if kind == "mean" and dt in ("bf16", "f16"):  # jnp.mean sums and divides in f32, then rounds
+            x = ctx.cast(x, "f32", span)
         prim = {"mean": "reduce_sum"}.get(kind, f"reduce_{kind}")
         out = ctx.b.emit(prim, x, span=span, axes=axes, blame={"axes": args.span("axis")})
         if kind == "mean":
@@ -342,6 +344,8 @@ def _reduce(kind):
             for a in axes:
                 count *= x.type.shape[a]
             out = ctx.b.emit("div", out, ctx.materialize(float(count), span, out.type.dtype), span=span)
+            if dt in ("bf16", "f16"):
+                out = ctx.cast(out, dt, span)
         if dt == "bool" and kind in ("max", "min"):
             out = ctx.cast(out, "bool", span)
         return _keep(ctx, out, x.type.shape, axes, args["keepdims"], span)

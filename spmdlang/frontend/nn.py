@@ -121,11 +121,16 @@ def _log_softmax(ctx, span, args):
 
 
 def _mean(ctx, span, x, axes):
+    """jnp.mean: a bf16 or f16 x is summed and divided in f32, then rounded once (rounding the sum
+    first, then the quotient, differs by an ulp, which standardize's mean(x^2) - mean^2 amplifies)."""
     count = 1
     for a in axes:
         count *= x.type.shape[a]
-    total = ctx.b.emit("reduce_sum", x, span=span, axes=axes)
-    return _expand_back(ctx, _op(ctx, span, "div", total, float(count)), x.type.shape, axes, span)
+    dt = x.type.dtype
+    wide = ctx.cast(x, "f32", span) if dt in ("bf16", "f16") else x
+    mean = _op(ctx, span, "div", ctx.b.emit("reduce_sum", wide, span=span, axes=axes), float(count))
+    mean = ctx.cast(mean, dt, span) if wide is not x else mean
+    return _expand_back(ctx, mean, x.type.shape, axes, span)
 
 
 @builtin("standardize", "x:tensor", "axis:axes=-1", "epsilon:tensor=1e-5",
