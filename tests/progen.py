@@ -913,7 +913,10 @@ class Generator:
         a = self.pick()
         if a.dtype == "f32":
             if a.exact and self.ch.chance(0.4):
-                to = self.ch.choice(["i32", "bool"])
+                to = self.ch.choice(["i32", "bool", "u32"])
+                if to == "u32":  # the bits and back (exact values only: any rounding would show)
+                    return self.assign(f"bitcast_convert_type(bitcast_convert_type({a.name}, u32), f32)", a.shape,
+                                       "f32", True)
                 return self.assign(f"cast({a.name} * 3.0, {to})", a.shape, to, True)
             self.uses_bf16 = True
             return self.assign(f"cast({a.name}, bf16)", a.shape, "bf16", a.exact)
