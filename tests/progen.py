@@ -913,16 +913,16 @@ class Generator:
         a = self.pick()
         if a.dtype == "f32":
             if a.exact and self.ch.chance(0.4):
-                to = self.ch.choice(["i32", "bool", "u32"])
-                if to == "u32":  # the bits and back (exact values only: any rounding would show)
-                    return self.assign(f"bitcast_convert_type(bitcast_convert_type({a.name}, u32), f32)", a.shape,
-                                       "f32", True)
+                to = self.ch.choice(["i32", "bool"])
                 return self.assign(f"cast({a.name} * 3.0, {to})", a.shape, to, True)
             self.uses_bf16 = True
             return self.assign(f"cast({a.name}, bf16)", a.shape, "bf16", a.exact)
         if a.dtype == "bf16":
             return self.assign(f"cast({a.name}, f32)", a.shape, "f32", a.exact)
         to = self.ch.choice(["f32", "i32"]) if a.dtype == "bool" else "f32"
+        if a.dtype == "i32":  # through the float's bits and back: bitcast_convert_type, no draw of its own
+            return self.assign(f"bitcast_convert_type(bitcast_convert_type(cast({a.name}, f32), u32), f32)",
+                               a.shape, to, a.exact)
         return self.assign(f"cast({a.name}, {to})", a.shape, to, a.exact)
 
     def op_shard(self):
