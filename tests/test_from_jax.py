@@ -150,6 +150,25 @@ def test_imported_lm_megatron_plan_no_worse_than_xla():
     assert not pl.worse(ours, xla), (ours, xla)
 
 
+@pytest.mark.slow
+def test_autoshard_of_the_imported_lm_with_only_the_batch_spec(tmp_path):
+    """autoshard of the imported LM step given only the batch's spec: a plan modelled no slower
+    than the Megatron in_specs' (measured: pure data parallelism, 1 all-reduce of 29,956 B,
+    3.0 us against Megatron's 10 collectives, 19.8 us)."""
+    from spmdlang.partition.cost import flops, step_time_us
+
+    args = flax_models.lm_step_args()
+    ps, os_ = megatron_specs(args[0], args[1])
+    mega = spmdlang.from_jax(flax_models.lm_step, *args, mesh=flax_models.MESH,
+                             in_specs=(ps, os_, P("data"))).compile()
+    mega_us = step_time_us(mega.spmd.ledger, mega.spmd.program.mesh, flops(mega.spmd.program))
+    path = tmp_path / "lm_step.spmd"
+    path.write_text(spmdlang.from_jax(flax_models.lm_step, *args, mesh=flax_models.MESH,
+                                      in_specs=(None, None, P("data"))).source)
+    chosen = spmdlang.autoshard(str(path)).report()["chosen"]["totals"]
+    assert chosen["modelled_time_us"] <= mega_us + 1e-6, (chosen, mega_us)
+
+
 # --------------------------------------------------------------------- one family per function
 
 
