@@ -417,7 +417,7 @@ def _xla_body(prog: Program, namer: Namer, constraint) -> list[str]:
             grad_of.setdefault(v, k)
     # a value_and_grad's value is jax's too (the forward is not run a second time for it)
     value_of = {g.value: k for k, g in enumerate(prog.grads) if g.value is not None and g.value not in grad_of}
-    grad_of.update((v, k) for v, k in value_of.items() if v not in grad_of)
+    grad_of.update(value_of)
     live = {r.value for r in prog.results}
     calls: set[int] = set()
     keep = []
