@@ -31,7 +31,9 @@ def hlo_collectives(c, backend: str) -> tuple[int, int]:
 
     r = c.runner(backend)
     inputs = c.random_inputs(0)
-    hlo = collectives(compiled_text(r.fn, *r.module.place([inputs[p.name] for p in c.program.params], r.mesh)))
+    m = r.module  # struct parameters go in as nested dicts
+    hlo = collectives(compiled_text(r.fn, *m.place(m._nest([inputs[p.name] for p in c.program.params], m.GLOBAL_SHAPES),
+                                                   r.mesh)))
     return len(hlo), int(round(sum(x["bytes_per_device"] for x in hlo)))
 
 

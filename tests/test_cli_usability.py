@@ -115,9 +115,8 @@ def test_explain_xla_shows_xlas_own_analysis_beside_ours(capsys):
     d = json.loads(out)
     ours, xla = d["xla"]["ours"], d["xla"]["xla_gspmd"]
     assert ours["flops_per_device"] > 0 and ours["peak_bytes_per_device"] > 0 and xla["peak_bytes_per_device"] > 0
-    # at real sizes the FLOP model counts what XLA counts (tiny programs differ by their elementwise
-    # tails); our peak is an upper bound (no fusion)
-    assert abs(d["totals"]["flops_per_device"] / ours["flops_per_device"] - 1) < 0.1
-    assert d["totals"]["peak_bytes_per_device"] >= ours["peak_bytes_per_device"]
+    # the FLOP and memory models count what XLA counts (tests/test_explain_xla.py: every program)
+    assert abs(d["totals"]["flops_per_device"] / ours["flops_per_device"] - 1) < 0.15
+    assert abs(d["totals"]["peak_bytes_per_device"] / ours["peak_bytes_per_device"] - 1) < 0.15
     code, out, _ = run_cli(capsys, "explain", MLP, "--set", "B=8,D=16,F=32", "--xla")
-    assert code == 0 and "XLA: our module" in out and "upper bound" in out
+    assert code == 0 and "XLA: our module" in out and "memory_analysis()" in out and "transcendentals" in out

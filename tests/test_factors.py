@@ -161,10 +161,11 @@ RULES += [
     # scatter_add: the scattered axis a permutation (each shard adds its range); id dims summed away
     ("scatter_add", "scatter_add", [(10, 4), (I32, (3, 2)), (3, 2, 4)], {"axis": 0},
      "([i, j], [k, l], [k, l, j]) -> ([i, j]) reduction={k, l} permutation={i}"),
-    # pool: batch and channels pass, spatial dims are permutations (halo windows)
+    # pool: batch and channels pass, spatial dims are permutations (halo windows), one factor for
+    # the input's and the output's rows (as conv), so a row split carries through the pool
     ("pool", "pool", [(2, 8, 8, 3)], {"reduce": "max", "window": (2, 2), "strides": (2, 2),
                                      "padding": ((0, 0), (0, 0))},
-     "([i, j, k, l]) -> ([i, m, n, l]) permutation={j, k, m, n}"),
+     "([i, j, k, l]) -> ([i, j, k, l]) permutation={j, k}"),
     # random: elementwise in the counter; the seed is a scalar
     ("random", "random", [(I32, ()), (I32, (4, 8))], {"dist": "uniform", "dtype": "f32"}, "([], [i, j]) -> ([i, j])"),
     # jax.random's draws: the key is read whole; every result dim may be split (global counters),

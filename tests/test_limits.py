@@ -133,7 +133,10 @@ def test_huge_broadcast_is_refused_quickly_on_every_backend(capsys, tmp_path):
         assert code == 1 and f"{path}:3:14: error: running on {backend}" in err, err
         assert time.monotonic() - t < 30
     code, out, err = cli(capsys, "explain", path, "--json")  # reports still work at any size
-    assert code == 0 and json.loads(out)["totals"]["peak_bytes_per_device"] >= 32 * 10 ** 12
+    totals = json.loads(out)["totals"]
+    # explain's peak is the compiled module's, where the broadcast fuses into the sum (the run's
+    # check above holds every value, nothing fused)
+    assert code == 0 and totals["flops_per_device"] >= 8 * 10 ** 12 and totals["peak_bytes_per_device"] < 1000
 
 
 @pytest.mark.parametrize("body,result,what", [

@@ -78,7 +78,12 @@ INSTANCES.update({
                     (("f32[3, 5]", "i32[2]", "f32[3, 2]"), {"axis": 1})],
     "pool": [(("f32[2, 6, 4, 2]",), {"reduce": "max", "window": (3, 2), "strides": (1, 2),
                                      "padding": ((1, 1), (0, 0))}),
-             (("f32[1, 5, 3]",), {"reduce": "sum", "window": (2,), "strides": (2,), "padding": ((0, 1),)})],
+             (("f32[1, 5, 3]",), {"reduce": "sum", "window": (2,), "strides": (2,), "padding": ((0, 1),)}),
+             # a sum pool's gradient (lhs_dilation: the transposed pool) and a dilated max pool
+             (("f32[1, 5, 3]",), {"reduce": "sum", "window": (2,), "strides": (1,), "padding": ((1, 1),),
+                                  "lhs_dilation": (2,)}),
+             (("f32[2, 3, 4, 2]",), {"reduce": "max", "window": (3, 2), "strides": (2, 1),
+                                     "padding": ((1, 0), (0, 1)), "lhs_dilation": (3, 2)})],
     # starts are drawn from [0, 4): clamped where the window would not fit (start 3 of a 3-wide
     # window in 5); windows of one element and wider ones that straddle shard boundaries
     "dynamic_slice": [(("f32[6, 4]", "i32[]", "i32[]"), {"sizes": (1, 4)}),

@@ -211,8 +211,10 @@ def _pool(rng):
         if all(xs[1 + i] + sum(padding[i]) >= window[i] for i in range(nsp)):
             grid = rng.random() < 0.4
             kind = str(rng.choice(["max", "sum"]))
-            return [_floats(rng, xs, grid=grid)], {"reduce": kind, "window": window, "strides": strides,
-                                                   "padding": padding}, grid
+            attrs = {"reduce": kind, "window": window, "strides": strides, "padding": padding}
+            if kind == "sum" and rng.random() < 0.4:  # a sum pool's gradient: the input spread out
+                attrs["lhs_dilation"] = _dims(rng, nsp, 3)
+            return [_floats(rng, xs, grid=grid)], attrs, grid
 
 
 def _transpose(rng):
@@ -382,7 +384,8 @@ def _lax_pool(attrs):
     window, strides = (1, *attrs["window"], 1), (1, *attrs["strides"], 1)
     padding = ((0, 0), *(tuple(p) for p in attrs["padding"]), (0, 0))
     if attrs["reduce"] == "sum":
-        return lambda x: jax.lax.reduce_window(x, 0.0, jax.lax.add, window, strides, padding)
+        base = (1, *(attrs.get("lhs_dilation") or (1,) * len(attrs["window"])), 1)
+        return lambda x: jax.lax.reduce_window(x, 0.0, jax.lax.add, window, strides, padding, base_dilation=base)
     return lambda x: jax.lax.reduce_window(x, -np.inf, jax.lax.max, window, strides, padding)
 
 

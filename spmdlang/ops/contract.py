@@ -760,10 +760,16 @@ def _conv_vjp(d, op, ct):
     wf = d.emit("transpose", wf, perm=tuple(range(nsp)) + (nsp + 1, nsp))
     full = [x.type.shape[1 + i] + padding[i][0] + padding[i][1] for i in range(nsp)]
     pads = tuple((win[i] - 1, win[i] - 1 + full[i] - (dil[i] + win[i] - 1)) for i in range(nsp))
-    dxp = d.emit("conv", ctd, wf, strides=ones, padding=pads)
-    cx = d.emit("slice", dxp, starts=(0,) + tuple(p[0] for p in padding) + (0,),
-                stops=(x.type.shape[0],) + tuple(p[0] + x.type.shape[1 + i] for i, p in enumerate(padding))
-                + (x.type.shape[-1],), steps=(1,) * (nsp + 2))
+    cropped = tuple((lo - p[0], hi - p[1]) for (lo, hi), p in zip(pads, padding))
+    if all(lo >= 0 and hi >= 0 for lo, hi in cropped):
+        # the forward's padding taken off the transposed conv's: just the rows x has, no slice
+        # after it (a slice of a split dim would shift every shard's rows by a permute)
+        cx = d.emit("conv", ctd, wf, strides=ones, padding=cropped)
+    else:
+        dxp = d.emit("conv", ctd, wf, strides=ones, padding=pads)
+        cx = d.emit("slice", dxp, starts=(0,) + tuple(p[0] for p in padding) + (0,),
+                    stops=(x.type.shape[0],) + tuple(p[0] + x.type.shape[1 + i] for i, p in enumerate(padding))
+                    + (x.type.shape[-1],), steps=(1,) * (nsp + 2))
     # d w: batch and channels swapped, the dilated cotangent as the kernel
     rank = nsp + 2
     xt = d.emit("transpose", x, perm=(rank - 1,) + tuple(sp) + (0,))

@@ -96,11 +96,25 @@ def _template(text):
 
 _UNARY_EXAMPLE = (("f32[4, 8]",), {})
 
+# FLOPs per element where XLA's cost_analysis() counts other than one (the op table's default), on
+# the module the jax backends emit (measured per op, jax 0.10.2): a transcendental counts none (XLA
+# reports it apart, as "transcendentals"); an op jax expands counts the ops it becomes (sigmoid:
+# negate, add, divide; gelu's tanh form: 8; the erf form's polynomial: 64); integer floor division
+# and remainder with their sign fix-ups; a cast is one convert (or select)
+PER_ELEMENT_FLOPS = {"exp": 0, "log": 0, "sqrt": 0, "rsqrt": 0, "tanh": 0, "erf": 0, "log1p": 0, "expm1": 0,
+                     "sin": 0, "cos": 0, "sigmoid": 3, "gelu": 8, "gelu_erf": 64, "softplus": 6,
+                     "floordiv": 13, "mod": 8, "cast": 1}
+
+
+def _per_element(name):
+    n = PER_ELEMENT_FLOPS.get(name)
+    return None if n is None else (lambda operands, results, attrs: n * results[0].size)
+
 # gelu is the builtin gelu(x, approximate=true), gelu_erf its approximate=false: no builtin of their own
 _NOT_BUILTINS = {"gelu", "gelu_erf"}
 
 for _name, (_fn, _jax, _doc) in _FLOAT_UNARY.items():
-    register(_name, doc=_doc, infer=_unary_infer(_name, {"float"}), numpy=_unary_numpy(_fn),
+    register(_name, doc=_doc, infer=_unary_infer(_name, {"float"}), numpy=_unary_numpy(_fn), flops=_per_element(_name),
              rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE,
              builtin=None if _name in _NOT_BUILTINS else Takes.float)
 for _name, (_fn, _jax, _doc) in _NUMERIC_UNARY.items():
@@ -138,7 +152,7 @@ def _cast_jax(args, attrs, out):
 
 
 register("cast", doc="convert to `dtype` (floats to ints truncate toward zero, saturating)",
-         flops=no_flops, infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
+         flops=_per_element("cast"), infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
          jax=_cast_jax,
          family=Family.elementwise, example=(("f32[4, 8]",), {"dtype": "i32"}))
 
@@ -241,6 +255,7 @@ _ARITH_BUILTINS = {"maximum", "minimum", "pow"}
 
 for _name, (_fn, _jax, _partial, _doc) in _ARITH.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int"}), numpy=_arith_numpy(_name, _fn),
+             flops=_per_element(_name),
              rule=_elementwise_rule, jax=_arith_jax(_name, _jax), family=Family.elementwise,
              partial=_partial, partial_operands=(0,) if _name == "div" else None, example=_BINARY_EXAMPLE,
              builtin=Takes.numeric if _name in _ARITH_BUILTINS else None)

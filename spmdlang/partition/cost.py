@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from ..ir import registry
 from ..ir.collectives import latency_steps, step_bytes  # noqa: F401  (step_bytes: re-exported)
 from ..ir.core import LOOP, walk
-from ..limits import peak_and_culprit
+from . import memory
 
 
 @dataclass(frozen=True)
@@ -127,15 +127,18 @@ def op_flops(op) -> int:
     return registry.get(op.kind).count_flops([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
 
 
-def flops(prog) -> int:
-    """FLOPs of a program run once: an op in a loop body counts once per iteration."""
-    return sum(op_flops(op) * trips for op, trips in walk(prog.ops) if op.kind != LOOP)
+def flops(prog, per_iteration: bool = True) -> int:
+    """FLOPs of a program run once: an op in a loop body counts once per iteration, or once with
+    `per_iteration=False` (as XLA's cost_analysis() counts a while loop's body)."""
+    return sum(op_flops(op) * (trips if per_iteration else 1) for op, trips in walk(prog.ops) if op.kind != LOOP)
 
 
 def peak_bytes(prog) -> int:
-    """Peak bytes live at once in program order: a value lives from its definition to its last use
-    (parameters and results for the whole program). One walk, shared with the run-time memory check."""
-    return peak_and_culprit(prog)[0]
+    """Peak bytes per device of a per-partition program as XLA's compiled module holds them:
+    arguments + outputs + the most its temporaries hold at once after fusion and buffer sharing
+    (partition.memory). The ref and sim backends, which do not fuse, hold more
+    (limits.peak_and_culprit)."""
+    return memory.peak_bytes(prog)
 
 
 def compute_time_us(flops: float, preset: str = "tpu-v4") -> float:

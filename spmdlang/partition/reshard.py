@@ -13,26 +13,45 @@ The table, per axis (DTensor's `_redistribute` in mesh-axis form):
   a absent            a splits dim d next     shard_slice(a, d)          0  (a local slice)
   same shard counts   other axes/order        collective_permute         S
 Axes leaving a dim go minor first; axes joining a dim are appended on its minor side; runs of
-axes doing the same thing share one collective (one all_reduce over both contracting axes).
-Reduce-scatters and slices come first (they shrink the data), then all_reduces of what cannot be
-scattered, then moves and gathers. Uneven splits nest only when m * ceil(n/(k*m)) == ceil(n/k)
-(or the coarse layout is whole); where they do not, the dim is gathered whole and sliced afresh.
-Where both layouts have the same shard count on every dim, one collective_permute is an option;
-so is the fallback "settle sums in place, gather whole what does not nest, slice", which bounds
-every plan by the bytes of gathering everything. The cheapest plan wins in the cost model (partition.cost: bytes plus
-the latency steps of each collective), then fewer steps.
+axes doing the same thing share one collective (one all_reduce over both contracting axes, one
+all_to_all over a group (x, y) that moves together, one all_to_all for moves between disjoint
+dims). Reduce-scatters and slices come first (they shrink the data), then all_reduces of what
+cannot be scattered, then moves and gathers. Uneven splits nest only when
+m * ceil(n/(k*m)) == ceil(n/k) (or the coarse layout is whole); where they do not, the dim is
+gathered whole and sliced afresh.
+
+Moves over several axes. A permute relabels axes: any layout reaches any other with the same
+shard count on every dim in one collective_permute of the local block. So an axis need not be
+gathered to change dim or position: {x, (y, z)} -> {(y, x), z} is all_to_all(z, dim 1 -> 0),
+giving {(x, z), y} (the target's shard counts), then one permute; {x, y, _} -> {z, (x, y), _}
+is a slice over z, giving {x, (y, z), _}, then one permute; an unmerge
+{_, (x, y)} -> {x, y} is all_to_all((x, y), 1 -> 0) then all_to_all(y, 0 -> 1). Only axes the
+target no longer uses are gathered, axes it adds are local slices, done before the moves.
+
+Four plans are weighed: the greedy walk of the table above; the fallback "settle sums in place,
+gather whole what does not nest, slice", which bounds every plan by the bytes of gathering
+everything; one collective_permute where both layouts have the same shard counts; and, where
+those move more than once, gather an axis the target keeps, or slice after moving, a search
+(Dijkstra over layouts, `_Search`) whose steps are the rows above on minor runs of each dim plus
+a permute to any layout of the same shard counts, once for the cost model and once for the
+fewest bytes. The plan kept is the cheapest in the cost model (partition.cost: bytes plus the
+latency steps of each collective), then the one with fewer collectives, among the plans that no
+other plan beats on both bytes and collectives (at a few bytes per device the 16-byte latency
+steps alone would prefer two all_to_alls over k=2 to one over k=4 that sends fewer bytes).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import permutations
 from math import prod
 
 from ..ir.collectives import CollectiveKind, is_collective, spec
 from ..ir.mesh import Mesh, Sharding
 from ..ir.names import OpName
-from .cost import comm_cost, step_bytes
+from .cost import collective_cost, comm_cost, step_bytes
 
 __all__ = ["Step", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard", "step_bytes"]
 
@@ -311,6 +330,170 @@ def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> l
     return p.steps
 
 
+# ---------------------------------------------------------------------------------- the search
+
+SEARCH_STATES = 1000  # layouts the search settles at most (~0.2 s) before it gives up: the other plans stand
+CHEAPEST, LEANEST = (2, 1), (0, 1, 2)  # objectives: indices into (bytes, collectives, comm_cost)
+
+
+def _count_layouts(axes, counts, sizes, used=()):
+    """Every assignment of distinct `axes` to dims, ordered within each dim, with the product of
+    each dim's axes equal to that dim's count in `counts`."""
+    if not counts:
+        yield ()
+        return
+    want, rest = counts[0], counts[1:]
+    free = [a for a in axes if a not in used]
+    for n in range(len(free) + 1):
+        for pick in permutations(free, n):
+            if prod(sizes[a] for a in pick) == want:
+                for tail in _count_layouts(axes, rest, sizes, used + pick):
+                    yield (pick, *tail)
+
+
+class _Search:
+    """The best plan over every step of the table (Dijkstra over layouts), on the dims either layout
+    splits and the axes either uses. `objective` orders (bytes, collectives, comm_cost) of a plan:
+    CHEAPEST (comm_cost, then collectives) or LEANEST (bytes, then collectives, then comm_cost).
+    A state is (dims, pending-sum axes); its steps:
+      shard_slice     an axis the target splits, absent here, appended on some dim's minor side
+      all_reduce      the pending sums to settle (all of them, or one axis)
+      reduce_scatter  one pending-sum axis the target splits, appended on some dim's minor side
+      all_gather      a minor run of one dim's axes
+      all_to_all      a minor run of dim a's axes, appended on dim b's minor side
+      collective_permute  to any layout with the same shard count on every dim (the axes
+                      relabelled: {(x, z), y} -> {(y, x), z} is one permute, not a gather)
+    Every step keeps uneven shards nesting (nests)."""
+
+    def __init__(self, shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding, objective):
+        self.shape, self.itemsize, self.objective = shape, itemsize, objective
+        self.sizes = {a: mesh.axis_size(a) for a in mesh.names}
+        self.active = [d for d in range(len(shape)) if src.dims[d] or dst.dims[d]]
+        self.axes = mesh.order({a for s in (src, dst) for dim in s.dims for a in dim} | set(src.partial))
+        self.wanted = {a for dim in dst.dims for a in dim}
+        self.op = src.partial_op
+        self.resolve = set(src.partial) - set(dst.partial)
+        self.start = (src.dims, self.order(src.partial))
+        self.target = (dst.dims, self.order(dst.partial))
+        self.relabel: dict = {}  # (pending sums, shard counts) -> the layouts a permute reaches
+
+    def order(self, axes) -> tuple[str, ...]:
+        return tuple(a for a in self.axes if a in axes)
+
+    def count(self, axes) -> int:
+        n = 1
+        for a in axes:
+            n *= self.sizes[a]
+        return n
+
+    def size_of(self, dims) -> int:
+        return prod(chunk(n, self.count(dims[d])) for d, n in enumerate(self.shape)) * self.itemsize
+
+    def sharding(self, state) -> Sharding:
+        dims, partial = state
+        return Sharding(dims, partial, frozenset(), self.op if partial else "sum")
+
+    def edges(self, state):
+        """(kind, axes, next state, dim, dim2) of every step from `state`."""
+        dims, partial = state
+        used = {a for dim in dims for a in dim}
+
+        def put(d, run):
+            return tuple(dim + tuple(run) if e == d else dim for e, dim in enumerate(dims))
+
+        def fits(d, run):
+            return nests(self.shape[d], self.count(dims[d]), self.count(run))
+
+        for a in self.axes:
+            if a in self.wanted and a not in used and a not in partial:
+                yield from ((OpName.SHARD_SLICE, (a,), (put(d, (a,)), partial), d, None)
+                            for d in self.active if fits(d, (a,)))
+        pend = [a for a in partial if a in self.resolve]
+        for run in ([pend] if len(pend) == 1 else [pend] + [[a] for a in pend]) if pend else []:
+            yield CollectiveKind.ALL_REDUCE, tuple(run), (dims, self.order(set(partial) - set(run))), None, None
+        for a in pend if self.op == "sum" else []:
+            left = self.order(set(partial) - {a})
+            yield from ((CollectiveKind.REDUCE_SCATTER, (a,), (put(d, (a,)), left), d, None)
+                        for d in self.active if a in self.wanted and fits(d, (a,)))
+        yield from self.moves(dims, partial)
+        yield from self.permutes(dims, partial)
+
+    def moves(self, dims, partial):
+        """Gathers and all_to_alls of each dim's minor runs."""
+        for d in self.active:
+            cur = dims[d]
+            for n in range(1, len(cur) + 1):
+                run, keep = cur[len(cur) - n:], cur[: len(cur) - n]
+                if not nests(self.shape[d], self.count(keep), self.count(run)):
+                    continue
+                left = tuple(keep if e == d else dim for e, dim in enumerate(dims))
+                yield CollectiveKind.ALL_GATHER, run, (left, partial), d, None
+                for b in self.active:
+                    if b != d and nests(self.shape[b], self.count(dims[b]), self.count(run)):
+                        moved = tuple(dim + run if e == b else dim for e, dim in enumerate(left))
+                        yield CollectiveKind.ALL_TO_ALL, run, (moved, partial), b, d
+
+    def permutes(self, dims, partial):
+        key = (partial, tuple(self.count(dims[d]) for d in self.active))
+        if key not in self.relabel:
+            self.relabel[key] = []
+            for picked in _count_layouts([a for a in self.axes if a not in partial], key[1], self.sizes):
+                full = [()] * len(dims)
+                for d, dim in zip(self.active, picked):
+                    full[d] = dim
+                self.relabel[key].append((tuple(full), {a for dim in picked for a in dim}))
+        mine = {a for dim in dims for a in dim}
+        for full, theirs in self.relabel[key]:
+            if full != dims:
+                group = tuple(a for a in self.axes if a in mine or a in theirs)
+                yield CollectiveKind.COLLECTIVE_PERMUTE, group, (full, partial), None, None
+
+    @staticmethod
+    @lru_cache(maxsize=4096)
+    def step(kind, k: int, size: int) -> tuple[float, tuple]:
+        """Bytes sent, and (bytes, collectives, comm_cost) of one step."""
+        nbytes = step_bytes(kind, k, size)
+        col = is_collective(kind)
+        return nbytes, (nbytes, int(col), collective_cost(kind, k, nbytes) if col else 0.0)
+
+    def run(self) -> list[Step] | None:
+        """The plan, or None when the layouts are too many to search."""
+        zero = (0.0, 0, 0.0)
+        best, back, done = {self.start: zero}, {}, set()
+        heap = [(zero, 0, self.start)]
+        while heap:
+            prio, _, state = heapq.heappop(heap)
+            if state in done:
+                continue
+            if state == self.target:
+                return self.path(back)
+            done.add(state)
+            if len(done) > SEARCH_STATES:
+                return None
+            size = self.size_of(state[0])
+            for kind, run, nxt, dim, dim2 in self.edges(state):
+                if nxt in done:
+                    continue
+                k = self.count(run)
+                nbytes, step = self.step(kind, k, size)
+                p = tuple(a + step[i] for a, i in zip(prio, self.objective))
+                if nxt not in best or p < best[nxt]:
+                    best[nxt] = p
+                    back[nxt] = (state, kind, run, dim, dim2, nbytes, k)
+                    heapq.heappush(heap, (p, len(back), nxt))
+        return None
+
+    def path(self, back) -> list[Step]:
+        steps, state = [], self.target
+        while state != self.start:
+            prev, kind, run, dim, dim2, nbytes, k = back[state]
+            settles = is_collective(kind) and spec(kind).settles
+            steps.append(Step(kind, run, self.sharding(prev), self.sharding(state), nbytes, dim, dim2,
+                              self.op if settles else "sum", k))
+            state = prev
+        return steps[::-1]
+
+
 def drop_trivial_axes(s: Sharding, mesh: Mesh) -> Sharding:
     """Axes of size 1 split nothing and sum nothing: layouts that differ only in them are one."""
     keep = lambda axes: tuple(a for a in axes if mesh.axis_size(a) > 1)  # noqa: E731
@@ -339,7 +522,40 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
     p = _permute_plan(shape, itemsize, mesh, src, dst)
     if p is not None:
         plans.append(p)
-    return tuple(min(plans, key=lambda steps: (comm_cost(steps), sum(s.is_collective for s in steps))))
+    best = _choose(plans)
+    if _improvable(best, dst):
+        for objective in (CHEAPEST, LEANEST):
+            p = _Search(shape, itemsize, mesh, src, dst, objective).run()
+            if p is not None:
+                plans.append(_merge_moves(p, shape, itemsize, mesh))
+        best = _choose(plans)
+    return tuple(best)
+
+
+def _improvable(steps, dst: Sharding) -> bool:
+    """Might the search beat this plan? Not if it moves at most once, on data already sliced:
+    settling sums and slicing are what they are, and one all_to_all, permute, or gather of axes
+    the target no longer uses is the move."""
+    wanted = {a for dim in dst.dims for a in dim}
+    moves = [i for i, s in enumerate(steps) if s.kind in (CollectiveKind.ALL_TO_ALL, CollectiveKind.ALL_GATHER,
+                                                          CollectiveKind.COLLECTIVE_PERMUTE)]
+    if not moves:
+        return False
+    return (len(moves) > 1 or any(s.kind == OpName.SHARD_SLICE for s in steps[moves[0]:])
+            or any(steps[i].kind == CollectiveKind.ALL_GATHER and set(steps[i].axes) & wanted for i in moves))
+
+
+def _choose(plans):
+    """The cheapest plan in the cost model (then the fewest collectives) among those no other plan
+    beats on both bytes and collectives: at a few bytes per device the latency tie-break alone
+    would pick two all_to_alls over k=2 (2 latency steps) and a permute where one all_to_all over
+    k=4 (3 steps) and the permute send fewer bytes in fewer collectives."""
+    def measure(steps):
+        return round(plan_cost(steps), 6), sum(s.is_collective for s in steps)
+
+    ms = [measure(p) for p in plans]
+    front = [p for p, m in zip(plans, ms) if not any(o[0] <= m[0] and o[1] <= m[1] and o != m for o in ms)]
+    return min(front, key=lambda steps: (comm_cost(steps), sum(s.is_collective for s in steps)))
 
 
 def _moves_of(st: Step) -> tuple:
