@@ -188,6 +188,11 @@ EXCEPTIONS: dict[tuple[str, str, str], str] = {
         "gathers two small batch values over data (the per-token loss, 32 B; the loop's input cotangent "
         "for the tied embedding's gradient, 512 B): fewer bytes, one collective more; 17 = 17 at the "
         "default and large sizes",
+    ("programs/train_mnist_cnn", "tiny", "rows=8"):
+        "19 collectives (8,112 B) against XLA's 20 (7,584 B): the flattened 3x3 feature map over 8 row "
+        "shards is gathered for the dense layer (1,344 B) where XLA all-reduces 1,008 B, and our 17 "
+        "halo permutes send 4,416 B against XLA's 18 of 4,224 B: one collective fewer, 528 B more; "
+        "equal to XLA at the default and large sizes",
     ("patterns/train_cnn", "tiny", "data=2,h=3"):
         "17 collectives (22,105 B) against XLA's 21 (21,529 B): 14-row images over h=3 (5, 5, 4 rows); "
         "our 14 halo permutes send 16,576 B against XLA's 18 permutes of 13,888 B, our 3 all-reduces "

@@ -400,6 +400,9 @@ def test_cli_import_errors_write_nothing(tmp_path):
 # trip): train_stack_scan 21 / 688,132 -> 17 / 589,828 (each layer's backward 2 all-reduces over
 # model, not 3); train_gpt 17 / 416,177 -> 15 / 367,025. Every other program: the same plan.
 PLAN_BETTER = {"train_stack_scan", "train_gpt"}
+# jax's gradient of the avg pools (interior padding, imported as reshape, pad and slice) takes 2
+# halo permutes more than the program's own (a dilated sum pool: none): 12 / 350,336 -> 14 / 404,608
+PLAN_WORSE = {"train_mnist_cnn"}
 DEFAULT_PROGRAMS = {"mlp", "conv", "embedding", "stack_scan"}
 PROGRAMS = sorted(p.stem for p in (ROOT / "programs").glob("*.spmd"))
 
@@ -436,6 +439,8 @@ def test_programs_round_trip_through_jax(name):
         leaves_close(imp.unflatten(c2.run(inputs, backend=b)), want, rtol=2e-4, atol=2e-4)
     if name in PLAN_BETTER:
         assert plan2 != plan and not plan_ledger.worse(plan2, plan), (plan, plan2)
+    elif name in PLAN_WORSE:
+        assert plan_ledger.worse(plan2, plan), (plan, plan2)  # when it no longer is, drop it from PLAN_WORSE
     else:
         assert plan2 == plan
 
