@@ -923,6 +923,10 @@ class Generator:
         if a.dtype == "bf16":
             return self.assign(f"cast({a.name}, f32)", a.shape, "f32", a.exact)
         to = self.ch.choice(["f32", "i32"]) if a.dtype == "bool" else "f32"
+        if a.dtype == "i32" and not self.grad:  # through the float's bits and back: bitcast_convert_type,
+            # no draw of its own (not in a gradient program: the grad tests rewrite f32 as f64)
+            return self.assign(f"bitcast_convert_type(bitcast_convert_type(cast({a.name}, f32), u32), f32)",
+                               a.shape, to, a.exact)
         return self.assign(f"cast({a.name}, {to})", a.shape, to, a.exact)
 
     def op_shard(self):

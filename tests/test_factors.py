@@ -53,6 +53,7 @@ RULES = [
     # elementwise: one pass factor per dim; rank-0 operands (scalars) take part in none
     ("unary", "exp", [(8, 16)], {}, "([i, j]) -> ([i, j])"),
     ("cast", "cast", [(8, 16)], {"dtype": "i32"}, "([i, j]) -> ([i, j])"),
+    ("bitcast", "bitcast_convert_type", [(8, 16)], {"dtype": "u32"}, "([i, j]) -> ([i, j])"),
     ("binary", "add", [(8, 16), (8, 16)], {}, "([i, j], [i, j]) -> ([i, j])"),
     ("scalar operand", "mul", [(8, 16), ()], {}, "([i, j], []) -> ([i, j])"),
     ("scalar first", "sub", [(), (4,)], {}, "([], [i]) -> ([i])"),

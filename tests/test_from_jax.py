@@ -150,6 +150,25 @@ def test_imported_lm_megatron_plan_no_worse_than_xla():
     assert not pl.worse(ours, xla), (ours, xla)
 
 
+@pytest.mark.slow
+def test_autoshard_of_the_imported_lm_with_only_the_batch_spec(tmp_path):
+    """autoshard of the imported LM step given only the batch's spec: a plan modelled no slower
+    than the Megatron in_specs' (measured: pure data parallelism, 1 all-reduce of 29,956 B,
+    3.0 us against Megatron's 10 collectives, 19.8 us)."""
+    from spmdlang.partition.cost import flops, step_time_us
+
+    args = flax_models.lm_step_args()
+    ps, os_ = megatron_specs(args[0], args[1])
+    mega = spmdlang.from_jax(flax_models.lm_step, *args, mesh=flax_models.MESH,
+                             in_specs=(ps, os_, P("data"))).compile()
+    mega_us = step_time_us(mega.spmd.ledger, mega.spmd.program.mesh, flops(mega.spmd.program))
+    path = tmp_path / "lm_step.spmd"
+    path.write_text(spmdlang.from_jax(flax_models.lm_step, *args, mesh=flax_models.MESH,
+                                      in_specs=(None, None, P("data"))).source)
+    chosen = spmdlang.autoshard(str(path)).report()["chosen"]["totals"]
+    assert chosen["modelled_time_us"] <= mega_us + 1e-6, (chosen, mega_us)
+
+
 # --------------------------------------------------------------------- one family per function
 
 
@@ -258,6 +277,30 @@ CASES = {
 }
 
 
+def out_of_range(table, x, itable, ids, cols):
+    """Ids outside [0, n-1] (after jnp's wrap of negatives): jnp.take fills (NaN, a given value,
+    the least integer), x[ids] and mode="clip" clamp, .at[].add drops (or clamps with "clip")."""
+    def loss(table):
+        return jnp.take(table, ids, axis=0, mode="fill", fill_value=0.0).sum()
+
+    table = jnp.asarray(table)
+    return (jnp.take(table, ids, axis=0), table[ids], jnp.take(table, ids, axis=0, mode="clip"),
+            jnp.take(table, ids, axis=1, fill_value=-1.0), jnp.take_along_axis(x, cols, axis=1),
+            jnp.take(itable, ids), table.at[ids].add(1.0), table.at[ids].add(1.0, mode="clip"),
+            jax.grad(loss)(table))
+
+
+def test_out_of_range_ids_fill_clamp_and_drop_as_jax_does():
+    ids = np.array([[0, 9, -7], [4, 5, 2]], np.int32)  # 9 and -7 (-2 after the wrap) are out of range
+    cols = np.array([[0, 6], [-1, 3], [2, 5], [7, 1]], np.int32)
+    args = (f32(5, 5), f32(4, 5), np.arange(5, dtype=np.int32), ids, cols)
+    imp = check(out_of_range, *args, backends=("ref", "sim", "jax"), mesh={"data": 2},
+                in_specs=(P(None, "data"), P("data"), None, None, None))
+    assert "logical_and(" in imp.source and "clip(" in imp.source
+    want = out_of_range(*args)
+    assert np.isnan(np.asarray(want[0])).any() and (np.asarray(want[5]) == np.iinfo(np.int32).min).any()
+
+
 def test_random_bits_equal_jax_on_every_backend():
     """jax.random becomes the language's random builtins: keys, bits and masks bit for bit."""
     args = (jax.random.PRNGKey(11), f32(4, 6), np.int32(5))
@@ -350,20 +393,16 @@ def test_cli_import_errors_write_nothing(tmp_path):
 
 # ------------------------------------------------------------------ programs/*.spmd round trip
 
-# the round trip goes through jax's own differentiation of the xla module's value_and_grad over
-# fori_loop: residuals stacked in the forward loop, every layer's weight gradient carried whole
-# through the backward loop. The numbers are equal; the plan is jax's program's, not spmdlang's
-# own loop gradient (which settles the gradient sums after the loop).
-# Measured (collectives / bytes per device, original -> round trip): train_gpt 17 / 416,177 ->
-# 21 / 466,097; train_pipeline_microbatch 24 / 86,276 -> 46 / 155,908; train_stack_scan
-# 21 / 688,132 -> 108 / 1,038,343.
-PLAN_DIFFERS = {"train_stack_scan", "train_pipeline_microbatch", "train_gpt",
-                # jax's gradient of the avg pools (interior pads, imported as reshape, pad and slice)
-                # takes 2 halo permutes more than the program's own (a dilated sum pool: none)
-                "train_mnist_cnn"}
-# the v2 random builtins are emitted as Threefry on u32 whose uniform ends in bitcast_convert_type
-# (the bits read as an f32), which the language lacks
-NO_EQUIVALENT = {"moe_top2": "jax primitive 'bitcast_convert_type'"}
+# Through a `loop`, the round trip's gradient is jax's own (the xla module's value_and_grad over
+# fori_loop: residuals stacked by the forward scan, read by the reverse one), not spmdlang's
+# (whose reverse loop recomputes each layer from its stacked input): a different program, which
+# needs fewer collectives here. Measured (collectives / bytes per device, original -> round
+# trip): train_stack_scan 21 / 688,132 -> 17 / 589,828 (each layer's backward 2 all-reduces over
+# model, not 3); train_gpt 17 / 416,177 -> 15 / 367,025. Every other program: the same plan.
+PLAN_BETTER = {"train_stack_scan", "train_gpt"}
+# jax's gradient of the avg pools (interior padding, imported as reshape, pad and slice) takes 2
+# halo permutes more than the program's own (a dilated sum pool: none): 12 / 350,336 -> 14 / 404,608
+PLAN_WORSE = {"train_mnist_cnn"}
 DEFAULT_PROGRAMS = {"mlp", "conv", "embedding", "stack_scan"}
 PROGRAMS = sorted(p.stem for p in (ROOT / "programs").glob("*.spmd"))
 
@@ -389,10 +428,8 @@ def roundtrip(path):
                                   for p in PROGRAMS])
 def test_programs_round_trip_through_jax(name):
     path = ROOT / "programs" / f"{name}.spmd"
-    if name in NO_EQUIVALENT:
-        with pytest.raises(SpmdError, match=NO_EQUIVALENT[name]):
-            roundtrip(path)
-        return
+    import plan_ledger
+
     c, c2, imp, mod, plan, plan2 = roundtrip(path)
     # the same leaf names (a struct's fields come in jax's sorted-key order, not declaration order)
     assert sorted(p.name for p in c2.program.params) == sorted(p.name for p in c.program.params)
@@ -400,8 +437,10 @@ def test_programs_round_trip_through_jax(name):
     want = tuple(mod._nest(c.run(inputs, backend="ref"), mod.RESULT_SHAPES))
     for b in ("ref", "sim"):
         leaves_close(imp.unflatten(c2.run(inputs, backend=b)), want, rtol=2e-4, atol=2e-4)
-    if name in PLAN_DIFFERS:
-        assert plan2 != plan  # when it equals, drop the program from PLAN_DIFFERS
+    if name in PLAN_BETTER:
+        assert plan2 != plan and not plan_ledger.worse(plan2, plan), (plan, plan2)
+    elif name in PLAN_WORSE:
+        assert plan_ledger.worse(plan2, plan), (plan, plan2)  # when it no longer is, drop it from PLAN_WORSE
     else:
         assert plan2 == plan
 

@@ -137,6 +137,11 @@ def _cast(rng):
     return [_floats(rng, _dims(rng, int(rng.integers(0, 4))))], {"dtype": dtype}, False
 
 
+def _bitcast(rng):
+    x = _floats(rng, _dims(rng, int(rng.integers(0, 4))))
+    return [x], {"dtype": {8: "i64", 4: "i32", 2: "bf16"}[x.dtype.itemsize]}, False
+
+
 def _reduce(name):
     def gen(rng):
         rank = int(rng.integers(1, 4))
@@ -369,7 +374,7 @@ def _compare(rng):
 
 INSTANCES = {
     "einsum": _einsum, "conv": _conv, "pool": _pool, "select_and_scatter_add": _select_and_scatter_add,
-    "cast": _cast, "select": _select,
+    "cast": _cast, "bitcast_convert_type": _bitcast, "select": _select,
     "transpose": _transpose, "reshape": _reshape, "broadcast_in_dim": _broadcast, "slice": _slice, "pad": _pad,
     "concat": _concat, "roll": _roll, "take": _take, "take_along_axis": _take_along_axis,
     "scatter_add": _scatter_add, "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,

@@ -419,6 +419,9 @@ def _xla_body(prog: Program, namer: Namer, constraint) -> list[str]:
     for k, g in enumerate(prog.grads):
         for v in g.grads:
             grad_of.setdefault(v, k)
+    # a value_and_grad's value is jax's too (the forward is not run a second time for it)
+    value_of = {g.value: k for k, g in enumerate(prog.grads) if g.value is not None and g.value not in grad_of}
+    grad_of.update(value_of)
     live = {r.value for r in prog.results}
     calls: set[int] = set()
     keep = []
@@ -449,7 +452,8 @@ def _xla_body(prog: Program, namer: Namer, constraint) -> list[str]:
         lines.append(f"        return {pyname(inner, g.output)}")
         args = ", ".join(pyname(namer, a) for a in g.args)
         outs = ", ".join(pyname(namer, v) for v in g.grads)
-        lines.append(f"    _value{k}, ({outs},) = jax.value_and_grad({fn}, argnums={tuple(g.argnums)!r})({args})")
+        value = pyname(namer, g.value) if g.value is not None and value_of.get(g.value) == k else f"_value{k}"
+        lines.append(f"    {value}, ({outs},) = jax.value_and_grad({fn}, argnums={tuple(g.argnums)!r})({args})")
 
     for op in keep:
         for v in op.operands:

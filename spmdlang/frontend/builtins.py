@@ -316,6 +316,12 @@ def _cast(ctx, span, args):
     return ctx.b.emit("cast", x, span=span, dtype=args["dtype"])
 
 
+@builtin("bitcast_convert_type", "x:tensor", "dtype:dtype")
+def _bitcast(ctx, span, args):
+    x = tensor(ctx, args, "x")
+    return ctx.b.emit("bitcast_convert_type", x, span=span, dtype=args["dtype"], blame={"dtype": args.span("dtype")})
+
+
 # ---------------------------------------------------------------------------------- reductions
 
 

@@ -131,7 +131,7 @@ def _differentiate(ctx, f, args: list, argnums, node, with_value: bool):
         ctx.grad_calls[k] = ctx.grad_calls[k].remapped(subst)
     grads = [subst.get(g, g) for g in grads]
     ctx.grad_calls.append(GradCall(tuple(params), forward, out, tuple(args), tuple(argnums), tuple(grads),
-                                   node.span))
+                                   node.span, subst.get(out, out) if with_value else None))
     grads_it = iter(grads)
     grads = [S.unflatten(ctx, v.type, grads_it) if isinstance(v, StructValue) else next(grads_it)
              for v in (structured[i] for i in _arg_positions(structured, argnums, first))]

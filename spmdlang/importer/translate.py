@@ -487,13 +487,21 @@ _ONE_BITS = 0x3F800000  # 1.0f: OR-ed into 23 random mantissa bits, a float in [
 
 @prim("bitcast_convert_type")
 def _bitcast(t, eqn, ins):
-    """jax.random.uniform's step from bits to floats, bitcast((bits >> 9) | 1.0f) in [1, 2): the
-    language's uniform(key) + 1.0, bit for bit (uniform is that bitcast minus 1.0, exactly)."""
+    """The builtin of the same name (same width). jax.random.uniform's step from bits to floats,
+    bitcast((bits >> 9) | 1.0f) in [1, 2), reads as the language's uniform(key) + 1.0, bit for bit
+    (uniform is that bitcast minus 1.0, exactly)."""
     origin = t.origin.get(ins[0].text, ("",))
     out = t.out(eqn)
-    if origin[0] == "float_bits" and dtype_name(out.dtype, t.where) == "f32":
+    dt = dtype_name(out.dtype, t.where)
+    if origin[0] == "float_bits" and dt == "f32":
         return t.put(eqn, f"uniform({origin[1]}, {type_text(out)}) + 1.0")
-    t.fail("jax primitive 'bitcast_convert_type' has no spmdlang equivalent (except in jax.random's uniform)")
+    x = ins[0]
+    if x.dtype == dt:
+        return x
+    if _np_dtype(x.dtype).itemsize != _np_dtype(dt).itemsize:
+        t.fail(f"jax primitive 'bitcast_convert_type' from {x.dtype} to {dt} (another width) has no spmdlang "
+               "equivalent")
+    return t.put(eqn, f"bitcast_convert_type({t.value(x)}, {dt})")
 
 
 PRIMS["shift_left"] = _shift("left_shift", True, True)
@@ -958,6 +966,8 @@ def _gather(t, eqn, ins):
         offsets = [d for d in range(rank) if d != axis]
         jax_order = _jax_order(len(ours), dn.offset_dims, offsets, "o")
         expr = f"take({t.value(x)}, {ids_text}, axis={axis})"
+        if _fills(eqn):  # out-of-range ids read the fill value, not a clamped row
+            expr = _filled(t, eqn, x, ids, axis, expr, [1] * axis + list(ids.shape[:-1]) + [1] * (rank - axis - 1))
         perm = [ours.index(k) for k in jax_order]
         if perm != list(range(len(perm))):
             expr = f"transpose({t.emit(expr)}, {_ints(perm)})"
@@ -966,7 +976,42 @@ def _gather(t, eqn, ins):
     if list(op_batch) != others or list(idx_batch) != others or tuple(dn.offset_dims) \
             or any(s != 1 for s in sizes) or len(ids.shape) != rank + 1:
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis has no spmdlang equivalent")
-    return t.put(eqn, f"take_along_axis({t.value(x)}, {ids_text}, axis={axis})")
+    expr = f"take_along_axis({t.value(x)}, {ids_text}, axis={axis})"
+    if _fills(eqn):
+        expr = _filled(t, eqn, x, ids, axis, expr, list(ids.shape[:-1]))
+    return t.put(eqn, expr)
+
+
+def _mode(eqn) -> str:
+    mode = eqn.params.get("mode")
+    return getattr(mode, "name", str(mode or "")).upper()
+
+
+def _fills(eqn) -> bool:
+    """A gather in jax's FILL_OR_DROP mode (jnp.take's default): an id outside [0, n-1] reads the
+    fill value. CLIP and PROMISE_IN_BOUNDS clamp, as XLA and the language's take do."""
+    return "FILL" in _mode(eqn)
+
+
+def _in_range(t, ids, n: int) -> str:
+    i = t.emit(f"reshape({t.value(ids)}, {_ints(ids.shape[:-1])})")
+    return t.emit(f"logical_and({i} >= 0, {i} <= {n - 1})")
+
+
+def _filled(t, eqn, x, ids, axis: int, expr: str, mask_shape: list[int]) -> str:
+    """`expr` (a take of clamped ids) where the ids are in range, jax's fill value elsewhere: the
+    gather's fill_value, else NaN for floats, the least signed or the largest unsigned integer,
+    true for bool (jax.lax's defaults)."""
+    fill = eqn.params.get("fill_value")
+    dt = _np_dtype(x.dtype)
+    if fill is None:
+        fill = (np.nan if dt.kind == "f" or x.dtype == "bf16" else True if dt.kind == "b"
+                else np.iinfo(dt).min if dt.kind == "i" else np.iinfo(dt).max)
+    mask = _in_range(t, ids, x.shape[axis])
+    if list(ids.shape[:-1]) != mask_shape:
+        mask = f"reshape({mask}, {_ints(mask_shape)})"
+    fill_ref = t.constant(np.asarray(fill, dtype=dt), None)
+    return f"where({mask}, {t.emit(expr)}, {t.value(fill_ref)})"
 
 
 def _jax_order(n: int, positions, dims, tag: str) -> list[tuple[str, int]]:
@@ -996,6 +1041,8 @@ def _scatter_add(t, eqn, ins):
                "has no spmdlang equivalent")
     axis = int(dn.scatter_dims_to_operand_dims[0])
     ids_text = f"reshape({t.value(ids)}, {_ints(ids.shape[:-1])})"
+    if "CLIP" in _mode(eqn):  # jax clamps the ids; FILL_OR_DROP and PROMISE_IN_BOUNDS drop (XLA's scatter)
+        ids_text = f"clip({ids_text}, 0, {x.shape[axis] - 1})"
     nb = len(ids.shape) - 1
     if not op_batch:
         window = [d for d in range(rank) if d != axis]

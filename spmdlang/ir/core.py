@@ -244,7 +244,8 @@ class GradCall:
     autodiff instead of running our backward ops): `forward` is the inlined function as ops of its
     own, on `params` (one fresh value per argument), computing the scalar `output`; `args` are the
     program's values passed in, `argnums` the differentiated positions and `grads` the program's
-    values of our gradients, one per argnum. Only `args` and `grads` are values of the program."""
+    values of our gradients, one per argnum; `value` is value_and_grad's value in the program (None
+    for grad). Only `args`, `grads` and `value` are values of the program."""
 
     params: tuple[Value, ...]
     forward: tuple[Op, ...]
@@ -253,10 +254,12 @@ class GradCall:
     argnums: tuple[int, ...]
     grads: tuple[Value, ...]
     span: Span | None = None
+    value: Value | None = None
 
     def remapped(self, m: Mapping[Value, Value]) -> GradCall:
         return GradCall(self.params, self.forward, self.output, tuple(m.get(v, v) for v in self.args),
-                        self.argnums, tuple(m.get(v, v) for v in self.grads), self.span)
+                        self.argnums, tuple(m.get(v, v) for v in self.grads), self.span,
+                        None if self.value is None else m.get(self.value, self.value))
 
 
 @dataclass(frozen=True)

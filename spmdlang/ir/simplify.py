@@ -2,7 +2,8 @@
 
 - A rotation written as slices and a concat, concat([x[n-s:], x[:n-s]], axis), becomes
   roll(x, s, axis): partitioned, a rotation is one collective_permute where the slices and the
-  concat would each exchange data.
+  concat would each exchange data. So does its transpose as jax writes it, the slices padded
+  back with zeros and added: pad(x[c:], hi=c) + pad(x[:c], lo=n-c) is roll(x, n-c).
 - Algebraic identities (`algebraic`): what autodiff and broadcasting leave behind, so that the
   emitted module stays small and readable. Each rewrite keeps every element's value bit for bit,
   NaN, infinities and the sign of zero included, and the result's dtype and shape:
@@ -13,6 +14,10 @@
     it does nothing).
   A rewrite never touches a gradient a grad call returns (the xla oracle recomputes those).
 - Ops whose results nobody uses and no source name refers to are dropped.
+- A constant made from attributes alone (full, iota) gets one copy per use (`split_constants`,
+  as XLA's HloConstantSplitter does before sharding propagation): a constant is free to make in
+  any layout, so two users of one zeros buffer (the stacked residuals of two loops, the gradients
+  of two weights laid out differently) must not tie each other's shardings through it.
 `cse` (common subexpressions) serves both the global and the per-partition program.
 """
 
@@ -22,9 +27,11 @@ import math
 
 import numpy as np
 
+from . import registry
 from . import types as T
 from .core import LOOP, Loop, Op, Program, Region, Value, make_loop, rewrite_regions
 from .names import OpName
+from .registry import Family
 
 
 def _full_except(op: Op, axis: int) -> bool:
@@ -49,6 +56,41 @@ def _rotation(op: Op, producers) -> Op | None:
     if (first.attrs["stops"][axis], second.attrs["starts"][axis], second.attrs["stops"][axis]) != (n, 0, cut):
         return None
     return Op("roll", (x,), op.results, {"shift": n - cut, "axis": axis}, op.span)
+
+
+def _padded_slice(op: Op | None, producers):
+    """(x, axis, slice start, slice stop, pad lo, pad hi) of pad(x[a:b], zeros on `axis` only),
+    the slice whole on every other dim; else None."""
+    if op is None or op.kind != "pad" or op.attrs["value"] != 0:
+        return None
+    sl = producers.get(op.operands[0])
+    if sl is None or sl.kind != "slice":
+        return None
+    padded = [d for d, (a, b) in enumerate(zip(op.attrs["lo"], op.attrs["hi"])) if a or b]
+    if len(padded) != 1 or not _full_except(sl, padded[0]):
+        return None
+    axis = padded[0]
+    return (sl.operands[0], axis, sl.attrs["starts"][axis], sl.attrs["stops"][axis], op.attrs["lo"][axis],
+            op.attrs["hi"][axis])
+
+
+def _padded_rotation(op: Op, producers) -> Op | None:
+    """pad(x[c:], hi=c) + pad(x[:c], lo=n-c) is roll(x, n - c): the transpose of a rotation as
+    jax differentiates one (the slices' cotangents padded back and added)."""
+    if op.kind != OpName.ADD or len(op.operands) != 2 or op.operands[0] is op.operands[1]:
+        return None
+    first, second = (_padded_slice(producers.get(v), producers) for v in op.operands)
+    if first is None or second is None:
+        return None
+    if first[2] == 0:
+        first, second = second, first
+    (x, axis, a, b, lo, hi), (x2, axis2, a2, b2, lo2, hi2) = first, second
+    n = x.type.shape[axis]
+    if x2 is not x or axis2 != axis or op.results[0].type != x.type or not 0 < a < n:
+        return None
+    if (b, lo, hi, a2, b2, lo2, hi2) != (n, 0, a, 0, a, n - a, 0):
+        return None
+    return Op("roll", (x,), op.results, {"shift": n - a, "axis": axis}, op.span, op.backward)
 
 
 def _key(op: Op):
@@ -121,7 +163,8 @@ def dead_code(prog: Program, keep=()) -> Program:
 
 def _rotations(ops_in) -> list[Op]:
     producers = {r: op for op in ops_in for r in op.results}
-    return [_rotation(op, producers) or rewrite_regions(op, lambda r: _rotations(r.ops)) for op in ops_in]
+    return [_rotation(op, producers) or _padded_rotation(op, producers)
+            or rewrite_regions(op, lambda r: _rotations(r.ops)) for op in ops_in]
 
 
 def hoist_invariants(ops_in) -> list[Op]:
@@ -324,3 +367,69 @@ def simplify(prog: Program) -> Program:
     if len(kept) == len(prog.ops) and all(a is b for a, b in zip(kept, prog.ops)):
         return prog
     return prog.replace(ops=tuple(kept))
+
+
+def _is_free_constant(op: Op) -> bool:
+    """An op that makes a tensor from its attributes alone and costs nothing to make in any layout
+    (full, iota); scalars are left alone (a scalar has one layout)."""
+    return (not op.operands and not op.regions and op.kind != LOOP and op.results[0].type.rank > 0
+            and registry.get(op.kind).family == Family.create)
+
+
+def _clone(op: Op) -> Op:
+    return op.replace(results=tuple(Value(r.type, r.name) for r in op.results))
+
+
+def _split_constants(ops_in) -> list[Op]:
+    consts = {op.result: op for op in ops_in if _is_free_constant(op)}
+    used: set[Value] = set()
+    out: list[Op] = []
+    for op in ops_in:
+        if op.kind == LOOP:
+            op = _sink_shared_captures(op, consts)
+            op = rewrite_regions(op, lambda r: _split_constants(r.ops))
+        operands = list(op.operands)
+        for i, v in enumerate(operands):
+            if v not in consts:
+                continue
+            if v in used:  # a second use: its own copy, made right before its user
+                copy = _clone(consts[v])
+                out.append(copy)
+                operands[i] = copy.result
+            used.add(v)
+        out.append(op if operands == list(op.operands) else op.replace(operands=tuple(operands)))
+    return out
+
+
+def _sink_shared_captures(op: Op, consts: dict) -> Op:
+    """A captured `full` (a scalar broadcast: the partitioner makes one in any layout, and reads
+    its value where it is a gradient buffer's zeros), or another captured constant that the body
+    uses more than once, is made in the body instead (where each use then gets a copy); an iota
+    used once stays captured, made once before the loop."""
+    loop = Loop(op)
+    uses: dict[Value, int] = {}
+    for v in [*(v for bop in loop.body.ops for v in bop.operands), *loop.body.results]:
+        uses[v] = uses.get(v, 0) + 1
+    made = {p: _clone(consts[c]) for p, c in zip(loop.capture_params, loop.captures)
+            if c in consts and (uses.get(p, 0) > 1 or consts[c].kind == OpName.FULL)}
+    if not made:
+        return op
+    ops = [*made.values()]
+    ops += [bop.replace(operands=tuple(made[v].result if v in made else v for v in bop.operands))
+            for bop in loop.body.ops]
+    results = tuple(made[v].result if v in made else v for v in loop.body.results)
+    caps = [(p, c) for p, c in zip(loop.capture_params, loop.captures) if p not in made]
+    body = Region((loop.index, *loop.carries, *(p for p, _ in caps)), tuple(ops), results)
+    return make_loop(loop.start, loop.stop, loop.inits, [c for _, c in caps], body, op.results, op.span,
+                     op.backward)
+
+
+def split_constants(prog: Program) -> Program:
+    """Every use of a free constant (full, iota) its own copy, loop bodies included (a captured
+    constant is mostly made in the body, a copy per use: _sink_shared_captures):
+    propagation then gives each copy its user's layout, and the per-partition program's CSE
+    merges the copies that end up alike."""
+    ops = _split_constants(prog.ops)
+    if len(ops) == len(prog.ops) and all(a is b for a, b in zip(ops, prog.ops)):
+        return prog
+    return prog.replace(ops=tuple(ops))

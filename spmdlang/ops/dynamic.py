@@ -209,6 +209,10 @@ def _dus_jax(args, attrs, out):
     return f"jax.lax.dynamic_update_slice({args[0]}, {args[1]}, {_jax_starts(args[0], args[1] + '.shape', args[2:])})"
 
 
+def _is_zeros(op) -> bool:
+    return op is not None and op.kind == "full" and op.attrs["value"] == 0
+
+
 def _dus_partition(ctx):
     """x and the update both pending sums over the same axes (a carried gradient accumulator
     and its update, in a reverse loop): the write is linear in the two together, so the
@@ -219,11 +223,16 @@ def _dus_partition(ctx):
     if (xs.partial and xs.partial_op == "sum" and us.partial_op == "sum"
             and set(xs.partial) == set(us.partial)):
         keep = xs.partial
+    # zeros with a pending update written in (one layer's gradient placed in a stacked buffer,
+    # as jax's scan transpose does): zeros are already a pending sum over any axes, for free
+    zeros = not xs.partial and us.partial and us.partial_op == "sum" and _is_zeros(ctx.producer(x))
+    if zeros:
+        keep = us.partial
     cur = Sharding(xs.dims, keep)
     if any(a in keep for d in cur.dims for a in d):
-        keep, cur = (), Sharding(xs.dims)
+        keep, cur, zeros = (), Sharding(xs.dims), False
     shape, ushape = x.type.shape, upd.type.shape
-    local = ctx.reshard(0, cur)
+    local = ctx.reshard(0, Sharding(cur.dims) if zeros else cur)
     udims = tuple(a if m == n else () for a, n, m in zip(cur.dims, shape, ushape))
     u = ctx.reshard(1, Sharding(udims, keep), "the update is taken whole on the dims it cuts")
     starts, padded = [], []

@@ -157,6 +157,22 @@ register("cast", doc="convert to `dtype` (floats to ints truncate toward zero, s
          family=Family.elementwise, example=(("f32[4, 8]",), {"dtype": "i32"}))
 
 
+def _bitcast_infer(operands, attrs):
+    (x,) = operands
+    dt = attrs["dtype"]
+    check(T.itemsize(x.dtype) == T.itemsize(dt) and "bool" not in (x.dtype, dt),
+          f"bitcast_convert_type: {x.dtype} and {dt} are not of one width; cast converts values", blame="dtype")
+    return x.with_dtype(dt)
+
+
+register("bitcast_convert_type", doc="the bits of x read as `dtype`, of the same width (jax.lax.bitcast_convert_type)",
+         flops=no_flops, infer=_bitcast_infer,
+         numpy=lambda x, *, dtype: np.asarray(x).copy(order="C").view(T.np_dtype(dtype)),
+         rule=_elementwise_rule, vjp=Grad.none, family=Family.elementwise,
+         jax=lambda a, attrs, out: f"jax.lax.bitcast_convert_type({a[0]}, {T.jnp_dtype(attrs['dtype'])})",
+         example=(("f32[4, 8]",), {"dtype": "u32"}))
+
+
 # ---------------------------------------------------------------------------------- binary
 
 

@@ -44,7 +44,9 @@ def _accumulated_terms(loop: Loop, accums: dict, users) -> set[Value]:
     """The added terms of the loop's accumulations, and the values they are linear in (through
     ops that keep a pending sum on: reshape, add, ...), each with this one use: their pending
     sums may flow on into the carry, which is settled once after the loop, so keeping one is
-    not charged as a settlement on every iteration (a weight gradient's einsum stays local)."""
+    not charged as a settlement on every iteration (a weight gradient's einsum stays local). A
+    window written into zeros (one layer's gradient placed in a stacked buffer) passes its
+    update's pending sum on too."""
     producer = {r: bop for bop in loop.body.ops for r in bop.results}
     out: set[Value] = set()
     todo = [term for _, term in accums.values()]
@@ -56,7 +58,13 @@ def _accumulated_terms(loop: Loop, accums: dict, users) -> set[Value]:
         bop = producer.get(v)
         if bop is not None and not bop.regions and registry.get(bop.kind).partial_mode(bop.attrs) == "additive":
             todo.extend(bop.operands)
+        elif bop is not None and bop.kind == OpName.DYNAMIC_UPDATE_SLICE and _is_zeros(producer.get(bop.operands[0])):
+            todo.append(bop.operands[1])  # a window written into zeros (ops.dynamic keeps its pending sum)
     return out
+
+
+def _is_zeros(op: Op | None) -> bool:
+    return op is not None and op.kind == OpName.FULL and op.attrs["value"] == 0
 
 
 def _enter(p, loop: Loop, carry_s: list[Sharding]):

@@ -1,6 +1,6 @@
 """The pass pipeline: the compiler's passes after lowering, named and in order, in one place.
 
-  canonicalize           CSE, then simplification (ir.simplify)              -> canonical
+  canonicalize           CSE, simplification, a copy of a constant per use (ir.simplify) -> canonical
   shard_weight_updates   with the compile option only (partition.weight_update) -> canonical
   propagate              a sharding for every value (partition.propagate)     -> propagation
   partition              the per-partition program and its ledger (partition.spmd) -> spmd
@@ -50,7 +50,7 @@ class Pass:
 
 
 def _canonicalize(s: Stages) -> None:
-    s.canonical = simplify_.simplify(simplify_.cse(s.lowered)[0])
+    s.canonical = simplify_.split_constants(simplify_.simplify(simplify_.cse(s.lowered)[0]))
 
 
 def _shard_weight_updates(s: Stages) -> None:
