@@ -556,14 +556,20 @@ def _pool(kind):
         stride = window if args["stride"] is None else args["stride"]
         strides = _per_spatial_dim(args, "stride", stride, nsp, name)
         shape = x.type.shape[1:-1]
+        # avg_pool's lhs_dilation spreads the input (zeros between elements), as conv's does
+        lhs = [1] * nsp if kind == "max" else _per_spatial_dim(args, "lhs_dilation", args["lhs_dilation"], nsp, name)
+        if any(d > 1 for d in lhs) and args["padding"] in ("SAME", "VALID"):
+            raise SpmdError(f"{name} with lhs_dilation > 1 needs explicit padding [[lo, hi], ...]",
+                            args.span("padding") if "padding" in args.spans else args.span("lhs_dilation"))
         padding = _window_padding(args, shape, window, strides, name)
-        for n, k, s, (lo, hi) in zip(shape, window, strides, padding):
-            if conv_output_size(n, k, s, lo, hi) < 1:
+        for n, k, s, (lo, hi), d in zip(shape, window, strides, padding, lhs):
+            if conv_output_size(n, k, s, lo, hi, d) < 1:
                 raise SpmdError(f"{name}: window {k} does not fit spatial dim {n}", span)
         if kind == "avg" and T.is_int(x.type.dtype):
             x = ctx.cast(x, float_for(x.type.dtype), span)
+        extra = {"lhs_dilation": tuple(lhs)} if any(d > 1 for d in lhs) else {}
         out = ctx.b.emit("pool", x, span=span, reduce="max" if kind == "max" else "sum", window=tuple(window),
-                         strides=tuple(strides), padding=tuple(padding))
+                         strides=tuple(strides), padding=tuple(padding), **extra)
         if kind == "avg":
             size = 1
             for k in window:
@@ -574,9 +580,11 @@ def _pool(kind):
     return lower
 
 
-for _k in ("max", "avg"):
-    builtin(f"{_k}_pool", "x:tensor", "window:any", "stride:any=None", "padding:any=VALID",
-            doc=f"{_k} over windows of the spatial dims of [N, spatial..., C]")(_pool(_k))
+builtin("max_pool", "x:tensor", "window:any", "stride:any=None", "padding:any=VALID",
+        doc="max over windows of the spatial dims of [N, spatial..., C]")(_pool("max"))
+builtin("avg_pool", "x:tensor", "window:any", "stride:any=None", "padding:any=VALID", "lhs_dilation:any=1",
+        doc="avg over windows of the spatial dims of [N, spatial..., C] (lhs_dilation: zeros between "
+            "input elements)")(_pool("avg"))
 
 
 @builtin("max_pool_grad", "x:tensor", "ct:tensor", "window:any", "stride:any=None", "padding:any=VALID",

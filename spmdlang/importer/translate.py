@@ -154,6 +154,10 @@ class Translator:
         # how some u32 values were made (random_bits, >> 9, | 0x3F800000): jax.random's uniform
         # bits-to-float step, bitcast_convert_type, is then the language's uniform
         self.origin: dict[str, tuple] = {}
+        # pads with interior padding written into the sum pool that is their one reader (jax's
+        # gradient of a sum pool): id(pad eqn), and the placeholder text of each -> (operand, config)
+        self.fold_pads: set[int] = set()
+        self.deferred_pads: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ emission
 
@@ -229,6 +233,7 @@ class Translator:
 
         # a user line `h = ...` names the last of its (forward) values that a later line reads
         last_of_line = _line_targets(jaxpr)
+        self.fold_pads |= _pad_pool_folds(jaxpr)
         for i, eqn in enumerate(jaxpr.eqns):
             frame = N.user_frame(eqn)
             self.frame, self.where = frame, N.frame_span(frame) or self.where
@@ -652,9 +657,60 @@ def _concatenate(t, eqn, ins):
     return t.put(eqn, f"concat([{', '.join(t.value(r) for r in ins)}], axis={int(eqn.params['dimension'])})")
 
 
+def _pool_fold(pad_eqn, pool_eqn):
+    """How a pad with interior padding (zeros) read only by a reduce_window_sum (jax's transpose of
+    a sum pool: `lax.pad(ct, 0, [(lo, hi, stride - 1)])`, then a stride-1 window sum) folds into one
+    pool: (lhs_dilation, padding) of the pool over the pad's operand, or None (no interior padding,
+    a negative lo/hi, a dilated window, another value, or a window that leaves other than two dims
+    whole): a pool that partitions by halos as the program's own sum pool gradient does."""
+    p = pool_eqn.params
+    config = [tuple(int(c) for c in cfg) for cfg in pad_eqn.params["padding_config"]]
+    v = pad_eqn.invars[1]
+    x_aval = pad_eqn.invars[0].aval
+    if type(v).__name__ != "Literal" or np.asarray(v.val).shape != () or float(v.val) != 0.0:
+        return None
+    if np.dtype(x_aval.dtype).kind != "f" or 0 in x_aval.shape or not any(i for _, _, i in config):
+        return None
+    if any(d != 1 for d in p.get("base_dilation", ())) or any(d != 1 for d in p.get("window_dilation", ())):
+        return None
+    if any(lo < 0 or hi < 0 for lo, hi, _ in config):
+        return None
+    lhs = [i + 1 for _, _, i in config]
+    padding = [[lo + int(q[0]), hi + int(q[1])] for (lo, hi, _), q in zip(config, p["padding"])]
+    free = [d for d in range(len(lhs)) if p["window_dimensions"][d] == 1 and p["window_strides"][d] == 1
+            and padding[d] == [0, 0] and lhs[d] == 1]
+    return (lhs, padding) if len(free) == 2 else None
+
+
+def _pad_pool_folds(jaxpr) -> set[int]:
+    """The pad equations of `jaxpr` that _pool_fold writes into their one reader, a reduce_window_sum."""
+    uses: dict = {}
+    for eqn in jaxpr.eqns:
+        for k, a in enumerate(eqn.invars):
+            if type(a).__name__ != "Literal":
+                uses.setdefault(a, []).append((eqn, k))
+    for a in jaxpr.outvars:
+        if type(a).__name__ != "Literal":
+            uses.setdefault(a, []).append((None, 0))
+    folds = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name != "pad":
+            continue
+        readers = uses.get(eqn.outvars[0], [])
+        if len(readers) == 1 and readers[0][0] is not None and readers[0][1] == 0:
+            pool = readers[0][0]
+            if pool.primitive.name == "reduce_window_sum" and _pool_fold(eqn, pool) is not None:
+                folds.add(id(eqn))
+    return folds
+
+
 @prim("pad")
 def _pad(t, eqn, ins):
     x, v = ins
+    if id(eqn) in t.fold_pads:  # written by its reader, the sum pool (_pool_fold)
+        text = f"\x01pad{len(t.deferred_pads)}\x01"
+        t.deferred_pads[text] = (x, eqn)
+        return Ref(text, x.dtype, aval_shape(t.out(eqn)))
     if not v.is_literal:
         t.fail("jax primitive 'pad' with a padding value computed at run time has no spmdlang equivalent")
     text = t.value(x)
@@ -848,10 +904,15 @@ def _pool(kind):
         p = eqn.params
         window, strides = list(p["window_dimensions"]), list(p["window_strides"])
         padding = [list(map(int, q)) for q in p["padding"]]
+        lhs = [1] * len(window)
+        if x.text in t.deferred_pads:  # a pad with interior padding folded in: one dilated sum pool
+            x, pad_eqn = t.deferred_pads[x.text]
+            lhs, padding = _pool_fold(pad_eqn, eqn)
         if any(d != 1 for d in p.get("base_dilation", ())) or any(d != 1 for d in p.get("window_dilation", ())):
             t.fail(f"jax primitive '{eqn.primitive.name}' with dilation has no spmdlang equivalent")
         rank = len(x.shape)
-        free = [d for d in range(rank) if window[d] == 1 and strides[d] == 1 and padding[d] == [0, 0]]
+        free = [d for d in range(rank) if window[d] == 1 and strides[d] == 1 and padding[d] == [0, 0]
+                and lhs[d] == 1]
         spatial = [d for d in range(rank) if d not in free]
         if not spatial:
             return x
@@ -861,6 +922,7 @@ def _pool(kind):
                    "has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C])")
         perm = [free[0], *spatial, free[1]]
         win, st, pad = [window[d] for d in spatial], [strides[d] for d in spatial], [padding[d] for d in spatial]
+        dil = [lhs[d] for d in spatial]
         v = t.value(x)
         if perm != list(range(rank)):
             v = t.emit(f"transpose({v}, {_ints(perm)})")
@@ -871,7 +933,8 @@ def _pool(kind):
         else:
             if x.dtype not in _FLOATS:
                 t.fail(f"jax primitive '{eqn.primitive.name}' summing integers has no spmdlang equivalent")
-            expr = f"avg_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad}) * {int(np.prod(win))}.0"
+            extra = f", lhs_dilation={_ints(dil)}" if any(d != 1 for d in dil) else ""
+            expr = f"avg_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad}{extra}) * {int(np.prod(win))}.0"
         if perm != list(range(rank)):
             expr = f"transpose({t.emit(expr)}, {_ints([perm.index(d) for d in range(rank)])})"
         return t.put(eqn, expr)
