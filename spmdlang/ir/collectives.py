@@ -109,6 +109,8 @@ def step_combine_key(st, dtype: str) -> tuple:
 def _emit_all_gather(e, x, st, k, after):
     x = e.emit(CollectiveKind.ALL_GATHER, x, axes=st.axes, dim=st.dim, group=k)
     col = e.last_op
+    if st.block:  # the blocks stay as gathered: the boundary fix (a permute step) comes next
+        return x, col
     return e.trim(x, st.dim, after[st.dim]), col
 
 
@@ -168,7 +170,39 @@ def _all_to_all_dims(e, x, moves, axes, k: int):
     return e.emit("reshape", y, shape=tuple(final)), col
 
 
+class _Collected:
+    """The emitter as partition.halo.window sees it, except that its collectives are emitted and
+    collected, not logged: the reshard step they make up is logged once, by its caller."""
+
+    def __init__(self, e):
+        self._e, self.ops = e, []
+
+    def __getattr__(self, name):
+        return getattr(self._e, name)
+
+    def collective(self, kind, x, reason, **attrs):
+        out = self._e.emit(kind, x, **attrs)
+        self.ops.append(self._e.last_op)
+        return out
+
+
+def _emit_boundary_fix(e, x, st, k, after):
+    """Blocks of st.block elements on st.dim (an all_gather left them) to the standard chunks of
+    the layout: each shard takes the rows that cross into its chunk from its neighbour, one shift
+    (partition.halo.window with output shard i starting at i*chunk)."""
+    from ..partition.halo import Window, window
+
+    _, n = st.block
+    c = after[st.dim]
+    quiet = _Collected(e)
+    y = window(quiet, x, st.dim, st.axes, st.axes, n, Window(c, 0, c), "")
+    (col,) = quiet.ops
+    return y, col
+
+
 def _emit_permute(e, x, st, k, after):
+    if st.block:
+        return _emit_boundary_fix(e, x, st, k, after)
     rule = ("relayout", st.axes, st.before.dims, st.after.dims)
     x = e.emit(CollectiveKind.COLLECTIVE_PERMUTE, x, axes=st.axes,
                sizes=tuple(e.mesh.axis_size(a) for a in st.axes), rule=rule)

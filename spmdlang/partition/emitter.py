@@ -263,6 +263,8 @@ class Emitter(LocalOps):
         # reuse the longest prefix of the plan already done for another use of v
         start = 0
         for i, st in enumerate(steps):
+            if st.block and st.kind == CollectiveKind.ALL_GATHER:  # its result is not st.after's layout yet
+                continue
             hit = self.cache.get((v, st.after.closed()))
             if hit is not None and hit.type.shape == st.after.local_shape(v.type.shape, self.mesh):
                 local, start = hit, i + 1
@@ -296,13 +298,17 @@ class Emitter(LocalOps):
                 self.cache[(v, st.after.closed())] = x
                 continue
             x, col = spec(st.kind).emit(self, x, st, k, after)
+            if st.block and st.kind == CollectiveKind.ALL_GATHER:  # blocks of st.block[0]: the fix comes next
+                after = tuple(st.block[0] if d == st.dim else n for d, n in enumerate(after))
             assert x.type.shape == after, (st, x.type, after)
-            self.cache[(v, st.after.closed())] = x
+            if not (st.block and st.kind == CollectiveKind.ALL_GATHER):
+                self.cache[(v, st.after.closed())] = x
             # what the emitted collective really sends (padding included), not the plan's estimate
             sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in col.operands))
             made = self.local.producer.get(v)
             self.log(st.kind, st.axes, sent, st.reduce,
-                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col,
+                     f"{self.describe(v)} {st.before} -> {st.after}" + (" (block boundaries)" if st.block else "")
+                     + (f" {why}" if why else ""), col,
                      backward=made is not None and made.backward)
         return x
 
