@@ -221,7 +221,8 @@ def test_boundary_fix_is_a_gather_of_one_axis_and_one_permute():
     steps = plan_reshard((6, 10), F32, MESH, *UNEVEN_FIXES[0])
     # {(y, z), _} -> {y, _} on 6 rows: gathering z leaves y-blocks of rows [0, 4) and [4, 6); row 3
     # crosses into y=1's chunk [3, 6): 80 B gathered, 40 B permuted (gathering (y, z) whole: 240 B)
-    assert [(s.kind, s.axes, s.bytes) for s in steps] == [("all_gather", ("z",), 80), ("collective_permute", ("y",), 40)]
+    assert [(s.kind, s.axes, s.bytes) for s in steps] == [("all_gather", ("z",), 80),
+                                                          ("collective_permute", ("y",), 40)]
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:] + [(7, 10), (3, 9)])

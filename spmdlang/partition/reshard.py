@@ -56,9 +56,10 @@ from ..ir.collectives import CollectiveKind, is_collective, spec
 from ..ir.mesh import Mesh, Sharding
 from ..ir.names import OpName
 from .cost import collective_cost, comm_cost, step_bytes
-from .halo import Window, _sent, parts
+from .halo import Window, parts
 
-__all__ = ["Step", "boundary_fix", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard", "step_bytes"]
+__all__ = ["Step", "boundary_fix", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard",
+           "step_bytes"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def boundary_fix(n: int, k: int, m: int) -> tuple[int, int] | None:
     if k == 1 or big == c:
         return None
     travel = [(q, a, b) for q, a, b in parts(Window(c, 0, c), big, k, n)[2] if q != 0]
-    if len(travel) != 1 or not _sent(travel[0][0], k, False):
+    if len(travel) != 1 or not 0 < abs(travel[0][0]) < k:
         return None
     _, a, b = travel[0]
     return big, b - a
@@ -357,9 +358,10 @@ def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> l
 
 # ---------------------------------------------------------------------------------- the search
 
-SEARCH_STATES = 1000  # layouts the search settles at most (~0.2 s) before it gives up: the other plans stand
-CHEAPEST, LEANEST = (2, 1), (0, 1, 2)
-FIX = "all_gather+fix"  # a search edge: all_gather of a minor run that does not nest, then its boundary fix  # objectives: indices into (bytes, collectives, comm_cost)
+# layouts the search settles at most (~0.2 s) before it gives up: the other plans stand
+SEARCH_STATES = 1000
+CHEAPEST, LEANEST = (2, 1), (0, 1, 2)  # objectives: indices into (bytes, collectives, comm_cost)
+FIX = "all_gather+fix"  # a search edge: all_gather of a minor run that does not nest, then its boundary fix
 
 
 def _count_layouts(axes, counts, sizes, used=()):
