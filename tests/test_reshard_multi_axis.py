@@ -280,3 +280,25 @@ def test_pending_sums_sample(shape):
         c = spmdlang.compile(partial_program(shape, src, partial, dst))
         d = c.diff(backends=["ref", "sim"])
         assert d["ok"], f"{text(src)} partial{partial} -> {text(dst)} on {shape}: {d['results']}\n{c.spmd_ir}"
+
+
+# axes from two dims into one: one all_to_all over both, splitting the joined dim in turn
+INTO_ONE = [(S("x", "y", None), S(None, None, ("x", "y"))), (S("x", "y", "z"), S(None, None, ("z", "x", "y"))),
+            (S("x", "y", "z"), S(None, None, ("x", "y", "z"))), (S("x", None, "y"), S(None, ("y", "x"), None))]
+
+
+def test_axes_from_two_dims_into_one_move_in_one_all_to_all():
+    got = [[(s.kind, s.axes, s.bytes) for s in plan_reshard((8, 8, 8), F32, MESH, src, dst)] for src, dst in INTO_ONE]
+    # f32[4, 4, 8] per device: 3/4 of it in one all_to_all, where two over 2 sent 1/2 + 1/2 of it
+    assert got[0] == [("all_to_all", ("x", "y"), 384)]
+    assert got[1] == [("all_to_all", ("x", "y"), 192)]
+    # z leaves dim 2 first (to dim 1), then x, y and z in one all_to_all: 128 + 224, not 3 (448)
+    assert got[2] == [("all_to_all", ("z",), 128), ("all_to_all", ("x", "y", "z"), 224)]
+    assert got[3] == [("all_to_all", ("y", "x"), 384)]
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 8), (6, 10, 4)])
+def test_axes_into_one_dim_run(shape):
+    for src, dst in INTO_ONE:
+        check_run(shape, src, dst, backends=("ref", "sim", "jax"))
+    _against_xla(INTO_ONE, shape)

@@ -134,19 +134,22 @@ def _emit_all_to_all(e, x, st, k, after):
 
 def _all_to_all_dims(e, x, moves, axes, k: int):
     """One all_to_all moving several splits at once, each (split dim j, concat dim d, its
-    axes): split every j into (k_i, rest), bring the k_i to the front as one dim of k (group
+    axes; the d distinct, moves sharing a j split it in turn, the first major): split every j
+    into (k_i, rest), bring the k_i to the front as one dim of k (group
     index order: the moves' axes in turn, major first), exchange along it, then put each k_i
     back on the major side of its d. Returns (result, the collective op)."""
     shape = x.type.shape
     ks = [e.mesh.group_size(a) for _, _, a in moves]
-    split = {j: i for i, (j, _, _) in enumerate(moves)}
+    split: dict[int, list[int]] = {}  # moves joining one dim split it in turn, the first major
+    for i, (j, _, _) in enumerate(moves):
+        split.setdefault(j, []).append(i)
     concat = {d: i for i, (_, d, _) in enumerate(moves)}
     expanded, pos = [], {}
     for t, n in enumerate(shape):
-        if t in split:
-            pos[("k", split[t])] = len(expanded)
-            expanded.append(ks[split[t]])
-            n //= ks[split[t]]
+        for i in split.get(t, ()):
+            pos[("k", i)] = len(expanded)
+            expanded.append(ks[i])
+            n //= ks[i]
         pos[t] = len(expanded)
         expanded.append(n)
     front = [pos[("k", i)] for i in range(len(moves))]

@@ -623,13 +623,17 @@ def _moves_of(st: Step) -> tuple:
 def _exact(st: Step, shape, mesh: Mesh) -> bool:
     """An all_to_all that needs no padding or trimming (every moved dim divides evenly)."""
     before, after = st.before.local_shape(shape, mesh), st.after.local_shape(shape, mesh)
-    return all(before[j] == mesh.group_size(a) * after[j] and after[d] == mesh.group_size(a) * before[d]
-               for j, d, a in _moves_of(st))
+    into, out = [1] * len(shape), [1] * len(shape)
+    for j, d, a in _moves_of(st):
+        into[j] *= mesh.group_size(a)
+        out[d] *= mesh.group_size(a)
+    return all(before[j] == into[j] * after[j] and after[d] == out[d] * before[d] for j, d, _ in _moves_of(st))
 
 
 def _merge_moves(steps, shape, itemsize: int, mesh: Mesh) -> list[Step]:
-    """Consecutive all_to_alls over disjoint axes and disjoint dims commute: run them as ONE
-    all_to_all over all their axes (XLA's MultipleSourceTargetDimsInOneAllToAll), which sends
+    """Consecutive all_to_alls over disjoint axes, leaving distinct dims that none of them joins,
+    run as ONE all_to_all over all their axes (XLA's MultipleSourceTargetDimsInOneAllToAll; two
+    joining one dim split it in turn, {x, y, _} -> {_, _, (x, y)}), which sends
     (k1 k2 - 1)/(k1 k2) of the array instead of (k1 - 1)/k1 + (k2 - 1)/k2 of it."""
     out: list[Step] = []
     for st in steps:
@@ -637,8 +641,8 @@ def _merge_moves(steps, shape, itemsize: int, mesh: Mesh) -> list[Step]:
         if (prev is not None and prev.kind == st.kind == CollectiveKind.ALL_TO_ALL and not set(prev.axes) & set(st.axes)
                 and _exact(prev, shape, mesh) and _exact(st, shape, mesh)):
             moves = _moves_of(prev) + _moves_of(st)
-            dims = [x for j, d, _ in moves for x in (j, d)]
-            if len(dims) == len(set(dims)):
+            joins, leaves = {j for j, _, _ in moves}, [d for _, d, _ in moves]
+            if len(leaves) == len(set(leaves)) and not joins & set(leaves):  # several may join one dim
                 k = prev.group * st.group
                 size = local_bytes(shape, itemsize, mesh, prev.before)
                 out[-1] = Step(CollectiveKind.ALL_TO_ALL, prev.axes + st.axes, prev.before, st.after,
