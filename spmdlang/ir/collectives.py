@@ -203,7 +203,27 @@ def _emit_boundary_fix(e, x, st, k, after):
     return y, col
 
 
+def _emit_shift_fix(e, x, st, k, after):
+    """Fine shard g = (i, j) of st.axes (coarse axes major) takes its rows from i*D before its own:
+    the pieces of shards g+q (one shift each), its own rows, then a dynamic slice at (-i*D - lo).
+    Returns (value, the collectives)."""
+    shift, coarse, pieces = st.prefix
+    d, f = st.dim, x.type.shape[st.dim]
+    sizes = tuple(e.mesh.axis_size(a) for a in st.axes)
+    parts, cols = [], []
+    for q, start, stop in pieces:
+        parts.append(e.emit(CollectiveKind.COLLECTIVE_PERMUTE, e.slice_dim(x, d, start, stop), axes=st.axes,
+                            sizes=sizes, rule=("shift", -q, False)))
+        cols.append(e.last_op)
+    lo = pieces[0][0] * f + pieces[0][1]
+    y = e.emit(OpName.CONCAT, *parts, x, axis=d)
+    at = e.affine_index(st.axes[:coarse], -shift, -lo)
+    return e.emit("dynamic_slice_in_dim", y, at, dim=d, size=f), tuple(cols)
+
+
 def _emit_permute(e, x, st, k, after):
+    if st.prefix:
+        return _emit_shift_fix(e, x, st, k, after)
     if st.block:
         return _emit_boundary_fix(e, x, st, k, after)
     rule = ("relayout", st.axes, st.before.dims, st.after.dims)

@@ -263,7 +263,7 @@ class Emitter(LocalOps):
         # reuse the longest prefix of the plan already done for another use of v
         start = 0
         for i, st in enumerate(steps):
-            if st.block and st.kind == CollectiveKind.ALL_GATHER:  # its result is not st.after's layout yet
+            if st.block and st.kind == CollectiveKind.ALL_GATHER or st.prefix:  # not st.after's layout yet
                 continue
             hit = self.cache.get((v, st.after.closed()))
             if hit is not None and hit.type.shape == st.after.local_shape(v.type.shape, self.mesh):
@@ -301,15 +301,16 @@ class Emitter(LocalOps):
             if st.block and st.kind == CollectiveKind.ALL_GATHER:  # blocks of st.block[0]: the fix comes next
                 after = tuple(st.block[0] if d == st.dim else n for d, n in enumerate(after))
             assert x.type.shape == after, (st, x.type, after)
-            if not (st.block and st.kind == CollectiveKind.ALL_GATHER):
+            if not (st.block and st.kind == CollectiveKind.ALL_GATHER or st.prefix):
                 self.cache[(v, st.after.closed())] = x
-            # what the emitted collective really sends (padding included), not the plan's estimate
-            sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in col.operands))
             made = self.local.producer.get(v)
-            self.log(st.kind, st.axes, sent, st.reduce,
-                     f"{self.describe(v)} {st.before} -> {st.after}" + (" (block boundaries)" if st.block else "")
-                     + (f" {why}" if why else ""), col,
-                     backward=made is not None and made.backward)
+            for c in col if isinstance(col, tuple) else (col,):  # a shift fix: one permute per piece
+                # what the emitted collective really sends (padding included), not the plan's estimate
+                sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in c.operands))
+                self.log(st.kind, st.axes, sent, st.reduce,
+                         f"{self.describe(v)} {st.before} -> {st.after}"
+                         + (" (block boundaries)" if st.block or st.prefix else "") + (f" {why}" if why else ""), c,
+                         backward=made is not None and made.backward)
         return x
 
     def enter_pending(self, v: Value, s: Sharding) -> Value:

@@ -22,7 +22,10 @@ gathered whole and sliced afresh, or (the search's step below) the minor run is 
 its blocks left as they come, m * ceil(n/(k*m)) elements each, and one collective_permute moves
 the rows that cross into each ceil(n/k) chunk from the neighbouring shard (XLA's edge fix):
 {(y, z), _} -> {y, _} on 6 rows gathers z (y-blocks [0, 4), [4, 6)) and sends row 3 to y=1,
-80 + 40 bytes where gathering (y, z) whole sends 240 (f32[6, 10]).
+80 + 40 bytes where gathering (y, z) whole sends 240 (f32[6, 10]). Or the fix comes first, on
+the fine shards (shift_fix): those of coarse shard i take their rows from i*D earlier, one
+permute per neighbour they reach, and the plain gather then leaves each chunk first in its block:
+{_, (z, y, x)} -> {_, z} on 10 columns moves 2 columns (48 B) where fixing after moves 3 (72 B).
 
 Moves over several axes. A permute relabels axes: any layout reaches any other with the same
 shard count on every dim in one collective_permute of the local block. So an axis need not be
@@ -59,7 +62,7 @@ from .cost import collective_cost, comm_cost, step_bytes
 from .halo import Window, parts
 
 __all__ = ["Step", "boundary_fix", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard",
-           "step_bytes"]
+           "shift_fix", "step_bytes"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ class Step:
     # then a collective_permute on the same dim moving the rows that cross into each standard
     # chunk from the neighbouring shard
     block: tuple = ()
+    # the other boundary fix, before the gather (prefix = (D, axes of the coarse split, pieces)):
+    # collective_permutes over `axes` (coarse major, fine minor) shift the fine shards of coarse
+    # shard i back by i*D rows, D = m*ceil(n/(k*m)) - ceil(n/k), one per piece (q, start, stop):
+    # rows [start, stop) of fine shard g+q to g; the plain all_gather that follows then leaves
+    # each standard chunk first in its block
+    prefix: tuple = ()
 
     @property
     def is_collective(self) -> bool:
@@ -107,6 +116,21 @@ def boundary_fix(n: int, k: int, m: int) -> tuple[int, int] | None:
         return None
     _, a, b = travel[0]
     return big, b - a
+
+
+def shift_fix(n: int, k: int, m: int) -> tuple[int, tuple] | None:
+    """The boundary fix before gathering m fine shards of a dim of n split k*m ways: fine shard
+    (i, j) (index g = i*m + j) takes the f = ceil(n/(k*m)) rows starting i*D before its own, so
+    that coarse block i gathers [i*ceil(n/k), ...). (D, pieces (q, start, stop)): the rows of fine
+    shard g+q every shard receives (the hull over i >= 1 of [-i*D, f - i*D) left of its own rows);
+    None when the shards nest."""
+    f = chunk(n, k * m)
+    d = m * f - chunk(n, k)
+    if k == 1 or d == 0:
+        return None
+    lo, hi = -(k - 1) * d, min(0, f - d)  # what the shards i >= 1 need from others, relative to their rows
+    pieces = tuple((q, max(0, lo - q * f), min(f, hi - q * f)) for q in range(lo // f, 0) if q * f < hi)
+    return d, pieces
 
 
 def local_bytes(shape, itemsize: int, mesh: Mesh, s: Sharding) -> int:
@@ -362,6 +386,7 @@ def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> l
 SEARCH_STATES = 1000
 CHEAPEST, LEANEST = (2, 1), (0, 1, 2)  # objectives: indices into (bytes, collectives, comm_cost)
 FIX = "all_gather+fix"  # a search edge: all_gather of a minor run that does not nest, then its boundary fix
+PREFIX = "fix+all_gather"  # the same gather with the boundaries fixed first, on the fine shards
 
 
 def _count_layouts(axes, counts, sizes, used=()):
@@ -391,6 +416,8 @@ class _Search:
       all_to_all      a minor run of dim a's axes, appended on dim b's minor side
       all_gather+fix  a minor run of one dim's axes that does not nest, gathered, then the block
                       boundaries fixed by one permute (boundary_fix; two Steps sharing `block`)
+      fix+all_gather  the same, the boundaries fixed first (shift_fix; a Step with `prefix`, one
+                      permute per piece, then the all_gather)
       collective_permute  to any layout with the same shard count on every dim (the axes
                       relabelled: {(x, z), y} -> {(y, x), z} is one permute, not a gather)
     Every other step keeps uneven shards nesting (nests)."""
@@ -458,6 +485,8 @@ class _Search:
                 if not nests(self.shape[d], self.count(keep), self.count(run)):
                     if boundary_fix(self.shape[d], self.count(keep), self.count(run)):
                         yield FIX, run, (left, partial), d, None
+                    if keep and shift_fix(self.shape[d], self.count(keep), self.count(run)):
+                        yield PREFIX, run, (left, partial), d, None
                     continue
                 yield CollectiveKind.ALL_GATHER, run, (left, partial), d, None
                 for b in self.active:
@@ -502,6 +531,22 @@ class _Search:
         p_bytes, p = self.step(CollectiveKind.COLLECTIVE_PERMUTE, k, sent)
         return (g_bytes, p_bytes), tuple(a + b for a, b in zip(g, p))
 
+    def prefix(self, dims, d: int, m: int) -> tuple[int, tuple, float]:
+        """(D, pieces, bytes the permutes send) of fixing dim d's fine shards before gathering m."""
+        k = self.count(dims[d]) // m
+        shift, pieces = shift_fix(self.shape[d], k, m)
+        row = prod(chunk(n, self.count(dims[e])) for e, n in enumerate(self.shape) if e != d) * self.itemsize
+        return shift, pieces, sum(stop - start for _, start, stop in pieces) * row
+
+    def prefix_step(self, dims, d: int, m: int, size: int) -> tuple[tuple, tuple]:
+        """Bytes of (the permutes, the all_gather), and (bytes, collectives, comm_cost) of all of them
+        (each permute one latency step)."""
+        _, pieces, sent = self.prefix(dims, d, m)
+        g_bytes, g = self.step(CollectiveKind.ALL_GATHER, m, size)
+        k = self.count(dims[d])
+        lat = collective_cost(CollectiveKind.COLLECTIVE_PERMUTE, k, 0.0)
+        return (sent, g_bytes), (g[0] + sent, g[1] + len(pieces), g[2] + sent + lat * len(pieces))
+
     def run(self) -> list[Step] | None:
         """The plan, or None when the layouts are too many to search."""
         zero = (0.0, 0, 0.0)
@@ -523,6 +568,8 @@ class _Search:
                 k = self.count(run)
                 if kind == FIX:
                     nbytes, step = self.fix_step(state[0], nxt[0], dim, k, size)
+                elif kind == PREFIX:
+                    nbytes, step = self.prefix_step(state[0], dim, k, size)
                 else:
                     nbytes, step = self.step(kind, k, size)
                 p = tuple(a + step[i] for a, i in zip(prio, self.objective))
@@ -536,6 +583,15 @@ class _Search:
         steps, state = [], self.target
         while state != self.start:
             prev, kind, run, dim, dim2, nbytes, k = back[state]
+            if kind == PREFIX:
+                shift, pieces, _ = self.prefix(prev[0], dim, k)
+                at = self.sharding(prev)
+                coarse = len(prev[0][dim]) - len(run)
+                steps.append(Step(CollectiveKind.ALL_GATHER, run, at, self.sharding(state), nbytes[1], dim, group=k))
+                steps.append(Step(CollectiveKind.COLLECTIVE_PERMUTE, prev[0][dim], at, at, nbytes[0], dim,
+                                  group=self.count(prev[0][dim]), prefix=(shift, coarse, pieces)))
+                state = prev
+                continue
             if kind == FIX:
                 block, group, _ = self.fix(state[0], dim, k)
                 at = self.sharding(state)
