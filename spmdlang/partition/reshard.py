@@ -103,6 +103,7 @@ def nests(n: int, k_coarse: int, m: int) -> bool:
     return k_coarse == 1 or m * chunk(n, k_coarse * m) == chunk(n, k_coarse)
 
 
+@lru_cache(maxsize=4096)
 def boundary_fix(n: int, k: int, m: int) -> tuple[int, int] | None:
     """Gathering m fine shards of a dim of n split k*m ways leaves blocks of B = m*ceil(n/(k*m))
     elements on each of the k coarse shards, where the k-way layout wants ceil(n/k). (B, rows the
@@ -118,6 +119,7 @@ def boundary_fix(n: int, k: int, m: int) -> tuple[int, int] | None:
     return big, b - a
 
 
+@lru_cache(maxsize=4096)
 def shift_fix(n: int, k: int, m: int) -> tuple[int, tuple] | None:
     """The boundary fix before gathering m fine shards of a dim of n split k*m ways: fine shard
     (i, j) (index g = i*m + j) takes the f = ceil(n/(k*m)) rows starting i*D before its own, so
