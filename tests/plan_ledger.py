@@ -130,6 +130,13 @@ CASES: dict[str, dict] = {
     "patterns/two_axis_contraction": {
         "sizes": {"tiny": {"B": 4, "K": 32, "N": 16}, "default": {}, "large": {"B": 1024, "K": 4096, "N": 2048}},
         "meshes": [{"data": 2, "model": 4}, {"data": 4, "model": 2}]},
+    "patterns/consumer_layout": {
+        "sizes": {"tiny": {"R": 5, "C": 2}, "default": {}, "large": {"R": 4099, "C": 256, "K": 700}},
+        "meshes": [{"x": 8, "y": 1}, {"x": 4, "y": 2}]},
+    "patterns/train_vocab_ce": {
+        "sizes": {"tiny": {"B": 2, "S": 4, "V": 30, "D": 8}, "default": {},
+                  "large": {"B": 16, "S": 128, "V": 8190, "D": 256}},
+        "meshes": [{"data": 2, "vocab": 4}, {"data": 4, "vocab": 2}]},
     "programs/train_mlp": {
         "sizes": {"tiny": {"B": 4, "D": 16, "F": 32}, "default": {}, "large": {"B": 256, "D": 1024, "F": 4096}},
         "meshes": [{"data": 2, "model": 4}, {"data": 8, "model": 1}]},

@@ -311,3 +311,31 @@ def test_autodiff_transformer_sums_the_qkv_input_gradients_before_reducing():
     backward = [e for e in c.spmd.ledger if e.axes == ("model",) and e.backward]
     assert [e.bytes_per_device for e in backward] == [act, act]
     assert any(e.reason.startswith("the add result") for e in backward), [e.reason for e in backward]
+
+
+def test_vocab_parallel_cross_entropy_reduces_over_vocab_only_where_the_forward_must():
+    # Megatron's vocab-parallel loss, trained, on an uneven vocabulary (30 over 4): the max, then
+    # the sum of exponentials with the target logit (combined), over `vocab`; the backward pass
+    # reduces over `vocab` only the hidden state's gradient (logsumexp's shift is under
+    # stop_gradient, as in jax: no sum of softmax for d(max)), and the loss and weight gradients
+    # over `data` in one all_reduce. 4 all_reduces (XLA's GSPMD: 5); 5 before the stop_gradient.
+    consts = {"B": 2, "S": 4, "V": 30, "D": 8}
+    c = compiled(str(PATTERNS / "train_vocab_ce.spmd"), consts=consts)
+    d = c.diff(backends=["ref", "jax", "xla"])  # xla: the gradients of jax.value_and_grad
+    assert d["ok"], d["results"]
+    assert plan(c) == [("all_reduce", ("vocab",))] * 3 + [("all_reduce", ("data",))], plan(c)
+    vocab = [e for e in c.spmd.ledger if e.axes == ("vocab",)]
+    assert [e.reduce for e in vocab] == ["max", "sum", "sum"]
+    rows = 2 // 2 * 4  # [B/2, S] per device
+    assert [e.bytes_per_device for e in vocab] == [step_bytes("all_reduce", 4, rows * F32),
+                                                   step_bytes("all_reduce", 4, 2 * rows * F32),
+                                                   step_bytes("all_reduce", 4, rows * 8 * F32)]
+    assert not any(e.backward and "reduce_sum" in e.reason for e in vocab), [e.reason for e in vocab]
+
+
+def test_tied_embedding_training_has_no_backward_sum_over_vocab_of_the_softmax():
+    c = compiled(str(PROGRAMS / "train_embedding.spmd"), consts={"B": 4, "S": 8, "V": 62, "D": 16})
+    backward_rows = [e for e in c.spmd.ledger if e.axes == ("vocab",) and e.backward is True
+                     and "reduce_sum result" in e.reason]
+    assert not backward_rows, [e.reason for e in backward_rows]
+    assert len(c.spmd.ledger) == 5, plan(c)

@@ -422,7 +422,7 @@ def _softmax(ctx, span, args):
 
 
 @builtin("logsumexp", "x:tensor", "axis:axes=-1", "keepdims:bool=false",
-         doc="max + log(sum(exp(x - max))), with a max of +-inf treated as 0 (jax.nn.logsumexp)")
+         doc="max + log(sum(exp(x - max))), the max under stop_gradient and +-inf treated as 0 (jax.nn.logsumexp)")
 def _logsumexp(ctx, span, args):
     x = tensor(ctx, args, "x")
     if not T.is_float(x.type.dtype):
@@ -433,6 +433,10 @@ def _logsumexp(ctx, span, args):
     # those by 0 instead (-inf and inf, as jax.nn.logsumexp gives)
     infinite = ctx.binary("eq", ctx.b.emit("abs", m, span=span), float("inf"), span)
     m = ctx.b.emit("select", infinite, ctx.materialize(0.0, span, m.type.dtype), m, span=span)
+    # the shift under stop_gradient, as jax.nn.logsumexp has it: the value is the same, and the
+    # gradient is softmax(x) exactly, without a sum over the axis for d(max) (1 - sum(softmax) = 0)
+    # that costs a vocab-parallel loss one more all_reduce in its backward pass
+    m = ctx.b.emit("stop_gradient", m, span=span)
     e = ctx.b.emit("exp", ctx.b.emit("sub", x, _expand_back(ctx, m, x.type.shape, axes, span), span=span), span=span)
     out = ctx.b.emit("add", ctx.b.emit("log", ctx.b.emit("reduce_sum", e, span=span, axes=axes), span=span), m,
                      span=span)

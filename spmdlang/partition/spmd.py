@@ -27,6 +27,7 @@ from ..ir import registry
 from ..ir.collectives import CollectiveKind
 from ..ir.core import LOOP, Op, Param, Program, Result, Value
 from ..ir.mesh import Mesh, Sharding
+from .consumer import consumer_layouts
 from .emitter import Emitter, LocalOps, LocalState
 from .factors import REDUCTION, FactorRule
 from .ledger import Collective, Ledger
@@ -51,11 +52,16 @@ class SpmdProgram:
 
 class Partitioner:
     """One plan of the program: its local state, emitter and ledger, and the strategies it chose.
-    `settle`: (second plan) the ops whose pending sum is settled in a combined reduction."""
+    `settle`: (second plan) the ops whose pending sum is settled in a combined reduction;
+    `layouts`: (second plan) values planned in their consumers' layout (partition.consumer)."""
 
-    def __init__(self, prog: Program, prop: Propagation, settle: frozenset[Op] = frozenset()):
+    def __init__(self, prog: Program, prop: Propagation, settle: frozenset[Op] = frozenset(),
+                 layouts: dict[Value, Sharding] | None = None):
         self.prog, self.mesh = prog, prog.mesh
         self.local = LocalState(prog, prop.shardings)
+        self.layouts = dict(layouts or {})
+        self.local.planned.update(self.layouts)
+        self.demands: dict[Value, list[Sharding]] = {}  # top-level value -> the layouts its uses asked for
         self.ledger = Ledger()
         self.em = Emitter(self.local, self.ledger)
         self.passing: set[Value] = set()  # intermediates of custom steps whose pending sums flow on
@@ -80,6 +86,7 @@ class Partitioner:
             em.current, em.span = None, r.span
             em.scope.builder.backward = False
             s = local.wanted(r.value)
+            self.demands.setdefault(r.value, []).append(s)
             results.append(Result(em.reshard(r.value, s, "for the result"), s, r.span))
             outs.append(s)
         local_prog = Program(self.prog.name, self.mesh, tuple(params), tuple(em.scope.builder.ops), tuple(results),
@@ -97,6 +104,8 @@ class Partitioner:
         opdef = registry.get(op.kind)
         if opdef.constraint:
             out = self.local.wanted(op.result)
+            if not self.em.frames:
+                self.demands.setdefault(op.operands[0], []).append(out)
             self.local.state[op.result] = (self.em.reshard(op.operands[0], out, "for shard()"), out)
         elif opdef.partition is not None:
             opdef.partition(OpContext(self, op))
@@ -123,9 +132,15 @@ class Partitioner:
         """Reshard the operands as `plan` requires (masking the padding of split reduction
         factors with the reduction's identity) and run the op on local shapes."""
         opdef = registry.get(op.kind)
+        if op is self.em.current and not self.em.frames:
+            for v, req in zip(op.operands, plan.reqs):
+                self.demands.setdefault(v, []).append(req.closed())
         locals_ = []
+        why = f"for {op.kind}"
+        if op.results[0] in self.layouts:  # partition.consumer: run where the result's uses want it
+            why += f" (run in the layout its result's uses want, {self.layouts[op.results[0]]})"
         for i, (v, req) in enumerate(zip(op.operands, plan.reqs)):
-            x = self.em.reshard(v, req, f"for {op.kind}")
+            x = self.em.reshard(v, req, why)
             for f in plan.fa:
                 d = rule.factor_dims(i, f)
                 if rule.kinds[f] != REDUCTION or d is None:
@@ -249,6 +264,8 @@ class OpContext(LocalOps):
     def reshard(self, i: int, want: Sharding, why: str = "") -> Value:
         """Operand i's local value laid out as `want` (collectives logged as for this op, with
         `why` added to their reason where the step has one to give)."""
+        if self.op is self._em.current and not self._em.frames:  # what this use wants (partition.consumer)
+            self._p.demands.setdefault(self.op.operands[i], []).append(want.closed())
         return self._em.reshard(self.op.operands[i], want, f"for {self.op.kind}" + (f": {why}" if why else ""))
 
     def set_result(self, local: Value, s: Sharding, j: int = 0) -> None:
@@ -293,13 +310,22 @@ def partition(prog: Program, prop: Propagation) -> SpmdProgram:
     Where an op's pending sum (a weight gradient) would rather be settled in a combined reduction
     than have its operands gathered (partition.cost, "Combined reductions"), and the first plan
     has another reduction over the same group that it can join, the step is planned a second time
-    settling there (partition.settlement); the plan with the lower modelled step time is kept."""
+    settling there (partition.settlement); the plan with the lower modelled step time is kept.
+    Before that, where values' uses all want them in a layout that running their producers in it
+    gives cheaper than resharding after (partition.consumer), the step is planned with those
+    values in their consumers' layouts, and kept where its modelled step time is lower."""
     first = Partitioner(prog, prop)
     spmd = first.run()
+    moved = consumer_layouts(first)
+    if moved:
+        second = Partitioner(prog, prop, layouts=moved)
+        other = second.run()
+        if step_time(other) < step_time(spmd):
+            first, spmd = second, other
     settle = joinable(first)
     if not settle:
         return spmd
-    other = Partitioner(prog, prop, frozenset(settle)).run()
+    other = Partitioner(prog, prop, frozenset(settle), first.layouts).run()
     return other if step_time(other) < step_time(spmd) else spmd
 
 
