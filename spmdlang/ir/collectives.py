@@ -173,33 +173,11 @@ def _all_to_all_dims(e, x, moves, axes, k: int):
     return e.emit("reshape", y, shape=tuple(final)), col
 
 
-class _Collected:
-    """The emitter as partition.halo.window sees it, except that its collectives are emitted and
-    collected, not logged: the reshard step they make up is logged once, by its caller."""
-
-    def __init__(self, e):
-        self._e, self.ops = e, []
-
-    def __getattr__(self, name):
-        return getattr(self._e, name)
-
-    def collective(self, kind, x, reason, **attrs):
-        out = self._e.emit(kind, x, **attrs)
-        self.ops.append(self._e.last_op)
-        return out
-
-
 def _emit_boundary_fix(e, x, st, k, after):
-    """Blocks of st.block elements on st.dim (an all_gather left them) to the standard chunks of
+    """Blocks of st.block[0] elements on st.dim (an all_gather left them) to the standard chunks of
     the layout: each shard takes the rows that cross into its chunk from its neighbour, one shift
-    (partition.halo.window with output shard i starting at i*chunk)."""
-    from ..partition.halo import Window, window
-
-    _, n = st.block
-    c = after[st.dim]
-    quiet = _Collected(e)
-    y = window(quiet, x, st.dim, st.axes, st.axes, n, Window(c, 0, c), "")
-    (col,) = quiet.ops
+    (the emitter's `boundary_fix`: partition.halo.window with output shard i starting at i*chunk)."""
+    y, (col,) = e.boundary_fix(x, st.dim, st.axes, st.block[1], after[st.dim])
     return y, col
 
 

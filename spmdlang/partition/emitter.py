@@ -22,6 +22,7 @@ from ..ir.core import Op, Program, Value, all_ops
 from ..ir.mesh import Sharding
 from ..ir.names import OpName
 from ..ir.types import TensorType, itemsize
+from .halo import Window, window
 from .ledger import Collective, Ledger
 from .reshard import Step, drop_trivial_axes, plan_reshard
 
@@ -215,6 +216,13 @@ class Emitter(LocalOps):
         self.log(kind, axes, step_bytes(kind, k, size), attrs.get("reduce", "sum"), reason, self.last_op)
         return out
 
+    def boundary_fix(self, x: Value, dim: int, axes, n: int, c: int) -> tuple[Value, list[Op]]:
+        """Blocks of x.shape[dim] elements on `dim` (split over `axes`, global size n) to chunks of
+        c: partition.halo.window's exchange, its permutes emitted but not logged (the reshard step
+        they make up is logged by apply_steps). Returns (value, the permutes)."""
+        quiet = _Unlogged(self)
+        return window(quiet, x, dim, axes, axes, n, Window(c, 0, c), ""), quiet.ops
+
     def log(self, kind, axes, nbytes, reduce, reason, local_op, backward=False):
         """`backward`: the collective moves a value of the backward pass (a gradient settled for
         its update counts as backward even though the update is a forward op)."""
@@ -322,3 +330,19 @@ class Emitter(LocalOps):
             return x
         first = self.emit("eq", self.axis_index(s.partial), self.constant(0, "i32"))
         return self.emit("select", first, x, self.constant(zero(x.type.dtype), x.type.dtype))
+
+
+class _Unlogged:
+    """An emitter as partition.halo.window sees it, except that its collectives are emitted and
+    collected, not logged."""
+
+    def __init__(self, e: Emitter):
+        self._e, self.ops = e, []
+
+    def __getattr__(self, name):
+        return getattr(self._e, name)
+
+    def collective(self, kind, x: Value, reason: str, **attrs) -> Value:
+        out = self._e.emit(kind, x, **attrs)
+        self.ops.append(self._e.last_op)
+        return out
