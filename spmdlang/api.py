@@ -354,8 +354,9 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
     return deep_call(_compile_text, text, filename, mesh, consts, entry, verify, shard_weight_updates)
 
 
-def _compile_text(text, filename, mesh, consts, entry, verify, shard_weight_updates=None) -> Compiled:
-    module, source = parse(text, filename)
+def _compile_text(text, filename, mesh, consts, entry, verify, shard_weight_updates=None, parsed=None) -> Compiled:
+    """`parsed`: (module, source) of `text` when the caller parsed it already (lowering leaves it as is)."""
+    module, source = parsed or parse(text, filename)
     _check_overrides(module, source, mesh, consts, shard_weight_updates)
     c = Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
     c.compile_args = (text, filename, mesh, consts, entry, verify, shard_weight_updates)  # to compile afresh (bench)

@@ -597,8 +597,11 @@ class Generator:
                 out.append(-(-n // stride))
         shape = (a.shape[0], *out, a.shape[-1])
         dtype = "f32" if kind == "avg" else a.dtype
-        return self.assign(f'{kind}_pool({a.name}, {win}, {stride}, "{pad}")', shape, dtype,
-                           a.exact and kind == "max")
+        pool = f'{kind}_pool({a.name}, {win}, {stride}, "{pad}")'
+        if kind == "max" and a.dtype == "f32" and win >= 2:  # (no extra draw: the rest of a program stays)
+            # the max pool's gradient (select_and_scatter_add), the pool itself as the cotangent
+            return self.assign(f'max_pool_grad({a.name}, {pool}, {win}, {stride}, "{pad}")', a.shape, "f32", False)
+        return self.assign(pool, shape, dtype, a.exact and kind == "max")
 
     def op_random(self):
         r = self.ch.int(0, 2)

@@ -771,7 +771,35 @@ def _pool_cases():
     ]
 
 
-@cases(*_pool_cases())
+def max_pool_grad_ref(x, ct, window, stride, padding):
+    """Window by window: ct goes to the element XLA's select (>=) ends on, in window order, the
+    padding as -inf elements (a cotangent that ends on padding is dropped)."""
+    xp = np.pad(x.astype(np.float64), [(0, 0)] + padding + [(0, 0)], constant_values=-np.inf)
+    out = np.zeros(xp.shape)
+    for b, c in np.ndindex(x.shape[0], x.shape[-1]):
+        for o in np.ndindex(*ct.shape[1:-1]):
+            best = None
+            for t in np.ndindex(*window):
+                at = tuple(i * s + j for i, s, j in zip(o, stride, t))
+                if best is None or not xp[(b, *best, c)] >= xp[(b, *at, c)]:
+                    best = at
+            out[(b, *best, c)] += ct[(b, *o, c)]
+    crop = tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape[1:-1]))
+    return out[(slice(None), *crop, slice(None))].astype(x.dtype)
+
+
+def _ties(shape):
+    return lambda rng: np.where(rng.random(shape) < 0.1, np.nan, rng.integers(-1, 2, shape)).astype(f32)
+
+
+@cases(*_pool_cases(),
+       Case("max_pool_grad-same-ties-nan", "x: f32[2, 7, 5, 3], ct: f32[2, 4, 3, 3]",
+            'max_pool_grad(x, ct, 3, 2, "SAME")',
+            lambda x, ct: max_pool_grad_ref(x, ct, [3, 3], [2, 2], [(1, 1), (1, 1)]),
+            inputs={"x": _ties((2, 7, 5, 3))}),
+       Case("max_pool_grad-1d-explicit-padding", "x: f32[2, 6, 3], ct: f32[2, 4, 3]",
+            "max_pool_grad(x, ct, [2], padding=[[1, 1]], stride=[2])",
+            lambda x, ct: max_pool_grad_ref(x, ct, [2], [2], [(1, 1)]), inputs={"x": _ties((2, 6, 3))}))
 def test_pooling(case):
     check_case(case)
 

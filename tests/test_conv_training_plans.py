@@ -103,9 +103,9 @@ POOLS = [
 @pytest.mark.parametrize("case", POOLS, ids=[f"{c[0]}-{c[1]}-{c[5]}" for c in POOLS])
 def test_pool_gradient_stays_local_plus_halo_on_uneven_splits(case):
     """max_pool's and avg_pool's input gradients with the rows split unevenly: halos only (a max
-    pool's taps' cotangents go back as one transposed depthwise conv, a sum pool's cotangent as a
-    sum pool dilated by the strides), matching ref and jax's autodiff
-    (the xla backend), relu's zeros making max ties that jax splits evenly."""
+    pool's is select_and_scatter_add, halos of the input and of the cotangent; a sum pool's
+    cotangent goes back as a sum pool dilated by the strides), matching ref and jax's autodiff
+    (the xla backend), relu's zeros making max ties whose cotangent goes to the first maximum."""
     kind, spatial, window, stride, padding, mesh = case
     nsp = spatial.count(",") + 1
     lay = ", ".join(["data", "h"] + ["_"] * nsp)

@@ -165,6 +165,11 @@ RULES += [
     ("pool", "pool", [(2, 8, 8, 3)], {"reduce": "max", "window": (2, 2), "strides": (2, 2),
                                      "padding": ((0, 0), (0, 0))},
      "([i, j, k, l]) -> ([i, j, k, l]) permutation={j, k}"),
+    # select_and_scatter_add (a max pool's gradient): the source (pooled), the operand and the
+    # result share a factor per spatial dim, as the pool's input and output do
+    ("select_and_scatter_add", "select_and_scatter_add", [(2, 4, 4, 3), (2, 8, 8, 3)],
+     {"window": (2, 2), "strides": (2, 2), "padding": ((0, 0), (0, 0))},
+     "([i, j, k, l], [i, j, k, l]) -> ([i, j, k, l]) permutation={j, k}"),
     # random: elementwise in the counter; the seed is a scalar
     ("random", "random", [(I32, ()), (I32, (4, 8))], {"dist": "uniform", "dtype": "f32"}, "([], [i, j]) -> ([i, j])"),
     # jax.random's draws: the key is read whole; every result dim may be split (global counters),

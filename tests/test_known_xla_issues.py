@@ -145,6 +145,7 @@ _WRONG_IN_XLA = {
     "gather_of_a_window_clamps_to_the_operand": (5, ["eager   10.0", "clamped 10.0"], "jit     60.0"),
     "all_reduce_max_drops_nan": (6, ["jnp.max nan"], "pmax    [1.]"),
     "multiply_by_a_converted_bool_drops_nan": (7, ["eager  nan", "select nan"], "jit    0.0"),
+    "add_of_zero_keeps_a_negative_zero": (9, ["eager  inf"], "jit    -inf"),
 }
 
 

@@ -34,7 +34,7 @@ def test_mnist_step_pools_move_nothing_and_send_fewer_bytes_than_xla():
     7 pooled rows; fewer bytes and collectives than XLA's GSPMD (its compiled HLO, recorded in
     the plan ledger). Before, the second pool gathered its 14 rows and the total was 667,776 B."""
     c = spmdlang.compile(str(MNIST))
-    assert not [e for e in c.spmd.ledger if e.op == "pool"]
+    assert not [e for e in c.spmd.ledger if e.op in ("pool", "select_and_scatter_add")]
     assert _gathers(c) == [("all_gather", "reshape", _gathers(c)[0][2])]
     assert "%b" in _gathers(c)[0][2]
     ours = sum(e.bytes_per_device for e in c.spmd.ledger)
@@ -61,8 +61,10 @@ def test_mnist_step_matches_ref_and_jax_autodiff_on_uneven_row_splits(rows, hw):
     c = spmdlang.compile(str(MNIST), mesh={"rows": rows}, consts={**SMALL, "HW": hw})
     report = c.diff(backends=("sim", "jax", "xla"), seed=1)
     assert report["ok"], [r for r in report["results"] if not r["ok"]]
-    assert not [e for e in c.spmd.ledger if e.op == "pool" and e.kind.value != "collective_permute"]
-    pools = [g for g in _gathers(c) if g[1] == "pool" or "for pool" in g[2]]
+    assert not [e for e in c.spmd.ledger if e.op in ("pool", "select_and_scatter_add")
+                and e.kind.value != "collective_permute"]
+    pools = [g for g in _gathers(c) if g[1] in ("pool", "select_and_scatter_add")
+             or "for pool" in g[2] or "for select_and_scatter_add" in g[2]]
     assert not pools, pools
 
 
@@ -102,7 +104,8 @@ def test_pool_and_strided_window_chains_keep_rows_split(first, second, rows, mes
     c = spmdlang.compile(_chain(first, second, rows, mesh))
     assert not c.propagation.conflicts, c.propagation.conflicts
     # (a kernel gradient of a few rows may still gather them where that is cheaper than halos)
-    pools = [g for g in _gathers(c) if g[1] == "pool" or "for pool" in g[2]]
+    pools = [g for g in _gathers(c) if g[1] in ("pool", "select_and_scatter_add")
+             or "for pool" in g[2] or "for select_and_scatter_add" in g[2]]
     assert not pools, pools
     report = c.diff(backends=("sim", "jax", "xla"), seed=2)
     assert report["ok"], [r for r in report["results"] if not r["ok"]]

@@ -84,6 +84,12 @@ INSTANCES.update({
                                   "lhs_dilation": (2,)}),
              (("f32[2, 3, 4, 2]",), {"reduce": "max", "window": (3, 2), "strides": (2, 1),
                                      "padding": ((1, 0), (0, 1)), "lhs_dilation": (3, 2)})],
+    # a max pool's gradient: overlapping windows with padding (halos on the operand and the
+    # source), and a 2x2 stride-2 one
+    "select_and_scatter_add": [(("f32[2, 3, 4, 2]", "f32[2, 6, 4, 2]"), {"window": (3, 2), "strides": (2, 1),
+                                                                          "padding": ((1, 1), (0, 1))}),
+                               (("f32[1, 3, 2, 3]", "f32[1, 6, 5, 3]"), {"window": (2, 2), "strides": (2, 2),
+                                                                         "padding": ((0, 0), (0, 0))})],
     # starts are drawn from [0, 4): clamped where the window would not fit (start 3 of a 3-wide
     # window in 5); windows of one element and wider ones that straddle shard boundaries
     "dynamic_slice": [(("f32[6, 4]", "i32[]", "i32[]"), {"sizes": (1, 4)}),
@@ -186,7 +192,8 @@ GLOBAL_OPS = [name for name, op in registry.OPS.items() if not op.local_only]
 # (select, with three operands, alone takes 7,000 cases: --runslow)
 DEFAULT = ("neg", "exp", "mul", "cast", "full", "iota", "take", "shard", "transpose", "reshape",
            "broadcast_in_dim", "slice", "pad", "concat", "roll", "reduce_sum", "reduce_max", "argmax", "einsum",
-           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "pool", "conv", "dynamic_slice",
+           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "pool", "select_and_scatter_add", "conv",
+           "dynamic_slice",
            "dynamic_update_slice")
 
 

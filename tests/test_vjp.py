@@ -12,12 +12,11 @@ Ties: chooser ops (max / min reductions, maximum / minimum, sort, top_k, pools, 
 products with zeros) also draw values from a small integer grid, so ties and zeros are common, and
 must then match jax's convention exactly: max/min reductions share the cotangent equally among the
 elements that attain the result (jax's reduce_max rule), maximum/minimum split ties in half, sort and
-top_k send it through the stable order (lower index first). Two deliberate differences, documented on
-the rules: cummax shares a tie equally (as reduce_max), where jax's cummax differentiates its
-associative scan's tree of pairwise maxima and splits ties unevenly by position; max pool splits as
-the chain of maxima it is emitted as (what the xla backend differentiates), where
-lax.reduce_window's rule gives the whole cotangent to one element. Both are checked on ties below,
-against their own conventions.
+top_k send it through the stable order (lower index first), max pool gives a window's whole cotangent
+to its first maximum (select_and_scatter_add, lax.reduce_window's rule). One deliberate difference,
+documented on the rule: cummax shares a tie equally (as reduce_max), where jax's cummax
+differentiates its associative scan's tree of pairwise maxima and splits ties unevenly by position;
+it is checked on ties below, against its own convention.
 
 Ops marked `Grad.none` are checked too: where one takes a float operand to a float result, jax's
 gradient must be zero on random instances (floor, sign, floordiv, stop_gradient, ...); every other
@@ -212,6 +211,22 @@ def _pool(rng):
             return [_floats(rng, xs, grid=grid)], attrs, grid
 
 
+def _select_and_scatter_add(rng):
+    """A max pool's gradient (its own rule: the second derivative): ties, -inf and NaN in the
+    operand on a grid draw."""
+    while True:
+        [x], attrs, grid = _pool(rng)
+        if attrs["reduce"] == "max" and "lhs_dilation" not in attrs:
+            break
+    if grid:
+        x = np.where(rng.random(x.shape) < 0.15, -np.inf, x)
+        x = np.where(rng.random(x.shape) < 0.1, np.nan, x)
+    del attrs["reduce"]
+    out = [(n + lo + hi - w) // s + 1 for n, w, s, (lo, hi) in
+           zip(x.shape[1:-1], attrs["window"], attrs["strides"], attrs["padding"])]
+    return [_floats(rng, (x.shape[0], *out, x.shape[-1])), x], attrs, grid
+
+
 def _transpose(rng):
     """Mostly rank 3 or 4 with a perm that is not its own inverse (the rule must invert it)."""
     rank = int(rng.integers(0, 3)) if rng.random() < 0.2 else int(rng.integers(3, 5))
@@ -353,7 +368,8 @@ def _compare(rng):
 
 
 INSTANCES = {
-    "einsum": _einsum, "conv": _conv, "pool": _pool, "cast": _cast, "select": _select,
+    "einsum": _einsum, "conv": _conv, "pool": _pool, "select_and_scatter_add": _select_and_scatter_add,
+    "cast": _cast, "select": _select,
     "transpose": _transpose, "reshape": _reshape, "broadcast_in_dim": _broadcast, "slice": _slice, "pad": _pad,
     "concat": _concat, "roll": _roll, "take": _take, "take_along_axis": _take_along_axis,
     "scatter_add": _scatter_add, "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
@@ -404,11 +420,20 @@ def _lax_top_k(attrs):
     return lambda x: jax.lax.top_k(x, attrs["k"])
 
 
-LAX = {"pool": _lax_pool, "cumsum": _lax_scan("cumsum"), "cumprod": _lax_scan("cumprod"),
-       "cummax": _lax_scan("cummax"), "sort": _lax_sort, "top_k": _lax_top_k}
-# ties where our convention is not the jax.lax primitive's (see the module doc): max pool's ties
-# are checked against the emission only, cummax's against its own convention (in numpy)
-LAX_TIES_DIFFER = {"pool", "cummax"}
+def _lax_select_and_scatter_add(attrs):
+    """jax.lax's max pool gradient itself: the vjp of reduce_window max, as a function of the
+    cotangent (the source) and the operand."""
+    import jax
+
+    pool = _lax_pool({**attrs, "reduce": "max"})
+    return lambda src, x: jax.vjp(pool, x)[1](src)[0]
+
+
+LAX = {"pool": _lax_pool, "select_and_scatter_add": _lax_select_and_scatter_add, "cumsum": _lax_scan("cumsum"),
+       "cumprod": _lax_scan("cumprod"), "cummax": _lax_scan("cummax"), "sort": _lax_sort, "top_k": _lax_top_k}
+# ties where our convention is not the jax.lax primitive's (see the module doc): cummax's are checked
+# against its own convention (in numpy)
+LAX_TIES_DIFFER = {"cummax"}
 
 
 def _cummax_shares(arrays, attrs, cts):
@@ -612,20 +637,24 @@ def test_cummax_shares_ties_equally():
                                    rtol=1e-12)
 
 
-def test_max_pool_ties_follow_the_emitted_chain_not_reduce_window():
-    """Max pool ties split as jax differentiates the emitted chain of maxima (the xla backend's
-    gradient); lax.reduce_window would give one element all of it. Both sum to the cotangent."""
+def test_max_pool_ties_go_to_the_first_maximum_as_reduce_window():
+    """A max pool's window gives its whole cotangent to its first maximum (select_and_scatter_add),
+    as jax.grad of lax.reduce_window and of the emitted module (the xla backend's gradient) do; a
+    window that starts in the padding and holds only -inf drops its cotangent."""
     jax = pytest.importorskip("jax")
-    x = np.ones((1, 4, 1))
     attrs = {"reduce": "max", "window": (2,), "strides": (1,), "padding": ((0, 0),)}
-    ct = np.array([[[1.0], [2.0], [4.0]]])
-    got, types = ours("pool", [x], attrs, [ct])
-    with jax.enable_x64(True):
-        chain = jax_vjp(emission("pool", _frozen(attrs), types), [x], [ct], types)[0]
-        window = jax_vjp(_lax_pool(attrs), [x], [ct], types)[0]
-    np.testing.assert_allclose(got[0].ravel(), [0.5, 1.5, 3.0, 2.0])
-    np.testing.assert_allclose(got[0], chain)
-    assert not np.allclose(window, chain) and window.sum() == chain.sum() == ct.sum()
+    for x, padding, want in [(np.ones((1, 4, 1)), ((0, 0),), [1.0, 2.0, 4.0, 0.0]),
+                             (np.full((1, 3, 1), -np.inf), ((1, 1),), [2.0, 4.0, 8.0]),
+                             (np.array([[[2.0], [np.nan], [1.0], [1.0]]]), ((0, 0),), [0.0, 1.0, 6.0, 0.0])]:
+        attrs["padding"] = padding
+        ct = (2.0 ** np.arange(x.shape[1] + sum(padding[0]) - 1))[None, :, None]
+        got, types = ours("pool", [x], attrs, [ct])
+        with jax.enable_x64(True):
+            emitted = jax_vjp(emission("pool", _frozen(attrs), types), [x], [ct], types)[0]
+            window = jax_vjp(_lax_pool(attrs), [x], [ct], types)[0]
+        np.testing.assert_array_equal(got[0].ravel(), want)
+        np.testing.assert_array_equal(emitted.ravel(), want)
+        np.testing.assert_array_equal(window.ravel(), want)
 
 
 @pytest.mark.parametrize("name, x", [("relu6", [-6.0, -0.0, 0.0, 3.0, 6.0, 9.0]),

@@ -4,15 +4,28 @@ compile the candidates and keep the least modelled step time that fits the memor
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
-from ..api import Compiled, compile, read_source
+from ..api import Compiled, _compile_text, compile, read_source
 from ..errors import SpmdError
 from ..frontend.parse import parse
+from ..ir.core import walk
 from . import problem as P
 from . import solve as S
 from .rewrite import _assigned_values, _entry, _rewrap, _spec, _spec_edits, _Text, _where, _with_overrides
+
+# Candidate plans are measured by compiling them (parse, lower, propagate, partition: time linear
+# in the program): at most MAX_CANDIDATE_COMPILES compiles of candidate sources per search, and
+# at most CANDIDATE_COMPILE_OPS ops compiled in all; a program of more than SINGLE_COMPILE_OPS
+# ops compiles only the optimum (always compiled). The programs in programs/ compile every
+# candidate; benchmarks/train_stack.spmd (2,283 ops) 10 of 12, its chosen plan among them (its
+# second runner-up in its first variant only); a 10,000-op program costs its own compile and one
+# more. The program's own compile, which the search starts from, is not a candidate compile.
+MAX_CANDIDATE_COMPILES = 24
+CANDIDATE_COMPILE_OPS = 24_000
+SINGLE_COMPILE_OPS = 3_000
 
 
 @dataclass
@@ -115,6 +128,33 @@ class Autoshard:
         return out
 
 
+class _Compiles:
+    """The candidate sources compiled in one search (source text -> Compiled; each distinct text
+    once) and how many more compiles the budget allows."""
+
+    def __init__(self, ops: int, filename: str, entry: str | None):
+        self.left = 1 if ops > SINGLE_COMPILE_OPS else max(1, min(MAX_CANDIDATE_COMPILES,
+                                                                    CANDIDATE_COMPILE_OPS // max(1, ops)))
+        self.filename, self.entry = filename, entry
+        self.seen: dict[str, Compiled] = {}
+        self.count = 0  # compiles done
+
+    def has(self, source: str, n: int = 1) -> bool:
+        """Whether `source` is compiled or n more compiles fit the budget."""
+        return source in self.seen or self.left >= n
+
+    def get(self, source: str, force: bool = False) -> Compiled | None:
+        """The compiled `source`; None when it is not compiled yet and the budget is spent (force:
+        compile it anyway, the search's first plan)."""
+        if source not in self.seen:
+            if self.left <= 0 and not force:
+                return None
+            self.left -= 1
+            self.count += 1
+            self.seen[source] = compile(source, filename=self.filename, entry=self.entry)
+        return self.seen[source]
+
+
 def autoshard(program: str, mesh: dict | None = None, consts: dict | None = None, entry: str | None = None,
               filename: str | None = None, memory_per_device: int | None = None, method: str = "auto",
               runners_up: int = 2) -> Autoshard:
@@ -130,12 +170,26 @@ def autoshard(program: str, mesh: dict | None = None, consts: dict | None = None
         text, filename = program, filename or "<input>"
     from ..limits import deep_call
 
-    return deep_call(_autoshard, text, filename, mesh, consts, entry, memory_per_device, method, runners_up)
+    return deep_call(_without_gc, _autoshard, text, filename, mesh, consts, entry, memory_per_device, method,
+                     runners_up)
+
+
+def _without_gc(f, *args):
+    """Run f with the cycle collector off: a search allocates several compiles' worth of IR that
+    stays alive to its end, and collecting it over and over costs a quarter of the time (the
+    garbage left, a little, is collected after)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return f(*args)
+    finally:
+        if was:
+            gc.enable()
 
 
 def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -> Autoshard:
-    base = compile(text, mesh=mesh, consts=consts, entry=entry, filename=filename)
     module, source = parse(text, filename)
+    base = _compile_text(text, filename, mesh, consts, entry, None, None, (module, source))
     func = _entry(module, entry)
     written = Plan("as written", _with_overrides(text, module, mesh, consts, base), base)
 
@@ -160,35 +214,43 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     solve = S.solve_ilp if method == "ilp" else S.solve_greedy
     limit = None if budget is None else float(budget)
     plans: list[Plan] = []
-    seen = {text: base} if mesh is None and consts is None else {}  # source -> compiled, for _plan
+    compiles = _Compiles(sum(1 for _ in walk(base.canonical.ops)), filename, entry)
+    if mesh is None and consts is None:
+        compiles.seen[text] = base
     best = timed(solve, prob, limit)
     # the budget binds the compiled peak, which holds activations too: tighten the parameters'
     # share by what the plan went over, and solve again (keeping the last plan if none is found)
-    for _ in range(5):
-        if best is None:
+    plan = planned = None
+    tries = 0
+    while best is not None:
+        nxt = _plan(text, module, func, base, prob, best, mesh, consts, entry, filename, "autoshard", compiles,
+                    force=plan is None)
+        if nxt is None:  # over the compile budget: the last plan stands
             break
-        plan = _plan(text, module, func, base, prob, best, mesh, consts, entry, filename, "autoshard", seen)
-        if budget is None or plan.totals()["peak_bytes_per_device"] <= budget:
+        plan, planned = nxt, best
+        if budget is None or plan.totals()["peak_bytes_per_device"] <= budget or not compiles.left or tries == 4:
             break
+        tries += 1
         over = plan.totals()["peak_bytes_per_device"] - budget
         limit = prob.param_bytes(best.choice) - over
-        nxt = timed(solve, prob, limit) if limit > 0 else None
-        if nxt is None:
-            break
-        best = nxt
-    if best is not None:
-        solutions = [best]
-        for _ in range(n_runners):
-            # runners-up are for the report: the greedy search's best plan that lays out some
-            # parameter otherwise than every plan before it (fast, deterministic, not proven optimal)
+        best = timed(solve, prob, limit) if limit > 0 else None
+    if plan is not None:
+        plans.append(plan)
+        solutions = [planned]
+        for k in range(n_runners):
+            # runners-up: the greedy search's best plan that lays out some parameter otherwise
+            # than every plan before it (fast, deterministic, not proven optimal), while the
+            # compile budget lasts
+            if not compiles.left:
+                break
             nxt = timed(S.solve_greedy, prob, limit, exclude=[s.choice for s in solutions])
             if nxt is None:
                 break
             solutions.append(nxt)
-        plans.append(plan)
-        for k, sol in enumerate(solutions[1:]):
-            plans.append(_plan(text, module, func, base, prob, sol, mesh, consts, entry, filename,
-                               f"runner-up {k + 1}", seen))
+            p = _plan(text, module, func, base, prob, nxt, mesh, consts, entry, filename, f"runner-up {k + 1}",
+                      compiles)
+            if p is not None:
+                plans.append(p)
     solve_s = clock[0]
     candidates = plans + [written]
     fits = [p for p in candidates if budget is None or p.totals()["peak_bytes_per_device"] <= budget]
@@ -200,22 +262,19 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     chosen = min(fits, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
     others = [p for p in plans if p is not chosen]
     problem = {"units": len(prob.units), "groups": len(prob.groups), "edges": len(prob.edges),
-               "variables": prob.size}
-    return Autoshard(chosen.source, chosen, written, others, method, solve_s, problem, budget, clock[1])
+               "variables": prob.size, "candidate_compiles": compiles.count}
+    solver = planned.solver if planned is not None else method  # the ILP's time limit hands over to greedy
+    return Autoshard(chosen.source, chosen, written, others, solver, solve_s, problem, budget, clock[1])
 
 
-def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, label, seen=None) -> Plan:
+def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, label, compiles,
+          force: bool = False) -> Plan | None:
     """Write solution `sol` into the source: first the parameter and result specs, then shard()
     where propagation from those does not reach the chosen layout of an assignment. Each variant is
-    compiled; the one with the least modelled step time is the plan. `seen`: source text ->
-    compiled, shared by the plans of one search (variants often write the same text)."""
+    compiled while `compiles` (the search's, shared by its plans: variants often write the same
+    text) allows; the one with the least modelled step time is the plan. None when the budget is
+    spent before the first variant (`force`: compile that one anyway, the search's first plan)."""
     prog = base.canonical
-    seen = {} if seen is None else seen
-
-    def compile_once(source):
-        if source not in seen:
-            seen[source] = compile(source, filename=filename, entry=entry)
-        return seen[source]
 
     def write(results, wrap: bool):
         t = _Text(text)
@@ -226,7 +285,9 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
     def candidate(results, wrap: bool):
         source, params, constraints = write(results, wrap)
         try:
-            c = compile_once(source)
+            c = compiles.get(source)
+            if c is None:
+                return None
             c.spmd  # noqa: B018  (partition now: a plan that cannot be partitioned is not a candidate)
         except SpmdError:
             return None
@@ -236,7 +297,9 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
     t = _Text(text)
     params = _spec_edits(t, func, prob, sol, prog, structs=structs)
     first = _with_overrides(text, module, mesh, consts, base, t)
-    c1 = compile_once(first)
+    c1 = compiles.get(first, force=force)
+    if c1 is None:
+        return None
     plans = [Plan(label, first, c1, sol.cost, params, [])]
     # the assignments whose chosen layout propagation does not reproduce
     others = [f for f in module.funcs if f is not func]
@@ -252,8 +315,10 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
     # plan with the results laid out as propagation lays them out from the rest, written in
     for wrap in ([True, False] if wrapped else [False]):
         source, _, _ = write(False, wrap)
+        if not compiles.has(source, 2):  # this and the candidate it gives
+            continue
         try:
-            free = compile_once(source)
+            free = compiles.get(source)
             specs = [_spec(free.propagation.shardings[r.value]) for r in free.program.results]
         except SpmdError:
             continue

@@ -129,8 +129,9 @@ def _signatures(units, producer, rules, depth: int) -> dict:
     block) is not one layer; the k-th op of layers 2..L of an unrolled stack is."""
     ids: dict = {}
     cur = {}
+    keys = {u: _op_key(u, rules[u]) for u in units if u in rules}
     for n, u in enumerate(units):
-        k = _op_key(u, rules[u]) if u in rules else None
+        k = keys.get(u)
         cur[u] = ids.setdefault(k if k is not None else ("unit", n), len(ids))
     for _ in range(depth):
         nxt = {}
@@ -142,15 +143,15 @@ def _signatures(units, producer, rules, depth: int) -> dict:
             else:
                 nxt[u] = cur[u]
         cur = nxt
-    return {u: cur[u] for u in units if u in rules and _op_key(u, rules[u]) is not None}
+    return {u: cur[u] for u in units if keys.get(u) is not None}
 
 
 def _op_key(op, rule):
     s = op.span
     if s is None:
         return None
-    return (s.line, s.col, s.end_line, s.end_col, op.kind, tuple(str(v.type) for v in op.operands),
-            tuple(str(r.type) for r in op.results), rule)
+    return (s.line, s.col, s.end_line, s.end_col, op.kind, tuple(v.type for v in op.operands),
+            tuple(r.type for r in op.results), rule)
 
 
 def build(prog: Program, tie_layers: bool = True, merge_elementwise: bool = True,
@@ -191,6 +192,27 @@ class _Build:
         self.groups: list[Group] = []
         self.group_of: dict = {}
         self.edges: dict = {}
+        # alike questions answered once: a parameter's layouts by (type, annotation), an op's
+        # factor rule by (kind, attributes, types)
+        self.param_cache: dict = {}
+        self.rule_cache: dict = {}
+
+    def param_views(self, p) -> list[View]:
+        k = (p.value.type, None if p.sharding is None else p.sharding.dims)
+        if k not in self.param_cache:
+            self.param_cache[k] = param_views(p, self.mesh)
+        return self.param_cache[k]
+
+    def op_rule(self, op):
+        try:
+            k = (op.kind, tuple(sorted(op.attrs.items())), tuple(v.type for v in op.operands),
+                 tuple(r.type for r in op.results))
+            hash(k)
+        except TypeError:  # an unhashable attribute: no sharing
+            return op_rule(op)
+        if k not in self.rule_cache:
+            self.rule_cache[k] = op_rule(op)
+        return self.rule_cache[k]
 
     def add_root(self, u, views, trips: int) -> None:
         self.units.append(u)
@@ -199,10 +221,9 @@ class _Build:
         self.trips_of[u] = trips
 
     def add_units(self) -> None:
-        mesh = self.mesh
         for p in self.prog.params:
             self.producer[p.value] = (p, 0)
-            self.add_root(p, param_views(p, mesh), 1)
+            self.add_root(p, self.param_views(p), 1)
         for op, trips in walk(self.prog.ops):
             if op.kind == LOOP:
                 self.add_loop(op, trips)
@@ -210,7 +231,7 @@ class _Build:
             self.ops.append(op)
             self.units.append(op)
             self.trips_of[op] = trips
-            self.rules[op] = op_rule(op)
+            self.rules[op] = self.op_rule(op)
             for j, r in enumerate(op.results):
                 self.producer[r] = (op, j)
 
@@ -228,7 +249,7 @@ class _Build:
         for init, carry, nxt, res in zip(loop.inits, loop.carries, loop.body.results, op.results):
             u = _BodyParam(carry)
             self.producer[carry] = self.producer[res] = (u, 0)
-            self.add_root(u, [View((v.outs[0], v.outs[0]), v.outs, 0.0) for v in param_views(u, self.mesh)], trips)
+            self.add_root(u, [View((v.outs[0], v.outs[0]), v.outs, 0.0) for v in self.param_views(u)], trips)
             self.carries.append((u, (init, nxt), (trips, trips * loop.trips)))
 
     def attach(self, attach_params: bool) -> None:
@@ -359,8 +380,12 @@ class _Build:
                 user, i = self.attached[op]
                 views[op] = self.shared_views(op, user, i, lambda v, op=op, i=i: _attached_view(
                     op, rules[op], v.reqs[i], mesh))
+        attached: dict = {}  # (id of the user's views, operand) -> the parameter's
         for p, (user, i) in self.attached_params.items():
-            views[p] = [View((), (Sharding(v.reqs[i].dims),), 0.0) for v in views[user]]
+            k = (id(views[user]), i)
+            if k not in attached:
+                attached[k] = [View((), (Sharding(v.reqs[i].dims),), 0.0) for v in views[user]]
+            views[p] = attached[k]
         for u in self.units:
             views[u] = interned.setdefault(tuple(views[u]), views[u])
 
@@ -370,18 +395,24 @@ class _Build:
             self.groups[self.group_of[u]].units.append(u)
         for g in self.groups:
             g.n = len(self.views[g.roots[0]])
-            g.node_cost = [0.0] * g.n
+            g.node_cost = np.zeros(g.n)
         params = set(self.prog.params)
+        sizes: dict = {}  # (id of the views, type) -> bytes per device under each
+        works: dict = {}  # id of the views -> local work under each
         for u in self.units:
             g = self.groups[self.group_of[u]]
-            for s, v in enumerate(self.views[u]):
-                g.node_cost[s] += v.work * self.trips_of[u]
+            vs = self.views[u]
+            if id(vs) not in works:
+                works[id(vs)] = np.array([v.work for v in vs], dtype=float)
+            g.node_cost += works[id(vs)] * self.trips_of[u]
             if u in params:
                 t = u.value.type
-                nbytes = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, self.mesh)) for v in self.views[u]]
-                g.param_bytes = [a + b for a, b in zip(g.param_bytes, nbytes)] if g.param_bytes else nbytes
-        for g in self.groups:
-            g.node_cost = np.asarray(g.node_cost, dtype=float)
+                k = (id(self.views[u]), t)
+                if k not in sizes:
+                    sizes[k] = [itemsize(t.dtype) * _count(v.outs[0].local_shape(t.shape, self.mesh))
+                                for v in self.views[u]]
+                nbytes = sizes[k]
+                g.param_bytes = [a + b for a, b in zip(g.param_bytes, nbytes)] if g.param_bytes else list(nbytes)
 
     def edge_costs(self) -> None:
         """One reshard question per distinct (result layout, wanted layout) pair."""

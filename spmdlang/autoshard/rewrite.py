@@ -86,10 +86,13 @@ class _Text:
         self.edits.append((b, b, after))
 
     def result(self) -> str:
-        out = self.text
-        for a, b, new in sorted(self.edits, key=lambda e: (e[0], e[1]), reverse=True):
-            out = out[:a] + new + out[b:]
-        return out
+        """The text with every edit applied, in one pass (edits at one offset in the order made)."""
+        out, pos = [], 0
+        for a, b, new in sorted(self.edits, key=lambda e: (e[0], e[1])):
+            out += [self.text[pos:a], new]
+            pos = b
+        out.append(self.text[pos:])
+        return "".join(out)
 
 
 def _with_overrides(text: str, module: A.Module, mesh, consts, base: Compiled, t: _Text | None = None) -> str:

@@ -398,7 +398,11 @@ def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: li
         else:
             opdef = registry.get(op.kind)
             emit = opdef.jax_local if constraint is None and opdef.jax_local else opdef.jax  # None: shard_map
-            expr = emit(args, op.attrs, [r.type for r in op.results])
+            attrs = op.attrs
+            if constraint is None and len(attrs.get("axes", ())) > 1 and "mesh_axes" in namer.__dict__:
+                # the mesh's axis order, for collectives whose axis tuple jax wants in it (ppermute)
+                attrs = {**attrs, "mesh_axes": namer.__dict__["mesh_axes"]}
+            expr = emit(args, attrs, [r.type for r in op.results])
         line = f"{indent}{', '.join(outs)} = {expr}"
         if op.span is not None:
             line += f"  # line {op.span.line}"
@@ -483,6 +487,7 @@ def emit_shard_map(spmd) -> str:
     gprog: Program = spmd.global_program
     mesh = prog.mesh
     namer = Namer.for_program(prog)
+    namer.__dict__["mesh_axes"] = mesh.names
     params = [pyname(namer, p.value) for p in prog.params]
     lines = _header(prog, "Our partitioning: ONE per-partition program (local shapes, explicit collectives) under\n"
                           "jax.shard_map. run(*arrays) takes global arrays and returns global numpy arrays.")

@@ -569,6 +569,31 @@ for _k in ("max", "avg"):
             doc=f"{_k} over windows of the spatial dims of [N, spatial..., C]")(_pool(_k))
 
 
+@builtin("max_pool_grad", "x:tensor", "ct:tensor", "window:any", "stride:any=None", "padding:any=VALID",
+         doc="the gradient of max_pool(x, window, stride, padding) for the cotangent ct of its result: each "
+             "window's ct at the window's first maximum (jax's select_and_scatter_add)")
+def _max_pool_grad(ctx, span, args):
+    x, ct = tensor(ctx, args, "x"), tensor(ctx, args, "ct")
+    nsp = x.type.rank - 2
+    if nsp < 1 or not T.is_float(x.type.dtype):
+        raise SpmdError(f"max_pool_grad needs a float [N, spatial..., C] input, got {x.type}", args.span("x"))
+    window = _per_spatial_dim(args, "window", args["window"], nsp, "max_pool_grad")
+    stride = window if args["stride"] is None else args["stride"]
+    strides = _per_spatial_dim(args, "stride", stride, nsp, "max_pool_grad")
+    shape = x.type.shape[1:-1]
+    padding = _window_padding(args, shape, window, strides, "max_pool_grad")
+    out = [conv_output_size(n, k, s, lo, hi) for n, k, s, (lo, hi) in zip(shape, window, strides, padding)]
+    if any(m < 1 for m in out):
+        raise SpmdError(f"max_pool_grad: window {list(window)} does not fit {x.type}", span)
+    want = (x.type.shape[0], *out, x.type.shape[-1])
+    if tuple(ct.type.shape) != want:
+        raise SpmdError(f"max_pool_grad: ct must be shaped as the pool's result {list(want)}, got {ct.type}",
+                        args.span("ct"))
+    ct = ctx.cast(ct, x.type.dtype, span)
+    return ctx.b.emit("select_and_scatter_add", ct, x, span=span, window=tuple(window), strides=tuple(strides),
+                      padding=tuple(padding))
+
+
 # ---------------------------------------------------------------------------------- layout
 
 

@@ -120,6 +120,7 @@ def _differentiate(ctx, f, args: list, argnums, node, with_value: bool):
             kept.append(op)
             live.update(op.operands)
     b.ops[end:] = kept[::-1]
+    _name_cotangents(ctx, b.ops[end:], d.cotangent_of)
     # the program computes on the arguments themselves
     subst = dict(zip(params, args))
     for k in range(start, len(b.ops)):
@@ -136,6 +137,17 @@ def _differentiate(ctx, f, args: list, argnums, node, with_value: bool):
              for v in (structured[i] for i in _arg_positions(structured, argnums, first))]
     results = ([subst.get(out, out)] if with_value else []) + grads
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def _name_cotangents(ctx, backward_ops, cotangent_of: dict) -> None:
+    """Each cotangent the backward ops compute is named after its forward value (`d_h` for the
+    cotangent of `h`) unless it has a name, so the emitted module stays readable; names given
+    later by the source (`l, g1 = value_and_grad(...)`) win."""
+    made = {r for op in backward_ops for r in op.results}
+    for c, fwd in cotangent_of.items():
+        name = ctx.names.get(fwd) or fwd.name
+        if name and c in made and c.name is None:
+            ctx.names.setdefault(c, f"d_{name}")
 
 
 def _arg_positions(structured, leaf_argnums, first) -> list[int]:

@@ -891,6 +891,35 @@ def _reduce_window(t, eqn, ins):
     return _pool(kind)(t, eqn, ins)
 
 
+@prim("select_and_scatter_add")
+def _select_and_scatter_add(t, eqn, ins):
+    """A max (min) pool's gradient: max_pool_grad over [N, spatial..., C] (of -x for a min pool)."""
+    src, x = ins
+    p = eqn.params
+    chooser = str(p["select_prim"])
+    if chooser not in ("ge", "le"):
+        t.fail(f"jax primitive 'select_and_scatter_add' selecting by '{chooser}' has no spmdlang equivalent")
+    window, strides = list(p["window_dimensions"]), list(p["window_strides"])
+    padding = [list(map(int, q)) for q in p["padding"]]
+    rank = len(x.shape)
+    free = [d for d in range(rank) if window[d] == 1 and strides[d] == 1 and padding[d] == [0, 0]]
+    spatial = [d for d in range(rank) if d not in free]
+    if len(free) != 2 or not spatial:
+        t.fail("jax primitive 'select_and_scatter_add' over a window that leaves other than two dims whole "
+               "has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C])")
+    perm = [free[0], *spatial, free[1]]
+    win, st, pad = [window[d] for d in spatial], [strides[d] for d in spatial], [padding[d] for d in spatial]
+    xv, sv = t.value(x), t.value(src)
+    if perm != list(range(rank)):
+        xv, sv = t.emit(f"transpose({xv}, {_ints(perm)})"), t.emit(f"transpose({sv}, {_ints(perm)})")
+    if chooser == "le":
+        xv = f"-{xv}"
+    expr = f"max_pool_grad({xv}, {sv}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
+    if perm != list(range(rank)):
+        expr = f"transpose({t.emit(expr)}, {_ints([perm.index(d) for d in range(rank)])})"
+    return t.put(eqn, expr)
+
+
 # ----------------------------------------------------------------------------- dynamic indexing
 
 @prim("dynamic_slice")

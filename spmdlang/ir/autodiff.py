@@ -34,6 +34,7 @@ class Differentiator:
         self.b = b
         self.span: Span | None = None
         self.inserted = 0  # ops put before a forward loop (its residual buffers' zeros), for lower_grad
+        self.cotangent_of: dict[Value, Value] = {}  # a complete cotangent -> the forward value it is for
 
     # ---- emission
     def emit(self, kind: str, *operands: Value, **attrs) -> Value:
@@ -143,6 +144,9 @@ def backward_pass(d: Differentiator, ops: list[Op], inputs: list[Value], seeds) 
             outs = [cts.pop(r, None) for r in op.results]
             if all(c is None for c in outs):
                 continue
+            for r, c in zip(op.results, outs):  # complete now (lowering names it d_<r's name>)
+                if c is not None:
+                    d.cotangent_of.setdefault(c, r)
             if op.kind == LOOP:
                 d.span = op.span
                 got = _loop_vjp(d, op, outs, depends)

@@ -3,12 +3,26 @@
 - A rotation written as slices and a concat, concat([x[n-s:], x[:n-s]], axis), becomes
   roll(x, s, axis): partitioned, a rotation is one collective_permute where the slices and the
   concat would each exchange data.
+- Algebraic identities (`algebraic`): what autodiff and broadcasting leave behind, so that the
+  emitted module stays small and readable. Each rewrite keeps every element's value bit for bit,
+  NaN, infinities and the sign of zero included, and the result's dtype and shape:
+    rank-0 f32/f64 constants combined by + - * / fold into one (IEEE-exact in every backend);
+    x ** 1, x * 1, 1 * x, x / 1, x - (+0), x + (-0) (and for integers x + 0, 0 + x) -> x
+    (not x + (+0.0): -0.0 + 0.0 is +0.0); -(-x) -> x; where(c, x, x) -> x; cast to x's dtype -> x;
+    broadcast of a broadcast, reshape of a reshape, transpose of a transpose -> one op (or x when
+    it does nothing).
+  A rewrite never touches a gradient a grad call returns (the xla oracle recomputes those).
 - Ops whose results nobody uses and no source name refers to are dropped.
 `cse` (common subexpressions) serves both the global and the per-partition program.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
+from . import types as T
 from .core import LOOP, Loop, Op, Program, Region, Value, make_loop, rewrite_regions
 from .names import OpName
 
@@ -163,7 +177,148 @@ def hoist_invariants(ops_in) -> list[Op]:
     return out
 
 
+# ---------------------------------------------------------------------------------- algebra
+
+_FOLD = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+class _Algebra:
+    """One walk over ops (loop bodies included) with the constants seen so far and the values
+    replaced; `keep`: values that must stay what they are (a grad call's gradients)."""
+
+    def __init__(self, keep):
+        self.keep = keep
+        self.repl: dict = {}
+        self.const: dict[Value, object] = {}  # value -> its element, for every `full`
+        self.producer: dict[Value, Op] = {}
+
+    def scalar(self, v: Value):
+        """v's constant element if v is a constant (a full, or a broadcast of one), else None."""
+        if v in self.const:
+            return self.const[v]
+        op = self.producer.get(v)
+        if op is not None and op.kind == "broadcast_in_dim" and op.operands[0] in self.const:
+            return self.const[op.operands[0]]
+        return None
+
+    def is_value(self, v: Value, value, sign: bool = False) -> bool:
+        """v is a constant equal to `value` (with `sign`: a float zero of the same sign too)."""
+        c = self.scalar(v)
+        if c is None or isinstance(c, bool) or c != value:
+            return False
+        return not sign or math.copysign(1.0, float(c)) == math.copysign(1.0, float(value))
+
+    def rewrite(self, op: Op):
+        """A value that stands for op's result, or a replacement op, or None (keep op)."""
+        k, a, r = op.kind, op.operands, op.results[0] if len(op.results) == 1 else None
+        if r is None or r in self.keep:
+            return None
+        same = lambda x: x.type == r.type  # noqa: E731
+        if k in _FOLD and r.type.dtype in ("f32", "f64") and r.type.rank == 0 and all(
+                v.type.rank == 0 and v in self.const for v in a):
+            x, y = (np.asarray(self.const[v], dtype=T.np_dtype(r.type.dtype)) for v in a)
+            with np.errstate(all="ignore"):
+                value = float(_FOLD[k](x, y))
+            return Op("full", (), op.results, {"dtype": r.type.dtype, "shape": (), "value": value},
+                      op.span, op.backward)
+        if k == "pow" and same(a[0]) and T.is_float(r.type.dtype) and self.is_value(a[1], 1):
+            return a[0]
+        if k == "mul":
+            for x, c in ((a[0], a[1]), (a[1], a[0])):
+                if same(x) and self.is_value(c, 1):
+                    return x
+        if k == "div" and same(a[0]) and self.is_value(a[1], 1):
+            return a[0]
+        if k == "sub" and same(a[0]) and self.is_value(a[1], 0, sign=T.is_float(r.type.dtype)):
+            return a[0]
+        if k == "add":
+            zero = -0.0 if T.is_float(r.type.dtype) else 0
+            for x, c in ((a[0], a[1]), (a[1], a[0])):
+                if same(x) and self.is_value(c, zero, sign=T.is_float(r.type.dtype)):
+                    return x
+        if k in ("neg", "cast", "reshape", "transpose", "broadcast_in_dim", "select"):
+            return self._layout(op, k, a, r)
+        return None
+
+    def _layout(self, op: Op, k: str, a, r: Value):
+        inner = self.producer.get(a[0])
+        if k == "neg" and inner is not None and inner.kind == "neg" and inner.operands[0].type == r.type:
+            return inner.operands[0]
+        if k == "cast" and a[0].type == r.type:
+            return a[0]
+        if k == "select" and a[1] is a[2] and a[1].type == r.type:
+            return a[1]
+        if k == "reshape":
+            if a[0].type == r.type:
+                return a[0]
+            if inner is not None and inner.kind == "reshape":
+                src = inner.operands[0]
+                return src if src.type == r.type else op.replace(operands=(src,))
+        if k == "transpose":
+            perm = tuple(op.attrs["perm"])
+            if perm == tuple(range(len(perm))):
+                return a[0]
+            if inner is not None and inner.kind == "transpose":
+                first = tuple(inner.attrs["perm"])
+                both = tuple(first[p] for p in perm)
+                src = inner.operands[0]
+                if both == tuple(range(len(both))):
+                    return src
+                return op.replace(operands=(src,), attrs={**op.attrs, "perm": both})
+        if k == "broadcast_in_dim":
+            dims = tuple(op.attrs["dims"])
+            if a[0].type == r.type and dims == tuple(range(r.type.rank)):
+                return a[0]
+            if inner is not None and inner.kind == "broadcast_in_dim":
+                first = tuple(inner.attrs["dims"])
+                return op.replace(operands=inner.operands, attrs={**op.attrs, "dims": tuple(dims[d] for d in first)})
+        return None
+
+    def ops(self, ops_in) -> list[Op]:
+        out = []
+        for orig in ops_in:
+            op = orig
+            if any(v in self.repl for v in op.operands):
+                op = op.replace(operands=tuple(self.repl.get(v, v) for v in op.operands))
+            if op.regions:
+                op = rewrite_regions(op, lambda r: (self.ops(r.ops), [self.repl.get(v, v) for v in r.results]))
+                if op is not orig:
+                    self.repl[orig] = op
+                out.append(op)
+                continue
+            got = self.rewrite(op)
+            while isinstance(got, Op):  # a rewritten op may simplify further (a fold, then x ** 1)
+                op, got = got, self.rewrite(got)
+            if isinstance(got, Value):
+                self.repl[op.results[0]] = got
+                continue
+            if op is not orig:  # a collective's ledger entry follows its op
+                self.repl[orig] = op
+            if op.kind == OpName.FULL and op.results[0].type.size:
+                self.const[op.results[0]] = op.attrs["value"]
+            for v in op.results:
+                self.producer[v] = op
+            out.append(op)
+        return out
+
+
+def algebraic(prog: Program) -> tuple[Program, dict]:
+    """The program with the identities of the module docstring applied (dead ops are left for
+    dead-code removal), and a map from each replaced value or op to what stands for it now."""
+    keep = {v for g in prog.grads for v in g.grads}
+    alg = _Algebra(keep)
+    ops = alg.ops(prog.ops)
+    if not alg.repl and len(ops) == len(prog.ops) and all(a is b for a, b in zip(ops, prog.ops)):
+        return prog, {}
+    repl = alg.repl
+    results = tuple(r.__class__(repl.get(r.value, r.value), r.sharding, r.span) for r in prog.results)
+    names = tuple((n, repl.get(v, v), s) for n, v, s in prog.names)
+    grads = tuple(g.remapped(repl) for g in prog.grads)
+    return prog.replace(ops=tuple(ops), results=results, names=names, grads=grads), repl
+
+
 def simplify(prog: Program) -> Program:
+    prog = algebraic(prog)[0]
     ops = _rotations(hoist_invariants(prog.ops))
     kept = live_ops(ops, {r.value for r in prog.results} | {v for _, v, _ in prog.names})
     if len(kept) == len(prog.ops) and all(a is b for a, b in zip(kept, prog.ops)):

@@ -97,7 +97,7 @@ def _sim_all_reduce(arrays, attrs, mesh):
 
 
 def _all_reduce_jax(a, attrs, out):
-    axes = tuple(attrs["axes"])
+    axes = _mesh_ordered(attrs)  # a reduction's result does not depend on the axes' order
     kind = attrs["reduce"]
     arg = a[0] if len(a) == 1 else "(" + ", ".join(a) + ")"
     if kind == "prod":
@@ -235,14 +235,24 @@ def _sim_permute(arrays, attrs, mesh):
     return [out]
 
 
+def _mesh_ordered(attrs) -> tuple:
+    """The collective's axes in mesh order (attrs["mesh_axes"], which the jax emitter adds)."""
+    axes = tuple(attrs["axes"])
+    order = attrs.get("mesh_axes")
+    return axes if order is None else tuple(sorted(axes, key=list(order).index))
+
+
 def _permute_jax(a, attrs, out):
-    """jax.lax.ppermute numbers a group by its axes in mesh order (see partition.permute): pairs
-    over axes written in another order are renumbered in the emitted module (AXES: the mesh's)."""
+    """jax.lax.ppermute numbers a group by its axes in mesh order (see partition.permute), and
+    jax >= 0.11 wants the axis names in that order too: the names are emitted in mesh order, and
+    pairs computed over the axes as the rule writes them are renumbered in the emitted module
+    (AXES: the mesh's), so the same devices exchange the same blocks."""
     axes, sizes = tuple(attrs["axes"]), tuple(attrs["sizes"])
     pairs = f"permute_pairs({attrs['rule']!r}, {sizes!r})"
-    if len(axes) > 1:
+    ordered = _mesh_ordered(attrs)
+    if len(axes) > 1 and (ordered != axes or "mesh_axes" not in attrs):
         pairs = f"mesh_order_pairs({pairs}, {axes!r}, {sizes!r}, AXES)"
-    return f"jax.lax.ppermute({a[0]}, {axes!r}, perm={pairs})"
+    return f"jax.lax.ppermute({a[0]}, {ordered!r}, perm={pairs})"
 
 
 register(CollectiveKind.COLLECTIVE_PERMUTE,

@@ -21,8 +21,9 @@ register("full", doc="a tensor of `shape` filled with `value`", family=Family.cr
          numpy=lambda *, dtype, shape, value: np.full(shape, value, dtype=T.np_dtype(dtype)),
          rule=_fresh_rule,
          localize=lambda attrs, ops, shapes: {**attrs, "shape": tuple(shapes[0])},
-         jax=lambda a, attrs, out: (f"jnp.full({tuple(out[0].shape)}, {py_literal(attrs['value'])}, "
-                                    f"{T.jnp_dtype(attrs['dtype'])})"))
+         jax=lambda a, attrs, out: (
+             f"{T.jnp_dtype(attrs['dtype'])}({py_literal(attrs['value'])})" if not out[0].shape  # a scalar
+             else f"jnp.full({tuple(out[0].shape)}, {py_literal(attrs['value'])}, {T.jnp_dtype(attrs['dtype'])})"))
 
 
 def _iota_infer(operands, attrs):

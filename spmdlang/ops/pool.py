@@ -12,6 +12,8 @@ pool whose shards line up (28 rows over 8 in blocks of 4, 14 in blocks of 2) nee
 identity: a sum pool's gradient is the sum pool of its cotangent dilated by the strides (the pool
 transposed), which partitions as a halo exchange like a transposed conv and runs as a pad with
 interior padding and a few adds, where a one-hot depthwise conv with lhs_dilation is slow on CPU.
+A max pool's gradient is its own op, select_and_scatter_add (below), as in jax.lax and XLA: the
+cotangent of each window at the window's first maximum, halos of the input and the cotangent.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder
+from ..partition.halo import Window
+from ..partition.reshard import chunk
 from .contract import _conv_window, conv_output_size
 from .moving import _worth_it
 from .registry import Family, check, register, set_vjp
@@ -92,15 +96,31 @@ def _numpy(x, *, reduce, window, strides, padding, lhs_dilation=None):
     return np.asarray(acc).astype(x.dtype)
 
 
+def _full(per_spatial) -> tuple:
+    return (1, *per_spatial, 1)
+
+
+def _full_padding(padding) -> tuple:
+    return ((0, 0), *(tuple(p) for p in padding), (0, 0))
+
+
 def _jax(args, attrs, out):
-    """Explicit strided slices of the padded input combined one by one (XLA's SPMD partitioner has
-    given wrong answers for reduce_window, see ops/scan.py)."""
+    """A max pool is jax.lax.reduce_window (its gradient: select_and_scatter_add, as ours). A sum
+    pool is explicit strided slices of the padded input added one by one: XLA's SPMD partitioner
+    has given wrong answers for two reduce_windows of one split operand with different init values
+    (see ops/scan.py), so a max and a sum pool of one image must not both be reduce_windows."""
     kind, window, strides, padding = attrs["reduce"], attrs["window"], attrs["strides"], attrs["padding"]
     x = args[0]
     dt = out[0].dtype
     fill = _identity(kind, dt)
     fill_text = f'float("{fill}")' if isinstance(fill, float) and fill in (np.inf, -np.inf) else repr(fill)
     lhs = _lhs(attrs)
+    if kind == "max" and not any(d > 1 for d in lhs):
+        # jax.lax's own max pool, so that jax.grad of the module (the xla backend's gradient)
+        # routes a window's cotangent as ours does: select_and_scatter_add, the first maximum
+        # (a Python scalar init: jax recognises the max monoid, reduce_window_max, with its gradient)
+        return f"jax.lax.reduce_window({x}, {fill_text}, jax.lax.max, {_full(window)}, " \
+               f"{_full(strides)}, {_full_padding(padding)})"
     if any(d > 1 for d in lhs):  # lax.pad's interior padding spreads the input (the pool transposed)
         cfg = [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs)] + [(0, 0, 0)]
         xp = f"jax.lax.pad({x}, jnp.asarray({fill_text}, {T.jnp_dtype(dt)}), {cfg})"
@@ -190,49 +210,38 @@ register("pool", doc="max or sum of each window over the spatial dims of [N, spa
 
 
 def _pool_vjp(d, op, ct):
-    """The pool as jax computes it (a chain of max / add over strided slices of the padded input,
-    see `_jax`), differentiated op by op: max ties as jax's maximum splits them, so the xla
-    backend's jax.grad agrees (lax.reduce_window's own rule would give one element of a tie all of
-    it). The slices' cotangents (one per window tap, output-shaped) go back to the input as one
-    transposed depthwise conv (the taps stacked as channels, a one-hot kernel flipped, lhs_dilation
-    the strides, padding cropped away), which partitions as a halo exchange on split spatial dims,
-    even split unevenly. (Pad and reshape to interleave each slice's zeros would reshard a split
-    dim whose shards the reshape does not keep.) A sum pool's gradient is a sum pool instead
-    (_sum_pool_transpose): the same halos, without the conv."""
-    from .contract import conv_attrs
-
+    """A max pool's gradient is select_and_scatter_add (below): each window's cotangent goes to the
+    first maximum of the window, as jax.lax.reduce_window's rule and XLA have it. A sum pool's is a
+    sum pool of the cotangent (_sum_pool_transpose); where that does not apply (a window reaching
+    more than its size into the padding) the cotangent goes back through a transposed depthwise
+    conv (_sum_pool_conv_transpose)."""
     (x,) = op.operands
     if not T.is_float(x.type.dtype):
         return (None,)
     kind, window, strides, padding = (op.attrs[k] for k in ("reduce", "window", "strides", "padding"))
+    if kind == "max":
+        check(all(m == 1 for m in _lhs(op.attrs)), "pool: no gradient for this lhs-dilated max pool")
+        return (d.emit("select_and_scatter_add", ct, x, window=tuple(window), strides=tuple(strides),
+                       padding=tuple(tuple(p) for p in padding)),)
+    transposed = _sum_pool_transpose(d, op, ct)
+    if transposed is not None:
+        return (transposed,)
+    check(all(m == 1 for m in _lhs(op.attrs)), "pool: no gradient for this lhs-dilated pool")
+    return (_sum_pool_conv_transpose(d, op, ct),)
+
+
+def _sum_pool_conv_transpose(d, op, ct):
+    """A sum pool's cotangent back to its input as one transposed depthwise conv: every window tap
+    gets the cotangent (the taps stacked as channels, a one-hot kernel flipped, lhs_dilation the
+    strides, padding cropped away), which partitions as a halo exchange on split spatial dims."""
+    from .contract import conv_attrs
+
+    (x,) = op.operands
+    window, strides, padding = op.attrs["window"], op.attrs["strides"], op.attrs["padding"]
     out_shape = op.result.type.shape
     nsp = len(window)
-    if kind == "sum":
-        transposed = _sum_pool_transpose(d, op, ct)
-        if transposed is not None:
-            return (transposed,)
-    check(all(m == 1 for m in _lhs(op.attrs)), "pool: no gradient for this lhs-dilated pool")
     taps = list(np.ndindex(*window))
-    if kind == "sum":
-        cts = [ct] * len(taps)
-    else:
-        fill = _identity(kind, x.type.dtype)
-        xp = d.emit("pad", x, lo=(0,) + tuple(p[0] for p in padding) + (0,),
-                    hi=(0,) + tuple(p[1] for p in padding) + (0,), value=fill)
-        parts = []
-        for offs in taps:
-            starts = (0,) + tuple(offs) + (0,)
-            stops = ((xp.type.shape[0],) + tuple(o + (m - 1) * s + 1 for o, m, s in zip(offs, out_shape[1:-1], strides))
-                     + (xp.type.shape[-1],))
-            parts.append(d.emit("slice", xp, starts=starts, stops=stops, steps=(1,) + tuple(strides) + (1,)))
-
-        def chain(*vs):
-            acc = vs[0]
-            for v in vs[1:]:
-                acc = d.emit("maximum" if kind == "max" else "add", acc, v)
-            return acc
-
-        cts = d.vjp_of(chain, parts, ct)
+    cts = [ct] * len(taps)
     if len(taps) == 1:
         g = cts[0]
     else:
@@ -255,7 +264,7 @@ def _pool_vjp(d, op, ct):
         pads.append((window[i] - 1 - padding[i][0], n_pad - (out_shape[1 + i] - 1) * strides[i] - 1 - padding[i][1]))
     cx = d.emit("conv", g, k, **conv_attrs((1,) * nsp, pads, lhs_dilation=strides, groups=c))
     assert cx.type.shape == x.type.shape, (cx.type, x.type)
-    return (cx,)
+    return cx
 
 
 def _sum_pool_transpose(d, op, ct):
@@ -282,3 +291,177 @@ def _sum_pool_transpose(d, op, ct):
 
 
 set_vjp("pool", _pool_vjp)
+
+
+# ---------------------------------------------------------------------------------- select_and_scatter_add
+# A max pool's gradient, as jax.lax and XLA have it: each window's cotangent (`source`, shaped as
+# the pool's result) goes to the one element of the window that the pool selected, the rest get
+# nothing. The selection scans the window in order (row-major over the window dims), padding
+# included as -inf elements: it starts at the first element and moves to the next e wherever
+# not (selected >= e) (XLA's select with jax's `ge`): the first maximum; a NaN is passed over by
+# the next element and takes the place of any element before it, as XLA does; a cotangent whose
+# selection ends on padding (a window of -infs that starts in the padding) is dropped.
+
+
+def _sas_window(operand_shape, attrs):
+    return [conv_output_size(n, w, s, lo, hi) for n, w, s, (lo, hi) in
+            zip(operand_shape[1:-1], attrs["window"], attrs["strides"], attrs["padding"])]
+
+
+def _sas_infer(operands, attrs):
+    src, x = operands
+    window, strides, padding = attrs["window"], attrs["strides"], attrs["padding"]
+    nsp = len(window)
+    check(T.is_float(x.dtype) and src.dtype == x.dtype,
+          f"select_and_scatter_add needs a float operand and a source of its dtype, got {src} and {x}")
+    check(x.rank == nsp + 2 and len(strides) == len(padding) == nsp,
+          f"select_and_scatter_add: {x} is not [N, spatial..., C] with one window, stride and padding per "
+          f"spatial dim")
+    check(all(w >= 1 for w in window) and all(s >= 1 for s in strides)
+          and all(lo >= 0 and hi >= 0 for lo, hi in padding),
+          "select_and_scatter_add: windows and strides must be positive, padding not negative")
+    out = _sas_window(x.shape, attrs)
+    check(all(m >= 1 for m in out), f"select_and_scatter_add: window {list(window)} does not fit {x}")
+    want = (x.shape[0], *out, x.shape[-1])
+    check(tuple(src.shape) == want, f"select_and_scatter_add: the source {src} must be shaped as the pool "
+                                    f"of {x}: {list(want)}")
+    return x
+
+
+def _sas_rule(operands, results, attrs):
+    """As pool's: a spatial dim of the operand, of the source (the pool's result) and of the result
+    share one factor, so a row split carries through; batch and channel pass."""
+    (x,) = results
+    b = RuleBuilder()
+    n, c = b.factor(x.shape[0], PASS), b.factor(x.shape[-1], PASS)
+    sp = [b.factor(m, PERMUTATION) for m in x.shape[1:-1]]
+    dims = [(n,)] + [(f,) for f in sp] + [(c,)]
+    return b.build([dims, dims], [dims])
+
+
+def _sas_taps(xp, window, strides, out):
+    """The padded operand's element at each window tap of every window, in window order."""
+    for offs in np.ndindex(*window):
+        yield offs, (slice(None),) + tuple(slice(o, o + (m - 1) * s + 1, s) for o, m, s in
+                                           zip(offs, out, strides)) + (slice(None),)
+
+
+def _sas_numpy(source, x, *, window, strides, padding):
+    wide = np.float32 if T.np_is_narrow_float(x.dtype) else x.dtype
+    out = _sas_window(x.shape, {"window": window, "strides": strides, "padding": padding})
+    pad = [(0, 0)] + [tuple(p) for p in padding] + [(0, 0)]
+    xp = np.pad(x.astype(wide), pad, constant_values=-np.inf)
+    taps = list(_sas_taps(xp, window, strides, out))
+    best, pick = xp[taps[0][1]], np.zeros(source.shape, dtype=np.int64)
+    for j, (_, sl) in enumerate(taps[1:], 1):  # one vectorised step per window tap
+        e = xp[sl]
+        move = ~(best >= e)
+        best, pick = np.where(move, e, best), np.where(move, j, pick)
+    acc = np.zeros(xp.shape, dtype=wide)
+    src = source.astype(wide)
+    for j, (_, sl) in enumerate(taps):
+        acc[sl] += np.where(pick == j, src, 0)  # windows of one stride step never share a tap's element
+    crop = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape[1:-1])) + (slice(None),)
+    return acc[crop].astype(x.dtype)
+
+
+def _sas_jax(args, attrs, out):
+    """jax.vjp of lax.reduce_window max: XLA's select_and_scatter (the forward is dead code)."""
+    src, x = args
+    return (f"jax.vjp(lambda _x: jax.lax.reduce_window(_x, -jnp.inf, jax.lax.max, "
+            f"{_full(attrs['window'])}, {_full(attrs['strides'])}, {_full_padding(attrs['padding'])}), "
+            f"{x})[1]({src})[0]")
+
+
+def _sas_partition(ctx):
+    """Split spatial dims: result shard i holds operand rows [i*c, (i+1)*c); it takes the source
+    rows of the windows that reach them (0 past the edges: no cotangent) and the operand rows those
+    windows cover (-inf past the edges: the padding), each a halo window of its own shards
+    (partition.halo), runs select_and_scatter_add locally without padding on that dim and keeps
+    its own c rows. Where c is a multiple of the stride s every shard's windows start at the same
+    phase: windows o in [i*c/s + o0, + L), operand rows [(i*c/s + o0)*s - lo, + (L-1)*s + w) (a
+    2x2 stride-2 pool on aligned blocks moves nothing). Else the source is spread by the stride
+    first (s - 1 zeros after each row: a window per operand row, most with no cotangent), so the
+    windows starting at rows [i*c - w + 1, i*c + c) are an affine window of it, and the local op
+    runs at stride 1 over operand rows [i*c - w + 1, i*c + c + w - 1). Uneven splits: rows past the
+    end are filled, so a shard's padding rows (NaN in the simulator) never reach its result."""
+    src, x = ctx.op.operands
+    out = ctx.target()
+    window, strides, padding = ctx.attrs["window"], ctx.attrs["strides"], ctx.attrs["padding"]
+    nsp = len(window)
+    split = [i for i in range(nsp) if out.dims[1 + i]]
+    if not split or ctx.layout(0).partial or ctx.layout(1).partial:
+        return ctx.generic()
+    n_in = x.type.shape
+    plans, local_strides = {}, list(strides)
+    for i in split:
+        c = chunk(n_in[1 + i], ctx.mesh.group_size(out.dims[1 + i]))
+        w, s, lo = window[i], strides[i], padding[i][0]
+        o0 = -((w - 1 - lo) // s)  # ceil((lo - w + 1) / s): the first window reaching row 0 of a shard
+        length = (c - 1 + lo) // s - o0 + 1
+        span = (length - 1) * s + w
+        own = lo - o0 * s  # where the shard's first row lies in its operand window
+        if c % s == 0 and length >= 1 and 0 <= own and own + c <= span:
+            plans[i] = (Window(a=c // s, s=o0, length=length, fill=0.0),
+                        Window(a=c, s=o0 * s - lo, length=span, fill=-np.inf), own, c, 1)
+        else:  # spread source row o sits at o*s: the window starting at operand row o*s - lo
+            plans[i] = (Window(a=c, s=lo - w + 1, length=c + w - 1, fill=0.0),
+                        Window(a=c, s=1 - w, length=c + 2 * (w - 1), fill=-np.inf), w - 1, c, s)
+            local_strides[i] = 1
+    locals_ = []
+    for j, v in enumerate((src, x)):
+        cur = ctx.layout(j)
+        dims = [out.dims[0]] + [out.dims[1 + i] if i in split and cur.dims[1 + i] == out.dims[1 + i] else ()
+                                for i in range(nsp)] + [out.dims[-1]]
+        lv = ctx.reshard(j, Sharding(tuple(dims)))
+        for i in split:
+            d, spread = 1 + i, plans[i][4]
+            n = v.type.shape[d]
+            if j == 0 and spread > 1:
+                lv = _dilate_dim(ctx, lv, d, spread, 0.0)
+                n *= spread
+            lv = ctx.window(lv, d, dims[d], out.dims[d], n, plans[i][j])
+        locals_.append(lv)
+    pads = [(0, 0) if i in split else tuple(padding[i]) for i in range(nsp)]
+    y = ctx.emit("select_and_scatter_add", *locals_, window=tuple(window), strides=tuple(local_strides),
+                 padding=tuple(pads))
+    for i in split:
+        own, c = plans[i][2], plans[i][3]
+        y = ctx.slice_dim(y, 1 + i, own, own + c)
+    ctx.set_result(y, out)
+
+
+def _sas_vjp(d, op, ct):
+    """Linear in the source: its cotangent is ct read back at each window's selected element (XLA's
+    select_and_gather_add), the same scan over the window's taps; none to the operand (the
+    selection is piecewise constant in it)."""
+    src, x = op.operands
+    window, strides, padding = op.attrs["window"], op.attrs["strides"], op.attrs["padding"]
+    out = src.type.shape[1:-1]
+    lo, hi = (0,) + tuple(p[0] for p in padding) + (0,), (0,) + tuple(p[1] for p in padding) + (0,)
+    xp = d.emit("pad", x, lo=lo, hi=hi, value=-np.inf)
+    gp = d.emit("pad", ct, lo=lo, hi=hi, value=0.0)
+    best = val = None
+    for offs, _ in _sas_taps(None, window, strides, out):
+        starts = (0,) + tuple(offs) + (0,)
+        stops = ((xp.type.shape[0],) + tuple(o + (m - 1) * s + 1 for o, m, s in zip(offs, out, strides))
+                 + (xp.type.shape[-1],))
+        steps = (1,) + tuple(strides) + (1,)
+        e = d.emit("slice", xp, starts=starts, stops=stops, steps=steps)
+        g = d.emit("slice", gp, starts=starts, stops=stops, steps=steps)
+        if best is None:
+            best, val = e, g
+            continue
+        move = d.emit("logical_not", d.emit("ge", best, e))
+        best, val = d.emit("select", move, e, best), d.emit("select", move, g, val)
+    return (val, None)
+
+
+register("select_and_scatter_add",
+         doc="a max pool's gradient: each window's source value added at the window's first maximum of the "
+             "operand (jax.lax / XLA's select_and_scatter_add with `ge`; padding counts as -inf)",
+         example=(("f32[2, 4, 4, 3]", "f32[2, 8, 8, 3]"), {"window": (2, 2), "strides": (2, 2),
+                                                           "padding": ((0, 0), (0, 0))}),
+         infer=_sas_infer, numpy=_sas_numpy, rule=_sas_rule, jax=_sas_jax, partition=_sas_partition,
+         family=Family.layout, flops=lambda ops, res, attrs: ops[0].size * prod(attrs["window"]))
+set_vjp("select_and_scatter_add", _sas_vjp)

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from ..ir.collectives import combine_key, spec
 from ..ir.core import Op, Program, all_ops, ancestry, rewrite_regions
-from ..ir.simplify import cse, dead_code
+from ..ir.simplify import algebraic, cse, dead_code
 from .ledger import remapped
 
 
@@ -165,10 +165,17 @@ def _combine_ops(prog_ops, ledger):
 
 
 def finish(spmd):
-    """CSE, dead code, then all_reduce combining, on a partition.spmd.SpmdProgram."""
+    """CSE, algebraic identities (what partitioning leaves, e.g. where(c, x, x) once CSE has made
+    two constants one), dead code, then all_reduce combining, on a partition.spmd.SpmdProgram."""
     prog, repl = cse(spmd.program)
+    prog, more = algebraic(prog)
+    repl.update(more)  # ledger.remapped follows chains: op -> its CSE'd op -> its rewritten op
     prog = dead_code(prog)
     prog, ledger = _combine(prog, remapped(spmd.ledger, repl, set(all_ops(prog.ops))))
+    prog, more = algebraic(prog)  # combining packs values with reshapes: a reshape of a reshape is one
+    if more:
+        prog = dead_code(prog)
+        ledger = remapped(ledger, more, set(all_ops(prog.ops)))
     notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}
     return replace(spmd, program=prog, ledger=ledger, notes=notes)
 

@@ -8,7 +8,8 @@ starts at i*(a - c) + s; over all shards it stays within [lo, hi + L). So:
      static slice on every device) and one collective_permute shifts it by q; the local part
      needs nothing. Only those slices travel, never whole shards unless the window needs them;
   2. the parts concatenate into the window [lo, hi + L) of every shard;
-  3. positions outside [0, n) (global edges, and the padding of uneven shards) become `fill`;
+  3. positions outside [0, n) (global edges, and the padding of uneven shards) become `fill`
+     (nothing to do for even shards and a zero fill: what no device sends arrives as zeros);
   4. where a != c the window slides per shard: a dynamic_slice at (i*(a - c) + s - lo).
 With `wrap` (a rotation of an evenly split dim) shifts wrap around and nothing is masked.
 An input that is not split on d is windowed locally (pad, then dynamic_slice): no communication.
@@ -127,6 +128,11 @@ class Emitter(Protocol):
     def fill_dim(self, x: Value, dim: int, size: int, value) -> Value: ...
 
 
+def _zero(fill) -> bool:
+    """Whether `fill` is what a collective_permute's receiver without a sender gets: +0 (or False)."""
+    return isinstance(fill, (bool, int, float)) and fill == 0 and str(fill) != "-0.0"
+
+
 def window(p: Emitter, x: Value, dim: int, in_axes, out_axes, n: int, w: Window, reason: str) -> Value:
     """The window of local `x` on `dim` (global size n) for the output shard this device holds.
     The input is split over `in_axes`, which are either the output's `out_axes` or none."""
@@ -156,7 +162,10 @@ def window(p: Emitter, x: Value, dim: int, in_axes, out_axes, n: int, w: Window,
         pieces.append(p.fill_dim(x, dim, hi + w.length - end, w.fill))
     win = pieces[0] if len(pieces) == 1 else p.emit("concat", *pieces, axis=dim)
     idx = p.axis_index(axes)
-    if not w.wrap and (lo < 0 or k * c > n or hi + w.length > c):
+    if not w.wrap and (lo < 0 or k * c > n or hi + w.length > c) and not (k * c == n and _zero(w.fill)):
+        # even shards and a zero fill need no mask: every position outside [0, n) came from a
+        # shard beyond the ends, which no device sends (collective_permute's receivers without a
+        # sender get zeros), or is a fill block already
         win = p.emit("range_mask", win, idx, dim=dim, chunk=c, offset=lo, lo=0, hi=n, value=w.fill)
     if w.a != c:
         start = p.affine_index(axes, w.a - c, w.s - lo)
