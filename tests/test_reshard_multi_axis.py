@@ -133,7 +133,9 @@ def check_run(shape, src: Sharding, dst: Sharding, backends=("ref", "sim")):
     """The program's one reshard is the plan, and it returns its input on every backend."""
     c = spmdlang.compile(program(shape, src, dst))
     plan = [s for s in plan_reshard(shape, F32, MESH, src, dst) if s.is_collective]
-    assert [(e.kind, tuple(e.axes)) for e in c.spmd.ledger] == [(s.kind, s.axes) for s in plan]
+    # a boundary fix before a gather is one step of one permute per piece
+    want = [(s.kind, s.axes) for s in plan for _ in (s.prefix[2] if s.prefix else [0])]
+    assert [(e.kind, tuple(e.axes)) for e in c.spmd.ledger] == want
     d = c.diff(backends=list(backends))
     assert d["ok"], f"{text(src)} -> {text(dst)} on {shape}: {d['results']}\n{c.spmd_ir}"
     return c
@@ -205,8 +207,55 @@ def _against_xla(pairs, shape):
         assert ours <= theirs, f"{text(src)} -> {text(dst)}: {ours} bytes, XLA {theirs}\n{c.spmd_ir}"
 
 
+# uneven shards that do not nest (f32[6, 10]): gather the minor axis, then fix the block boundaries
+# with one permute, as XLA does, where gathering the whole dim sent up to twice XLA's bytes
+UNEVEN_FIXES = [(S(("y", "z"), None), S("y", None)), (S(None, ("z", "y")), S(None, "x")),
+                (S("y", ("x", "z")), S("z", "y")), (S("z", ("y", "x")), S(None, "y")),
+                (S(("z", "x"), "y"), S("y", "z")), (S(None, ("y", "x")), S(None, "z")),
+                (S(None, ("z", "y", "x")), S(None, "z")), (S(None, ("z", "y", "x")), S(None, "y"))]
+
+
 def test_bytes_against_xla_sample():
     _against_xla(REPRODUCTIONS + _sample(PAIRS2, 4, 5), (8, 8))
+    _against_xla(UNEVEN_FIXES, (6, 10))
+
+
+def test_boundary_fix_is_a_gather_of_one_axis_and_one_permute():
+    steps = plan_reshard((6, 10), F32, MESH, *UNEVEN_FIXES[0])
+    # {(y, z), _} -> {y, _} on 6 rows: gathering z leaves y-blocks of rows [0, 4) and [4, 6); row 3
+    # crosses into y=1's chunk [3, 6): 80 B gathered, 40 B permuted (gathering (y, z) whole: 240 B)
+    assert [(s.kind, s.axes, s.bytes) for s in steps] == [("all_gather", ("z",), 80),
+                                                          ("collective_permute", ("y",), 40)]
+
+
+def test_boundary_fix_before_the_gather():
+    steps = plan_reshard((6, 10), F32, MESH, *UNEVEN_FIXES[6])
+    # {_, (z, y, x)} -> {_, z} on 10 columns: gathering (y, x) would leave z-blocks [0, 8), [8, 10)
+    # and 3 columns to move after it (72 B); shifting z=1's fine shards back 3 columns first moves
+    # one column from the shard two back and one from the shard before (24 + 24 B), then the
+    # gather leaves [5, 10) first in z=1's block: XLA's 192 B
+    assert [(s.kind, s.axes, s.bytes) for s in steps] == [("collective_permute", ("z", "y", "x"), 48),
+                                                          ("all_gather", ("y", "x"), 144)]
+    assert steps[0].prefix == (3, 1, ((-2, 1, 2), (-1, 0, 1)))
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:] + [(7, 10), (3, 9), (5, 11), (3, 13)])
+def test_boundary_fix_runs(shape):
+    """NaN in every padding element (sim) and jax: the fixed blocks hold exactly the input."""
+    for src, dst in UNEVEN_FIXES:
+        check_run(shape, src, dst, backends=("ref", "sim", "jax") if shape == (6, 10) else ("ref", "sim"))
+    fixes = [s for src, dst in UNEVEN_FIXES for s in plan_reshard((6, 10), F32, MESH, src, dst)]
+    assert any(s.block for s in fixes) and any(s.prefix for s in fixes)
+
+
+@pytest.mark.slow
+def test_bytes_against_xla_uneven():
+    """120 random pairs on f32[6, 10], where the shard counts 4 and 8 do not nest in 2."""
+    for src, dst in _sample(PAIRS2, 120, 25) + _sample(PAIRS2, 120, 7):
+        c = spmdlang.compile(program((6, 10), src, dst))
+        ours = sum(e.bytes_per_device for e in c.spmd.ledger)
+        _, theirs = _xla_bytes(c)
+        assert ours <= theirs, f"{text(src)} -> {text(dst)}: {ours} bytes, XLA {theirs}\n{c.spmd_ir}"
 
 
 @pytest.mark.slow
@@ -237,3 +286,25 @@ def test_pending_sums_sample(shape):
         c = spmdlang.compile(partial_program(shape, src, partial, dst))
         d = c.diff(backends=["ref", "sim"])
         assert d["ok"], f"{text(src)} partial{partial} -> {text(dst)} on {shape}: {d['results']}\n{c.spmd_ir}"
+
+
+# axes from two dims into one: one all_to_all over both, splitting the joined dim in turn
+INTO_ONE = [(S("x", "y", None), S(None, None, ("x", "y"))), (S("x", "y", "z"), S(None, None, ("z", "x", "y"))),
+            (S("x", "y", "z"), S(None, None, ("x", "y", "z"))), (S("x", None, "y"), S(None, ("y", "x"), None))]
+
+
+def test_axes_from_two_dims_into_one_move_in_one_all_to_all():
+    got = [[(s.kind, s.axes, s.bytes) for s in plan_reshard((8, 8, 8), F32, MESH, src, dst)] for src, dst in INTO_ONE]
+    # f32[4, 4, 8] per device: 3/4 of it in one all_to_all, where two over 2 sent 1/2 + 1/2 of it
+    assert got[0] == [("all_to_all", ("x", "y"), 384)]
+    assert got[1] == [("all_to_all", ("x", "y"), 192)]
+    # z leaves dim 2 first (to dim 1), then x, y and z in one all_to_all: 128 + 224, not 3 (448)
+    assert got[2] == [("all_to_all", ("z",), 128), ("all_to_all", ("x", "y", "z"), 224)]
+    assert got[3] == [("all_to_all", ("y", "x"), 384)]
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 8), (6, 10, 4)])
+def test_axes_into_one_dim_run(shape):
+    for src, dst in INTO_ONE:
+        check_run(shape, src, dst, backends=("ref", "sim", "jax"))
+    _against_xla(INTO_ONE, shape)

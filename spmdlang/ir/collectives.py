@@ -109,6 +109,8 @@ def step_combine_key(st, dtype: str) -> tuple:
 def _emit_all_gather(e, x, st, k, after):
     x = e.emit(CollectiveKind.ALL_GATHER, x, axes=st.axes, dim=st.dim, group=k)
     col = e.last_op
+    if st.block:  # the blocks stay as gathered: the boundary fix (a permute step) comes next
+        return x, col
     return e.trim(x, st.dim, after[st.dim]), col
 
 
@@ -132,19 +134,22 @@ def _emit_all_to_all(e, x, st, k, after):
 
 def _all_to_all_dims(e, x, moves, axes, k: int):
     """One all_to_all moving several splits at once, each (split dim j, concat dim d, its
-    axes): split every j into (k_i, rest), bring the k_i to the front as one dim of k (group
+    axes; the d distinct, moves sharing a j split it in turn, the first major): split every j
+    into (k_i, rest), bring the k_i to the front as one dim of k (group
     index order: the moves' axes in turn, major first), exchange along it, then put each k_i
     back on the major side of its d. Returns (result, the collective op)."""
     shape = x.type.shape
     ks = [e.mesh.group_size(a) for _, _, a in moves]
-    split = {j: i for i, (j, _, _) in enumerate(moves)}
+    split: dict[int, list[int]] = {}  # moves joining one dim split it in turn, the first major
+    for i, (j, _, _) in enumerate(moves):
+        split.setdefault(j, []).append(i)
     concat = {d: i for i, (_, d, _) in enumerate(moves)}
     expanded, pos = [], {}
     for t, n in enumerate(shape):
-        if t in split:
-            pos[("k", split[t])] = len(expanded)
-            expanded.append(ks[split[t]])
-            n //= ks[split[t]]
+        for i in split.get(t, ()):
+            pos[("k", i)] = len(expanded)
+            expanded.append(ks[i])
+            n //= ks[i]
         pos[t] = len(expanded)
         expanded.append(n)
     front = [pos[("k", i)] for i in range(len(moves))]
@@ -168,7 +173,37 @@ def _all_to_all_dims(e, x, moves, axes, k: int):
     return e.emit("reshape", y, shape=tuple(final)), col
 
 
+def _emit_boundary_fix(e, x, st, k, after):
+    """Blocks of st.block[0] elements on st.dim (an all_gather left them) to the standard chunks of
+    the layout: each shard takes the rows that cross into its chunk from its neighbour, one shift
+    (the emitter's `boundary_fix`: partition.halo.window with output shard i starting at i*chunk)."""
+    y, (col,) = e.boundary_fix(x, st.dim, st.axes, st.block[1], after[st.dim])
+    return y, col
+
+
+def _emit_shift_fix(e, x, st, k, after):
+    """Fine shard g = (i, j) of st.axes (coarse axes major) takes its rows from i*D before its own:
+    the pieces of shards g+q (one shift each), its own rows, then a dynamic slice at (-i*D - lo).
+    Returns (value, the collectives)."""
+    shift, coarse, pieces = st.prefix
+    d, f = st.dim, x.type.shape[st.dim]
+    sizes = tuple(e.mesh.axis_size(a) for a in st.axes)
+    parts, cols = [], []
+    for q, start, stop in pieces:
+        parts.append(e.emit(CollectiveKind.COLLECTIVE_PERMUTE, e.slice_dim(x, d, start, stop), axes=st.axes,
+                            sizes=sizes, rule=("shift", -q, False)))
+        cols.append(e.last_op)
+    lo = pieces[0][0] * f + pieces[0][1]
+    y = e.emit(OpName.CONCAT, *parts, x, axis=d)
+    at = e.affine_index(st.axes[:coarse], -shift, -lo)
+    return e.emit("dynamic_slice_in_dim", y, at, dim=d, size=f), tuple(cols)
+
+
 def _emit_permute(e, x, st, k, after):
+    if st.prefix:
+        return _emit_shift_fix(e, x, st, k, after)
+    if st.block:
+        return _emit_boundary_fix(e, x, st, k, after)
     rule = ("relayout", st.axes, st.before.dims, st.after.dims)
     x = e.emit(CollectiveKind.COLLECTIVE_PERMUTE, x, axes=st.axes,
                sizes=tuple(e.mesh.axis_size(a) for a in st.axes), rule=rule)

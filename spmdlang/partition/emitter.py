@@ -22,6 +22,7 @@ from ..ir.core import Op, Program, Value, all_ops
 from ..ir.mesh import Sharding
 from ..ir.names import OpName
 from ..ir.types import TensorType, itemsize
+from .halo import Window, window
 from .ledger import Collective, Ledger
 from .reshard import Step, drop_trivial_axes, plan_reshard
 
@@ -215,6 +216,13 @@ class Emitter(LocalOps):
         self.log(kind, axes, step_bytes(kind, k, size), attrs.get("reduce", "sum"), reason, self.last_op)
         return out
 
+    def boundary_fix(self, x: Value, dim: int, axes, n: int, c: int) -> tuple[Value, list[Op]]:
+        """Blocks of x.shape[dim] elements on `dim` (split over `axes`, global size n) to chunks of
+        c: partition.halo.window's exchange, its permutes emitted but not logged (the reshard step
+        they make up is logged by apply_steps). Returns (value, the permutes)."""
+        quiet = _Unlogged(self)
+        return window(quiet, x, dim, axes, axes, n, Window(c, 0, c), ""), quiet.ops
+
     def log(self, kind, axes, nbytes, reduce, reason, local_op, backward=False):
         """`backward`: the collective moves a value of the backward pass (a gradient settled for
         its update counts as backward even though the update is a forward op)."""
@@ -263,6 +271,8 @@ class Emitter(LocalOps):
         # reuse the longest prefix of the plan already done for another use of v
         start = 0
         for i, st in enumerate(steps):
+            if st.block and st.kind == CollectiveKind.ALL_GATHER or st.prefix:  # not st.after's layout yet
+                continue
             hit = self.cache.get((v, st.after.closed()))
             if hit is not None and hit.type.shape == st.after.local_shape(v.type.shape, self.mesh):
                 local, start = hit, i + 1
@@ -296,14 +306,19 @@ class Emitter(LocalOps):
                 self.cache[(v, st.after.closed())] = x
                 continue
             x, col = spec(st.kind).emit(self, x, st, k, after)
+            if st.block and st.kind == CollectiveKind.ALL_GATHER:  # blocks of st.block[0]: the fix comes next
+                after = tuple(st.block[0] if d == st.dim else n for d, n in enumerate(after))
             assert x.type.shape == after, (st, x.type, after)
-            self.cache[(v, st.after.closed())] = x
-            # what the emitted collective really sends (padding included), not the plan's estimate
-            sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in col.operands))
+            if not (st.block and st.kind == CollectiveKind.ALL_GATHER or st.prefix):
+                self.cache[(v, st.after.closed())] = x
             made = self.local.producer.get(v)
-            self.log(st.kind, st.axes, sent, st.reduce,
-                     f"{self.describe(v)} {st.before} -> {st.after}" + (f" {why}" if why else ""), col,
-                     backward=made is not None and made.backward)
+            for c in col if isinstance(col, tuple) else (col,):  # a shift fix: one permute per piece
+                # what the emitted collective really sends (padding included), not the plan's estimate
+                sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in c.operands))
+                self.log(st.kind, st.axes, sent, st.reduce,
+                         f"{self.describe(v)} {st.before} -> {st.after}"
+                         + (" (block boundaries)" if st.block or st.prefix else "") + (f" {why}" if why else ""), c,
+                         backward=made is not None and made.backward)
         return x
 
     def enter_pending(self, v: Value, s: Sharding) -> Value:
@@ -315,3 +330,19 @@ class Emitter(LocalOps):
             return x
         first = self.emit("eq", self.axis_index(s.partial), self.constant(0, "i32"))
         return self.emit("select", first, x, self.constant(zero(x.type.dtype), x.type.dtype))
+
+
+class _Unlogged:
+    """An emitter as partition.halo.window sees it, except that its collectives are emitted and
+    collected, not logged."""
+
+    def __init__(self, e: Emitter):
+        self._e, self.ops = e, []
+
+    def __getattr__(self, name):
+        return getattr(self._e, name)
+
+    def collective(self, kind, x: Value, reason: str, **attrs) -> Value:
+        out = self._e.emit(kind, x, **attrs)
+        self.ops.append(self._e.last_op)
+        return out

@@ -18,7 +18,14 @@ all_to_all over a group (x, y) that moves together, one all_to_all for moves bet
 dims). Reduce-scatters and slices come first (they shrink the data), then all_reduces of what
 cannot be scattered, then moves and gathers. Uneven splits nest only when
 m * ceil(n/(k*m)) == ceil(n/k) (or the coarse layout is whole); where they do not, the dim is
-gathered whole and sliced afresh.
+gathered whole and sliced afresh, or (the search's step below) the minor run is gathered with
+its blocks left as they come, m * ceil(n/(k*m)) elements each, and one collective_permute moves
+the rows that cross into each ceil(n/k) chunk from the neighbouring shard (XLA's edge fix):
+{(y, z), _} -> {y, _} on 6 rows gathers z (y-blocks [0, 4), [4, 6)) and sends row 3 to y=1,
+80 + 40 bytes where gathering (y, z) whole sends 240 (f32[6, 10]). Or the fix comes first, on
+the fine shards (shift_fix): those of coarse shard i take their rows from i*D earlier, one
+permute per neighbour they reach, and the plain gather then leaves each chunk first in its block:
+{_, (z, y, x)} -> {_, z} on 10 columns moves 2 columns (48 B) where fixing after moves 3 (72 B).
 
 Moves over several axes. A permute relabels axes: any layout reaches any other with the same
 shard count on every dim in one collective_permute of the local block. So an axis need not be
@@ -52,8 +59,10 @@ from ..ir.collectives import CollectiveKind, is_collective, spec
 from ..ir.mesh import Mesh, Sharding
 from ..ir.names import OpName
 from .cost import collective_cost, comm_cost, step_bytes
+from .halo import Window, parts
 
-__all__ = ["Step", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard", "step_bytes"]
+__all__ = ["Step", "boundary_fix", "chunk", "comm_cost", "drop_trivial_axes", "nests", "plan_cost", "plan_reshard",
+           "shift_fix", "step_bytes"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,17 @@ class Step:
     reduce: str = "sum"
     group: int = 1  # devices in the collective's group
     moves: tuple = ()  # all_to_all of several dims at once: ((split dim, concat dim, axes), ...)
+    # a boundary fix (uneven shards that do not nest), block = (B, the dim's global size): an
+    # all_gather that leaves blocks of B elements on `dim` (the gathered fine shards, untrimmed),
+    # then a collective_permute on the same dim moving the rows that cross into each standard
+    # chunk from the neighbouring shard
+    block: tuple = ()
+    # the other boundary fix, before the gather (prefix = (D, axes of the coarse split, pieces)):
+    # collective_permutes over `axes` (coarse major, fine minor) shift the fine shards of coarse
+    # shard i back by i*D rows, D = m*ceil(n/(k*m)) - ceil(n/k), one per piece (q, start, stop):
+    # rows [start, stop) of fine shard g+q to g; the plain all_gather that follows then leaves
+    # each standard chunk first in its block
+    prefix: tuple = ()
 
     @property
     def is_collective(self) -> bool:
@@ -81,6 +101,38 @@ def chunk(n: int, k: int) -> int:
 def nests(n: int, k_coarse: int, m: int) -> bool:
     """Does the k_coarse*m-way layout of a dim of n sit inside the k_coarse-way one, shard by shard?"""
     return k_coarse == 1 or m * chunk(n, k_coarse * m) == chunk(n, k_coarse)
+
+
+@lru_cache(maxsize=4096)
+def boundary_fix(n: int, k: int, m: int) -> tuple[int, int] | None:
+    """Gathering m fine shards of a dim of n split k*m ways leaves blocks of B = m*ceil(n/(k*m))
+    elements on each of the k coarse shards, where the k-way layout wants ceil(n/k). (B, rows the
+    one permute moves) when one shift of a static slice from the neighbouring shard fixes every
+    block's boundaries; None when the shards nest (no fix needed) or it takes more than one shift."""
+    c, big = chunk(n, k), m * chunk(n, k * m)
+    if k == 1 or big == c:
+        return None
+    travel = [(q, a, b) for q, a, b in parts(Window(c, 0, c), big, k, n)[2] if q != 0]
+    if len(travel) != 1 or not 0 < abs(travel[0][0]) < k:
+        return None
+    _, a, b = travel[0]
+    return big, b - a
+
+
+@lru_cache(maxsize=4096)
+def shift_fix(n: int, k: int, m: int) -> tuple[int, tuple] | None:
+    """The boundary fix before gathering m fine shards of a dim of n split k*m ways: fine shard
+    (i, j) (index g = i*m + j) takes the f = ceil(n/(k*m)) rows starting i*D before its own, so
+    that coarse block i gathers [i*ceil(n/k), ...). (D, pieces (q, start, stop)): the rows of fine
+    shard g+q every shard receives (the hull over i >= 1 of [-i*D, f - i*D) left of its own rows);
+    None when the shards nest."""
+    f = chunk(n, k * m)
+    d = m * f - chunk(n, k)
+    if k == 1 or d == 0:
+        return None
+    lo, hi = -(k - 1) * d, min(0, f - d)  # what the shards i >= 1 need from others, relative to their rows
+    pieces = tuple((q, max(0, lo - q * f), min(f, hi - q * f)) for q in range(lo // f, 0) if q * f < hi)
+    return d, pieces
 
 
 def local_bytes(shape, itemsize: int, mesh: Mesh, s: Sharding) -> int:
@@ -332,8 +384,11 @@ def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> l
 
 # ---------------------------------------------------------------------------------- the search
 
-SEARCH_STATES = 1000  # layouts the search settles at most (~0.2 s) before it gives up: the other plans stand
+# layouts the search settles at most (~0.2 s) before it gives up: the other plans stand
+SEARCH_STATES = 1000
 CHEAPEST, LEANEST = (2, 1), (0, 1, 2)  # objectives: indices into (bytes, collectives, comm_cost)
+FIX = "all_gather+fix"  # a search edge: all_gather of a minor run that does not nest, then its boundary fix
+PREFIX = "fix+all_gather"  # the same gather with the boundaries fixed first, on the fine shards
 
 
 def _count_layouts(axes, counts, sizes, used=()):
@@ -361,9 +416,13 @@ class _Search:
       reduce_scatter  one pending-sum axis the target splits, appended on some dim's minor side
       all_gather      a minor run of one dim's axes
       all_to_all      a minor run of dim a's axes, appended on dim b's minor side
+      all_gather+fix  a minor run of one dim's axes that does not nest, gathered, then the block
+                      boundaries fixed by one permute (boundary_fix; two Steps sharing `block`)
+      fix+all_gather  the same, the boundaries fixed first (shift_fix; a Step with `prefix`, one
+                      permute per piece, then the all_gather)
       collective_permute  to any layout with the same shard count on every dim (the axes
                       relabelled: {(x, z), y} -> {(y, x), z} is one permute, not a gather)
-    Every step keeps uneven shards nesting (nests)."""
+    Every other step keeps uneven shards nesting (nests)."""
 
     def __init__(self, shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding, objective):
         self.shape, self.itemsize, self.objective = shape, itemsize, objective
@@ -424,9 +483,13 @@ class _Search:
             cur = dims[d]
             for n in range(1, len(cur) + 1):
                 run, keep = cur[len(cur) - n:], cur[: len(cur) - n]
-                if not nests(self.shape[d], self.count(keep), self.count(run)):
-                    continue
                 left = tuple(keep if e == d else dim for e, dim in enumerate(dims))
+                if not nests(self.shape[d], self.count(keep), self.count(run)):
+                    if boundary_fix(self.shape[d], self.count(keep), self.count(run)):
+                        yield FIX, run, (left, partial), d, None
+                    if keep and shift_fix(self.shape[d], self.count(keep), self.count(run)):
+                        yield PREFIX, run, (left, partial), d, None
+                    continue
                 yield CollectiveKind.ALL_GATHER, run, (left, partial), d, None
                 for b in self.active:
                     if b != d and nests(self.shape[b], self.count(dims[b]), self.count(run)):
@@ -456,6 +519,36 @@ class _Search:
         col = is_collective(kind)
         return nbytes, (nbytes, int(col), collective_cost(kind, k, nbytes) if col else 0.0)
 
+    def fix(self, left, d: int, m: int) -> tuple[int, int, int]:
+        """(block, group of the permute, bytes it sends) of gathering m shards of dim d down to `left`."""
+        k = self.count(left[d])
+        block, rows = boundary_fix(self.shape[d], k, m)
+        row = prod(chunk(n, self.count(left[e])) for e, n in enumerate(self.shape) if e != d) * self.itemsize
+        return block, k, rows * row
+
+    def fix_step(self, dims, left, d: int, m: int, size: int) -> tuple[tuple, tuple]:
+        """Bytes of (the all_gather, the permute), and (bytes, collectives, comm_cost) of both."""
+        _, k, sent = self.fix(left, d, m)
+        g_bytes, g = self.step(CollectiveKind.ALL_GATHER, m, size)
+        p_bytes, p = self.step(CollectiveKind.COLLECTIVE_PERMUTE, k, sent)
+        return (g_bytes, p_bytes), tuple(a + b for a, b in zip(g, p))
+
+    def prefix(self, dims, d: int, m: int) -> tuple[int, tuple, float]:
+        """(D, pieces, bytes the permutes send) of fixing dim d's fine shards before gathering m."""
+        k = self.count(dims[d]) // m
+        shift, pieces = shift_fix(self.shape[d], k, m)
+        row = prod(chunk(n, self.count(dims[e])) for e, n in enumerate(self.shape) if e != d) * self.itemsize
+        return shift, pieces, sum(stop - start for _, start, stop in pieces) * row
+
+    def prefix_step(self, dims, d: int, m: int, size: int) -> tuple[tuple, tuple]:
+        """Bytes of (the permutes, the all_gather), and (bytes, collectives, comm_cost) of all of them
+        (each permute one latency step)."""
+        _, pieces, sent = self.prefix(dims, d, m)
+        g_bytes, g = self.step(CollectiveKind.ALL_GATHER, m, size)
+        k = self.count(dims[d])
+        lat = collective_cost(CollectiveKind.COLLECTIVE_PERMUTE, k, 0.0)
+        return (sent, g_bytes), (g[0] + sent, g[1] + len(pieces), g[2] + sent + lat * len(pieces))
+
     def run(self) -> list[Step] | None:
         """The plan, or None when the layouts are too many to search."""
         zero = (0.0, 0, 0.0)
@@ -475,7 +568,12 @@ class _Search:
                 if nxt in done:
                     continue
                 k = self.count(run)
-                nbytes, step = self.step(kind, k, size)
+                if kind == FIX:
+                    nbytes, step = self.fix_step(state[0], nxt[0], dim, k, size)
+                elif kind == PREFIX:
+                    nbytes, step = self.prefix_step(state[0], dim, k, size)
+                else:
+                    nbytes, step = self.step(kind, k, size)
                 p = tuple(a + step[i] for a, i in zip(prio, self.objective))
                 if nxt not in best or p < best[nxt]:
                     best[nxt] = p
@@ -487,6 +585,24 @@ class _Search:
         steps, state = [], self.target
         while state != self.start:
             prev, kind, run, dim, dim2, nbytes, k = back[state]
+            if kind == PREFIX:
+                shift, pieces, _ = self.prefix(prev[0], dim, k)
+                at = self.sharding(prev)
+                coarse = len(prev[0][dim]) - len(run)
+                steps.append(Step(CollectiveKind.ALL_GATHER, run, at, self.sharding(state), nbytes[1], dim, group=k))
+                steps.append(Step(CollectiveKind.COLLECTIVE_PERMUTE, prev[0][dim], at, at, nbytes[0], dim,
+                                  group=self.count(prev[0][dim]), prefix=(shift, coarse, pieces)))
+                state = prev
+                continue
+            if kind == FIX:
+                block, group, _ = self.fix(state[0], dim, k)
+                at = self.sharding(state)
+                steps.append(Step(CollectiveKind.COLLECTIVE_PERMUTE, state[0][dim], at, at, nbytes[1], dim,
+                                  group=group, block=(block, self.shape[dim])))
+                steps.append(Step(CollectiveKind.ALL_GATHER, run, self.sharding(prev), at, nbytes[0], dim,
+                                  group=k, block=(block, self.shape[dim])))
+                state = prev
+                continue
             settles = is_collective(kind) and spec(kind).settles
             steps.append(Step(kind, run, self.sharding(prev), self.sharding(state), nbytes, dim, dim2,
                               self.op if settles else "sum", k))
@@ -565,13 +681,17 @@ def _moves_of(st: Step) -> tuple:
 def _exact(st: Step, shape, mesh: Mesh) -> bool:
     """An all_to_all that needs no padding or trimming (every moved dim divides evenly)."""
     before, after = st.before.local_shape(shape, mesh), st.after.local_shape(shape, mesh)
-    return all(before[j] == mesh.group_size(a) * after[j] and after[d] == mesh.group_size(a) * before[d]
-               for j, d, a in _moves_of(st))
+    into, out = [1] * len(shape), [1] * len(shape)
+    for j, d, a in _moves_of(st):
+        into[j] *= mesh.group_size(a)
+        out[d] *= mesh.group_size(a)
+    return all(before[j] == into[j] * after[j] and after[d] == out[d] * before[d] for j, d, _ in _moves_of(st))
 
 
 def _merge_moves(steps, shape, itemsize: int, mesh: Mesh) -> list[Step]:
-    """Consecutive all_to_alls over disjoint axes and disjoint dims commute: run them as ONE
-    all_to_all over all their axes (XLA's MultipleSourceTargetDimsInOneAllToAll), which sends
+    """Consecutive all_to_alls over disjoint axes, leaving distinct dims that none of them joins,
+    run as ONE all_to_all over all their axes (XLA's MultipleSourceTargetDimsInOneAllToAll; two
+    joining one dim split it in turn, {x, y, _} -> {_, _, (x, y)}), which sends
     (k1 k2 - 1)/(k1 k2) of the array instead of (k1 - 1)/k1 + (k2 - 1)/k2 of it."""
     out: list[Step] = []
     for st in steps:
@@ -579,8 +699,8 @@ def _merge_moves(steps, shape, itemsize: int, mesh: Mesh) -> list[Step]:
         if (prev is not None and prev.kind == st.kind == CollectiveKind.ALL_TO_ALL and not set(prev.axes) & set(st.axes)
                 and _exact(prev, shape, mesh) and _exact(st, shape, mesh)):
             moves = _moves_of(prev) + _moves_of(st)
-            dims = [x for j, d, _ in moves for x in (j, d)]
-            if len(dims) == len(set(dims)):
+            joins, leaves = {j for j, _, _ in moves}, [d for _, d, _ in moves]
+            if len(leaves) == len(set(leaves)) and not joins & set(leaves):  # several may join one dim
                 k = prev.group * st.group
                 size = local_bytes(shape, itemsize, mesh, prev.before)
                 out[-1] = Step(CollectiveKind.ALL_TO_ALL, prev.axes + st.axes, prev.before, st.after,
