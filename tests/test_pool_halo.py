@@ -148,3 +148,28 @@ def test_mnist_program_is_flaxs_mnist_training_step():
     for f in mm.FIELDS:
         np.testing.assert_allclose(got[f"return1.{f}"], leaf(new_params, f), rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(got[f"return2.{f}"], leaf(new_state[0].trace, f), rtol=1e-4, atol=1e-6)
+
+
+def test_avg_pool_lhs_dilation_keyword(tmp_path):
+    """avg_pool(..., lhs_dilation=d): zeros between the input elements, then the pool, on rows split
+    unevenly (5 over 2), every backend equal to numpy; bad values are errors at the argument."""
+    path = tmp_path / "dil.spmd"
+    path.write_text("mesh [rows=2]\n\nfunc main(x: f32[2, 5, 4, 3] {_, rows, _, _}) -> f32[2, 11, 8, 3] {\n"
+                    "  return avg_pool(x, 2, 1, [[1, 2], [1, 1]], lhs_dilation=2)\n}\n")
+    c = spmdlang.compile(str(path))
+    x = np.random.default_rng(0).standard_normal((2, 5, 4, 3)).astype(np.float32)
+    d = np.zeros((2, 9, 7, 3), np.float32)
+    d[:, ::2, ::2] = x
+    p = np.pad(d, [(0, 0), (1, 2), (1, 1), (0, 0)])
+    want = sum(p[:, i:i + 11, j:j + 8] for i in range(2) for j in range(2)) / 4
+    for b in ("ref", "sim"):
+        np.testing.assert_allclose(np.asarray(c.run({"x": x}, backend=b)[0]), want, rtol=1e-6, atol=1e-6)
+    assert "lhs_dilation=[2, 2]" in c.ir
+    for call, msg in [("avg_pool(x, 2, 1, [[1, 2], [1, 1]], lhs_dilation=0)", "must be a positive integer"),
+                      ("avg_pool(x, 2, 1, lhs_dilation=2)", "needs explicit padding")]:
+        line = f"  return {call}"
+        path.write_text(f"mesh [rows=2]\n\nfunc main(x: f32[2, 5, 4, 3]) -> f32[2, 11, 8, 3] {{\n{line}\n}}\n")
+        with pytest.raises(spmdlang.SpmdError) as e:
+            spmdlang.compile(str(path))
+        col = line.index("lhs_dilation=") + len("lhs_dilation=") + 1  # at the value
+        assert f"{path}:4:{col}: error: avg_pool" in str(e.value) and msg in str(e.value), str(e.value)

@@ -158,6 +158,10 @@ class Translator:
         # gradient of a sum pool): id(pad eqn), and the placeholder text of each -> (operand, config)
         self.fold_pads: set[int] = set()
         self.deferred_pads: dict[str, tuple] = {}
+        # sums of pads of one value (jax's transpose of strided slices added: the xla module's sum
+        # pool): id(eqn) -> its writer (the root: one pool; the pads and inner adds: nothing)
+        self.pool_sums: dict[int, object] = {}
+        self.pad_operands: dict[int, Ref] = {}  # id(jaxpr var) -> its Ref, for those folded pads' writer
 
     # ------------------------------------------------------------------ emission
 
@@ -234,12 +238,15 @@ class Translator:
         # a user line `h = ...` names the last of its (forward) values that a later line reads
         last_of_line = _line_targets(jaxpr)
         self.fold_pads |= _pad_pool_folds(jaxpr)
+        self.pool_sums.update(_pad_sum_pools(jaxpr))
         for i, eqn in enumerate(jaxpr.eqns):
             frame = N.user_frame(eqn)
             self.frame, self.where = frame, N.frame_span(frame) or self.where
             self.comment(frame)
             ins = [read(a) for a in eqn.invars]
             handler = PRIMS.get(eqn.primitive.name)
+            if id(eqn) in self.pool_sums:  # a sum of pads folded into one pool (_pad_sum_pool)
+                handler = self.pool_sums[id(eqn)]
             if handler is None:
                 self.fail(f"jax primitive '{eqn.primitive.name}' has no spmdlang equivalent")
             outs = handler(self, eqn, ins)
@@ -704,6 +711,102 @@ def _pad_pool_folds(jaxpr) -> set[int]:
     return folds
 
 
+def _pad_sum_pools(jaxpr) -> dict:
+    """add/add_any trees whose leaves are pads of one value, all with the same interior padding
+    (zeros, non-negative lo/hi) and lo offsets that fill a grid of w_d consecutive offsets per dim:
+    jax's transpose of a sum pool written as strided slices added, sum_o pad(ct, (o, hi_o, s - 1)).
+    That sum is one sum pool of ct (window w, stride 1, lhs_dilation s, padding lo = a + w - 1 and
+    hi = the pad with lo = a's hi), which partitions by halos as the program's own pool gradient.
+    Returns id(eqn) -> writer: the root writes the pool, the pads and inner adds nothing."""
+    uses: dict = {}
+    producer = {}
+    for eqn in jaxpr.eqns:
+        for a in eqn.invars:
+            if type(a).__name__ != "Literal":
+                uses[a] = uses.get(a, 0) + 1
+        for v in eqn.outvars:
+            producer[v] = eqn
+    for a in jaxpr.outvars:
+        if type(a).__name__ != "Literal":
+            uses[a] = uses.get(a, 0) + 1
+
+    def leaves(eqn, inner):
+        out = []
+        for a in eqn.invars:
+            src = producer.get(a) if type(a).__name__ != "Literal" else None
+            if src is None or uses.get(a) != 1:
+                return None
+            if src.primitive.name in ("add", "add_any"):
+                inner.append(src)
+                sub = leaves(src, inner)
+                if sub is None:
+                    return None
+                out += sub
+            elif src.primitive.name == "pad":
+                out.append(src)
+            else:
+                return None
+        return out
+
+    found: dict = {}
+    for eqn in reversed(jaxpr.eqns):
+        if eqn.primitive.name not in ("add", "add_any") or id(eqn) in found:
+            continue
+        inner: list = []
+        pads = leaves(eqn, inner)
+        fold = _pad_sum_fold(pads) if pads else None
+        if fold is None:
+            continue
+        for e in inner + pads:
+            found[id(e)] = _deferred
+        found[id(eqn)] = _sum_pool_writer(pads[0].invars[0], *fold)
+    return found
+
+
+def _pad_sum_fold(pads):
+    """(window, padding, lhs_dilation) of the pool that a sum of these pads is, or None."""
+    x = pads[0].invars[0]
+    if type(x).__name__ == "Literal" or np.dtype(x.aval.dtype).kind != "f" or 0 in x.aval.shape:
+        return None
+    configs = [[tuple(int(c) for c in cfg) for cfg in e.params["padding_config"]] for e in pads]
+    interior = [i for _, _, i in configs[0]]
+    for e, cfg in zip(pads, configs):
+        v = e.invars[1]
+        if e.invars[0] is not x or type(v).__name__ != "Literal" or float(v.val) != 0.0:
+            return None
+        if [i for _, _, i in cfg] != interior or any(lo < 0 or hi < 0 for lo, hi, _ in cfg):
+            return None
+    if not any(interior):
+        return None
+    rank = len(interior)
+    los = [sorted({cfg[d][0] for cfg in configs}) for d in range(rank)]
+    window = [len(ls) for ls in los]
+    if any(ls != list(range(ls[0], ls[0] + len(ls))) for ls in los):
+        return None
+    grid = sorted(tuple(ls[0] + k for ls, k in zip(los, idx)) for idx in np.ndindex(*window))
+    if sorted(tuple(c[0] for c in cfg) for cfg in configs) != grid:  # each offset once
+        return None
+    first = [next(cfg[d] for cfg in configs if cfg[d][0] == los[d][0]) for d in range(rank)]
+    padding = [[los[d][0] + window[d] - 1, first[d][1]] for d in range(rank)]
+    lhs = [i + 1 for i in interior]
+    free = [d for d in range(rank) if window[d] == 1 and padding[d] == [0, 0] and lhs[d] == 1]
+    return (window, padding, lhs) if len(free) == 2 else None
+
+
+def _deferred(t, eqn, ins):
+    if eqn.primitive.name == "pad":
+        t.pad_operands[id(eqn.invars[0])] = ins[0]
+    return Ref("\x01folded\x01", dtype_name(t.out(eqn).dtype, t.where), aval_shape(t.out(eqn)))
+
+
+def _sum_pool_writer(x_var, window, padding, lhs):
+    def write(t, eqn, ins):
+        x = t.pad_operands[id(x_var)]
+        return _write_pool(t, eqn, "sum", x, window, [1] * len(window), padding, lhs)
+
+    return write
+
+
 @prim("pad")
 def _pad(t, eqn, ins):
     x, v = ins
@@ -910,36 +1013,42 @@ def _pool(kind):
             lhs, padding = _pool_fold(pad_eqn, eqn)
         if any(d != 1 for d in p.get("base_dilation", ())) or any(d != 1 for d in p.get("window_dilation", ())):
             t.fail(f"jax primitive '{eqn.primitive.name}' with dilation has no spmdlang equivalent")
-        rank = len(x.shape)
-        free = [d for d in range(rank) if window[d] == 1 and strides[d] == 1 and padding[d] == [0, 0]
-                and lhs[d] == 1]
-        spatial = [d for d in range(rank) if d not in free]
-        if not spatial:
-            return x
-        # the pool builtins work over [N, spatial..., C]: two free dims, moved first and last
-        if len(free) != 2:
-            t.fail(f"jax primitive '{eqn.primitive.name}' over a window that leaves other than two dims whole "
-                   "has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C])")
-        perm = [free[0], *spatial, free[1]]
-        win, st, pad = [window[d] for d in spatial], [strides[d] for d in spatial], [padding[d] for d in spatial]
-        dil = [lhs[d] for d in spatial]
-        v = t.value(x)
-        if perm != list(range(rank)):
-            v = t.emit(f"transpose({v}, {_ints(perm)})")
-        if kind == "max":
-            expr = f"max_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
-        elif kind == "min":
-            expr = f"-max_pool(-{v}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
-        else:
-            if x.dtype not in _FLOATS:
-                t.fail(f"jax primitive '{eqn.primitive.name}' summing integers has no spmdlang equivalent")
-            extra = f", lhs_dilation={_ints(dil)}" if any(d != 1 for d in dil) else ""
-            expr = f"avg_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad}{extra}) * {int(np.prod(win))}.0"
-        if perm != list(range(rank)):
-            expr = f"transpose({t.emit(expr)}, {_ints([perm.index(d) for d in range(rank)])})"
-        return t.put(eqn, expr)
+        return _write_pool(t, eqn, kind, x, window, strides, padding, lhs)
 
     return write
+
+
+def _write_pool(t, eqn, kind, x, window, strides, padding, lhs):
+    """A max/min/sum pool over the dims of x with a window (a jax reduce_window) as the pool builtins
+    write it: over [N, spatial..., C], the two whole dims moved first and last."""
+    rank = len(x.shape)
+    free = [d for d in range(rank) if window[d] == 1 and strides[d] == 1 and padding[d] == [0, 0]
+            and lhs[d] == 1]
+    spatial = [d for d in range(rank) if d not in free]
+    if not spatial:
+        return x
+    # the pool builtins work over [N, spatial..., C]: two free dims, moved first and last
+    if len(free) != 2:
+        t.fail(f"jax primitive '{eqn.primitive.name}' over a window that leaves other than two dims whole "
+               "has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C])")
+    perm = [free[0], *spatial, free[1]]
+    win, st, pad = [window[d] for d in spatial], [strides[d] for d in spatial], [padding[d] for d in spatial]
+    dil = [lhs[d] for d in spatial]
+    v = t.value(x)
+    if perm != list(range(rank)):
+        v = t.emit(f"transpose({v}, {_ints(perm)})")
+    if kind == "max":
+        expr = f"max_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
+    elif kind == "min":
+        expr = f"-max_pool(-{v}, {_ints(win)}, stride={_ints(st)}, padding={pad})"
+    else:
+        if x.dtype not in _FLOATS:
+            t.fail(f"jax primitive '{eqn.primitive.name}' summing integers has no spmdlang equivalent")
+        extra = f", lhs_dilation={_ints(dil)}" if any(d != 1 for d in dil) else ""
+        expr = f"avg_pool({v}, {_ints(win)}, stride={_ints(st)}, padding={pad}{extra}) * {int(np.prod(win))}.0"
+    if perm != list(range(rank)):
+        expr = f"transpose({t.emit(expr)}, {_ints([perm.index(d) for d in range(rank)])})"
+    return t.put(eqn, expr)
 
 
 for _kind in ("sum", "max", "min"):
