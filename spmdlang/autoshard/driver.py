@@ -319,7 +319,7 @@ def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, la
             continue
         try:
             free = compiles.get(source)
-            specs = [_spec(free.propagation.shardings[r.value]) for r in free.program.results]
+            specs = [_spec(free.propagation.shardings[r.value]) for r in free.propagation.program.results]
         except SpmdError:
             continue
         p = candidate(specs, wrap)
