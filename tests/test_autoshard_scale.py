@@ -44,7 +44,8 @@ def test_alike_layers_enumerate_their_strategies_once(monkeypatch):
     assert len({id(prob.views[u]) for u in einsums}) == 1
 
 
-def test_every_candidate_source_is_compiled_once(monkeypatch):
+def _count_compiles(monkeypatch) -> Counter:
+    """driver.compile counting the sources it is given (the counter fills as the search runs)."""
     sources = Counter()
     real = driver.compile
 
@@ -53,6 +54,11 @@ def test_every_candidate_source_is_compiled_once(monkeypatch):
         return real(source, **kw)
 
     monkeypatch.setattr(driver, "compile", counted)
+    return sources
+
+
+def test_every_candidate_source_is_compiled_once(monkeypatch):
+    sources = _count_compiles(monkeypatch)
     path = ROOT / "programs" / "mlp.spmd"
     r = autoshard(batch_only(path.read_text(), str(path)), filename=str(path))
     assert r.chosen is not None
@@ -66,14 +72,7 @@ def _ops(text: str) -> int:
 def test_candidate_compiles_are_bounded_by_the_program_size(monkeypatch):
     """A search compiles at most CANDIDATE_COMPILE_OPS ops of candidates (and at most
     MAX_CANDIDATE_COMPILES), but always the optimum: on a program over the budget, one compile."""
-    sources = Counter()
-    real = driver.compile
-
-    def counted(source, **kw):
-        sources[source] += 1
-        return real(source, **kw)
-
-    monkeypatch.setattr(driver, "compile", counted)
+    sources = _count_compiles(monkeypatch)
     small = autoshard(distinct_layers(2), filename="small.spmd")
     unbounded = sum(sources.values())
     assert unbounded >= 4 and small.problem["candidate_compiles"] == unbounded  # variants and runners-up
