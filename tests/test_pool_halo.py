@@ -173,3 +173,21 @@ def test_avg_pool_lhs_dilation_keyword(tmp_path):
             spmdlang.compile(str(path))
         col = line.index("lhs_dilation=") + len("lhs_dilation=") + 1  # at the value
         assert f"{path}:4:{col}: error: avg_pool" in str(e.value) and msg in str(e.value), str(e.value)
+
+
+def test_int_max_pool_on_jax_with_x64_on():
+    """An i32 max pool is lax.reduce_window with an init of its own dtype: a Python int init is an
+    i64 once a module has enabled x64 (campaign seeds 701, 728, 1193 crashed so in a worker that
+    had run a 64-bit program before), and reduce_window refuses the mixed dtypes."""
+    src = """mesh [p=2]
+func main(x: i32[6, 8, 3] {p, _, _}, n: i64[2]) -> (i32[6, 4, 3], i64[2]) {
+  return max_pool(x, 1, 2, "VALID"), n + 1
+}
+"""
+    c = spmdlang.compile(src)
+    x = np.random.default_rng(0).integers(-2**31, 2**31 - 1, (6, 8, 3)).astype(np.int32)
+    inputs = {"x": x, "n": np.array([2**40, -3], np.int64)}
+    want = c.run(inputs, backend="ref")
+    for b in ("sim", "jax"):
+        for g, w in zip(c.run(inputs, backend=b), want):
+            np.testing.assert_array_equal(g, w)

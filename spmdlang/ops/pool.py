@@ -119,7 +119,9 @@ def _jax(args, attrs, out):
         # jax.lax's own max pool, so that jax.grad of the module (the xla backend's gradient)
         # routes a window's cotangent as ours does: select_and_scatter_add, the first maximum
         # (a Python scalar init: jax recognises the max monoid, reduce_window_max, with its gradient)
-        return f"jax.lax.reduce_window({x}, {fill_text}, jax.lax.max, {_full(window)}, " \
+        # (an int's init in its own dtype: a Python int is an i64 where the module enables x64)
+        init = fill_text if T.is_float(dt) else f"jnp.asarray({fill_text}, {T.jnp_dtype(dt)})"
+        return f"jax.lax.reduce_window({x}, {init}, jax.lax.max, {_full(window)}, " \
                f"{_full(strides)}, {_full_padding(padding)})"
     if any(d > 1 for d in lhs):  # lax.pad's interior padding spreads the input (the pool transposed)
         cfg = [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs)] + [(0, 0, 0)]
