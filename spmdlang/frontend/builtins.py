@@ -332,6 +332,22 @@ def _keep(ctx, v, shape, axes, keepdims, span):
     return ctx.b.emit("reshape", v, span=span, shape=out)
 
 
+def mean_over(ctx, x: Value, axes, span, blame=None) -> Value:
+    """jnp.mean of x over axes (dropped): an int x in its float; a bf16 or f16 x summed and divided
+    in f32 and rounded once (rounding the sum, then the quotient, differs by an ulp, which a
+    cancelling mean(x^2) - mean^2 amplifies)."""
+    if T.is_int(x.type.dtype):
+        x = ctx.cast(x, float_for(x.type.dtype), span)
+    dt = x.type.dtype
+    wide = ctx.cast(x, "f32", span) if dt in ("bf16", "f16") else x
+    count = 1
+    for a in axes:
+        count *= x.type.shape[a]
+    out = ctx.b.emit("reduce_sum", wide, span=span, axes=axes, **({"blame": blame} if blame else {}))
+    out = ctx.b.emit("div", out, ctx.materialize(float(count), span, out.type.dtype), span=span)
+    return ctx.cast(out, dt, span) if wide is not x else out
+
+
 def _reduce(kind):
     def lower(ctx, span, args):
         x = tensor(ctx, args, "x")
@@ -339,19 +355,11 @@ def _reduce(kind):
         dt = x.type.dtype
         if dt == "bool":
             x = ctx.cast(x, "i32", span)
-        if kind == "mean" and T.is_int(x.type.dtype):
-            x = ctx.cast(x, float_for(x.type.dtype), span)
-        if kind == "mean" and dt in ("bf16", "f16"):  # jnp.mean sums and divides in f32, then rounds
-            x = ctx.cast(x, "f32", span)
-        prim = {"mean": "reduce_sum"}.get(kind, f"reduce_{kind}")
-        out = ctx.b.emit(prim, x, span=span, axes=axes, blame={"axes": args.span("axis")})
+        blame = {"axes": args.span("axis")}
         if kind == "mean":
-            count = 1
-            for a in axes:
-                count *= x.type.shape[a]
-            out = ctx.b.emit("div", out, ctx.materialize(float(count), span, out.type.dtype), span=span)
-            if dt in ("bf16", "f16"):
-                out = ctx.cast(out, dt, span)
+            out = mean_over(ctx, x, axes, span, blame)
+        else:
+            out = ctx.b.emit(f"reduce_{kind}", x, span=span, axes=axes, blame=blame)
         if dt == "bool" and kind in ("max", "min"):
             out = ctx.cast(out, "bool", span)
         return _keep(ctx, out, x.type.shape, axes, args["keepdims"], span)

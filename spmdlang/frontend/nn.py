@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..errors import SpmdError
 from ..ir import types as T
 from ..ir.core import Value
-from .builtins import BUILTINS, Args, _expand_back, builtin, norm_axes, norm_axis, tensor
+from .builtins import BUILTINS, Args, _expand_back, builtin, mean_over, norm_axes, norm_axis, tensor
 from .values import float_for
 
 # jax.nn.selu's constants
@@ -121,16 +121,8 @@ def _log_softmax(ctx, span, args):
 
 
 def _mean(ctx, span, x, axes):
-    """jnp.mean: a bf16 or f16 x is summed and divided in f32, then rounded once (rounding the sum
-    first, then the quotient, differs by an ulp, which standardize's mean(x^2) - mean^2 amplifies)."""
-    count = 1
-    for a in axes:
-        count *= x.type.shape[a]
-    dt = x.type.dtype
-    wide = ctx.cast(x, "f32", span) if dt in ("bf16", "f16") else x
-    mean = _op(ctx, span, "div", ctx.b.emit("reduce_sum", wide, span=span, axes=axes), float(count))
-    mean = ctx.cast(mean, dt, span) if wide is not x else mean
-    return _expand_back(ctx, mean, x.type.shape, axes, span)
+    """jnp.mean(x, axes, keepdims=True)."""
+    return _expand_back(ctx, mean_over(ctx, x, axes, span), x.type.shape, axes, span)
 
 
 @builtin("standardize", "x:tensor", "axis:axes=-1", "epsilon:tensor=1e-5",
