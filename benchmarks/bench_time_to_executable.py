@@ -17,6 +17,11 @@ pair), the same ratio in process CPU time (all threads; steadier than wall time 
 machine), then the geometric means of the ratios. The goal (issue 25) is a ratio <= 1.0 on every program.
 
     python benchmarks/bench_time_to_executable.py [PROGRAM.spmd ...] [--rounds 3] [--json PATH]
+
+`--kernels` prints, instead of times, what XLA's CPU backend compiles on each side: the kernels
+(fusions and unfused ops of the optimized HLO's non-fused computations, loop bodies included; XLA
+compiles each one to machine code, which is most of its compile time) and the collectives. The
+counts are deterministic, so they show a change's effect on a loaded machine, where times do not.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -49,6 +55,49 @@ def _placed(c, backend: str, inputs):
     m = c.runner(backend).module
     values = m._nest([inputs[p.name] for p in c.program.params], m.GLOBAL_SHAPES)
     return m.place(values, m.make_mesh())
+
+
+# Ops of an optimized HLO module that XLA's CPU backend does not compile into a kernel of their own.
+_NOT_KERNELS = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "partition-id",
+                "replica-id", "after-all", "opt-barrier", "while", "conditional", "call"}
+_COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                "all-reduce-start", "all-gather-start", "collective-permute-start", "all-reduce-done",
+                "all-gather-done", "collective-permute-done"}
+
+
+def kernel_counts(hlo_text: str) -> tuple[int, int]:
+    """(kernels, collectives) of an optimized HLO module's text: the instructions of every
+    computation that is not a fusion's body or a reducer (see _NOT_KERNELS)."""
+    called = set(re.findall(r"(?:calls|to_apply)=%([\w.-]+)", hlo_text))
+    kernels = collectives = 0
+    name = None
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%([\w.-]+) ", line)
+        if head and line.rstrip().endswith("{"):
+            name = head.group(1)
+            continue
+        op = re.match(r"^\s+(?:ROOT )?%\S+ = \S+ ([a-z-]+)\(", line)
+        if name is None or name in called or not op:
+            continue
+        kind = op.group(1)
+        if kind in _COLLECTIVES:
+            collectives += kind.endswith("-done") is False
+        elif kind not in _NOT_KERNELS:
+            kernels += 1
+    return kernels, collectives
+
+
+def kernels(path: Path) -> dict:
+    """Kernels and collectives XLA compiles for our module and for the baseline (see --kernels)."""
+    c = spmdlang.compile(str(path))
+    ensure_devices(c.mesh.size)
+    inputs = c.random_inputs(0)
+    row = {"program": path.stem}
+    for side, backend, source in (("ours", "jax", c.jax_source), ("xla", "xla", c.xla_source)):
+        module = load(source, side)
+        text = module.build(module.make_mesh()).lower(*_placed(c, backend, inputs)).compile().as_text()
+        row[side + "_kernels"], row[side + "_collectives"] = kernel_counts(text)
+    return row
 
 
 def measure(path: Path, rounds: int) -> dict:
@@ -101,6 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("programs", nargs="*", type=Path, help="default: every programs/*.spmd")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per program (default 3)")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    ap.add_argument("--kernels", action="store_true",
+                    help="print the kernels and collectives XLA compiles on each side, no timing")
     a = ap.parse_args(argv)
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     import jax
@@ -108,6 +159,8 @@ def main(argv=None) -> int:
     jax.config.update("jax_enable_compilation_cache", False)
     paths = a.programs or sorted((ROOT / "programs").glob("*.spmd"))
     ensure_devices(max(spmdlang.compile(str(p)).mesh.size for p in paths))
+    if a.kernels:
+        return _print_kernels(paths, a.json)
     load0 = os.getloadavg()[0]
     rows = []
     print(f"{'program':<26} {'ours s':>7} {'(spmdlang)':>10} {'XLA s':>7} {'ratio':>6} {'spread':>12}  "
@@ -128,6 +181,20 @@ def main(argv=None) -> int:
     if a.json:
         doc = {"rows": rows, "geomean": geo, "cpu_geomean": cpu_geo, "jax": jax.__version__}
         a.json.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+def _print_kernels(paths, json_path) -> int:
+    rows = []
+    print(f"{'program':<26} {'ours kernels':>12} {'XLA kernels':>11} {'ours coll.':>10} {'XLA coll.':>9}")
+    for p in paths:
+        r = kernels(p)
+        rows.append(r)
+        print(f"{r['program']:<26} {r['ours_kernels']:>12} {r['xla_kernels']:>11} {r['ours_collectives']:>10} "
+              f"{r['xla_collectives']:>9}", flush=True)
+    print(f"total kernels: ours {sum(r['ours_kernels'] for r in rows)}, XLA {sum(r['xla_kernels'] for r in rows)}")
+    if json_path:
+        json_path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     return 0
 
 
