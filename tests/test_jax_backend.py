@@ -178,7 +178,9 @@ func main(a: bf16[10, 6, 2], b: bf16[10, 6]) -> (bf16[6, 6, 2], bf16[6, 6, 2] {_
 }
 """
     c = spmdlang.compile(src)
-    assert "preferred_element_type" not in c.jax_source
+    dots = [line for line in c.jax_source.splitlines() if "dot_general(" in line]
+    assert dots and all(line.count(".astype(jnp.float32)") == 2 for line in dots), dots  # f32 operands
+    assert "preferred_element_type" not in c.xla_source
     for backend in ("jax", "xla"):
         d = c.diff(backends=["ref", "sim", backend])
         assert d["ok"], f"{d['results']}\n{c.spmd_ir}"

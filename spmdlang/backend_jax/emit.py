@@ -402,6 +402,8 @@ def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: li
             if constraint is None and len(attrs.get("axes", ())) > 1 and "mesh_axes" in namer.__dict__:
                 # the mesh's axis order, for collectives whose axis tuple jax wants in it (ppermute)
                 attrs = {**attrs, "mesh_axes": namer.__dict__["mesh_axes"]}
+            if emit is opdef.jax_local:  # our module's own forms may depend on the operands' types
+                attrs = {**attrs, "operand_types": tuple(v.type for v in op.operands)}
             expr = emit(args, attrs, [r.type for r in op.results])
         line = f"{indent}{', '.join(outs)} = {expr}"
         if op.span is not None:

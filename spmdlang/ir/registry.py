@@ -12,7 +12,8 @@ An `OpDef` holds
   rule      sharding rule: (operand types, result types, attrs) -> FactorRule (factors with kinds)
   jax       jax emission: (operand expressions, attrs, result types) -> expression text
   jax_local  the emission in our per-partition (shard_map) module where it must differ from `jax`,
-            which the XLA baseline module keeps (conv: zero padding that multiplies); None: `jax`
+            which the XLA baseline module keeps (conv: zero padding that multiplies; jax.lax forms
+            that trace faster than jnp's); its attrs also hold "operand_types"; None: `jax`
   jax_helper  per-partition ops only: source of a function named as the op that the emitted module
             defines (its `jax` text calls it)
   partition custom partitioning step for ops whose dims do not line up (None: generic, by factors);

@@ -325,10 +325,11 @@ def _range_mask_jax(a, attrs, out):
 _RANGE_MASK_HELPER = '''
 def range_mask(x, idx, *, dim, chunk, offset, lo, hi, value):
     """Keep elements whose global position idx*chunk + offset + t lies in [lo, hi); others := value."""
-    shape = [1] * x.ndim
-    shape[dim] = x.shape[dim]
-    pos = idx * chunk + offset + jnp.arange(x.shape[dim]).reshape(shape)
-    return jnp.where((pos >= lo) & (pos < hi), x, jnp.asarray(value, x.dtype))
+    int_ = lambda v: np.asarray(v, idx.dtype)  # noqa: E731 (jax.lax takes no Python int once x64 is on)
+    pos = jax.lax.add(jax.lax.broadcasted_iota(idx.dtype, x.shape, dim),
+                      jax.lax.add(jax.lax.mul(idx, int_(chunk)), int_(offset)))
+    keep = jax.lax.bitwise_and(jax.lax.ge(pos, int_(lo)), jax.lax.lt(pos, int_(hi)))
+    return jax.lax.select(keep, x, jax.lax.full(x.shape, value, x.dtype))
 '''
 
 # masks the padding of uneven shards and the outside of halo windows

@@ -70,6 +70,43 @@ def _einsum_jax(args, attrs, out):
     return f'jnp.einsum("{attrs["spec"]}", {wide}).astype({T.jnp_dtype(out[0].dtype)})'
 
 
+def _einsum_jax_local(args, attrs, out):
+    """In our per-partition module a two-operand einsum is the jax.lax.dot_general (and at most one
+    transpose) that jnp.einsum would trace, written out: the same operand order, dimension numbers
+    (batch dims in output order, contracted dims sorted by letter), preferred_element_type and
+    transpose, without jnp.einsum's contraction-path search on every trace. Other einsums (one
+    operand, or an index summed within one operand) stay jnp.einsum."""
+    ins, res = attrs["spec"].replace(" ", "").split("->")
+    ins = ins.split(",")
+    if len(ins) != 2 or any(c not in res and c not in other for a, other in (ins, ins[::-1]) for c in a):
+        return _einsum_jax(args, attrs, out)
+    a, b = ins
+    contracted = sorted(c for c in a if c in b and c not in res)
+    batch = [c for c in res if c in a and c in b]
+    a_free, b_free = ([c for c in x if c not in contracted and c not in batch] for x in (a, b))
+    # jnp.einsum tries (b, a) first (opt_einsum lists the pair in reverse), then (a, b): the order
+    # whose output needs no transpose when one does
+    if "".join(batch + a_free + b_free) == res:
+        (lhs, x), (rhs, y), names = (a, args[0]), (b, args[1]), batch + a_free + b_free
+    else:
+        (lhs, x), (rhs, y), names = (b, args[1]), (a, args[0]), batch + b_free + a_free
+    dt = out[0].dtype
+    wide = dt in ("bf16", "f16")  # upcast to f32 before the dot (see _einsum_jax)
+    if wide:
+        x, y = f"{x}.astype(jnp.float32)", f"{y}.astype(jnp.float32)"
+    dims = (f"(({_tuple(lhs.index(c) for c in contracted)}, {_tuple(rhs.index(c) for c in contracted)}), "
+            f"({_tuple(lhs.index(c) for c in batch)}, {_tuple(rhs.index(c) for c in batch)}))")
+    expr = (f"jax.lax.dot_general({x}, {y}, {dims}, "
+            f"preferred_element_type={'jnp.float32' if wide else T.jnp_dtype(dt)})")
+    if "".join(names) != res:
+        expr = f"jax.lax.transpose({expr}, {_tuple(names.index(c) for c in res)})"
+    return f"{expr}.astype({T.jnp_dtype(dt)})" if wide else expr
+
+
+def _tuple(xs) -> str:
+    return repr(tuple(xs))
+
+
 def _size(letters, sizes) -> int:
     n = 1
     for c in letters:
@@ -214,7 +251,7 @@ register("einsum", doc="contraction of any number of operands over named indices
          infer=_einsum_infer, numpy=_einsum_numpy, flops=_einsum_flops,
          rule=lambda ops, res, attrs: einsum_rule(attrs["spec"].replace(" ", ""), [t.shape for t in ops],
                                                   res[0].shape),
-         jax=_einsum_jax, partition=_einsum_partition, partial=PartialMode.multilinear,
+         jax=_einsum_jax, jax_local=_einsum_jax_local, partition=_einsum_partition, partial=PartialMode.multilinear,
          reduce_fill=lambda dtype: 0, reduce_kind=ReduceKind.sum,
          family=Family.contract)
 

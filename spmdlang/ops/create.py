@@ -23,7 +23,10 @@ register("full", doc="a tensor of `shape` filled with `value`", family=Family.cr
          localize=lambda attrs, ops, shapes: {**attrs, "shape": tuple(shapes[0])},
          jax=lambda a, attrs, out: (
              f"{T.jnp_dtype(attrs['dtype'])}({py_literal(attrs['value'])})" if not out[0].shape  # a scalar
-             else f"jnp.full({tuple(out[0].shape)}, {py_literal(attrs['value'])}, {T.jnp_dtype(attrs['dtype'])})"))
+             else f"jnp.full({tuple(out[0].shape)}, {py_literal(attrs['value'])}, {T.jnp_dtype(attrs['dtype'])})"),
+         jax_local=lambda a, attrs, out: (
+             f"{T.jnp_dtype(attrs['dtype'])}({py_literal(attrs['value'])})" if not out[0].shape
+             else f"jax.lax.full({tuple(out[0].shape)}, {py_literal(attrs['value'])}, {T.jnp_dtype(attrs['dtype'])})"))
 
 
 def _iota_infer(operands, attrs):

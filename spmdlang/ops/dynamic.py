@@ -85,9 +85,20 @@ def _ds_numpy(x, *starts, sizes):
     return x[tuple(slice(a, a + m) for a, m in zip(at, sizes))].copy()
 
 
+def _local_starts(starts) -> str:
+    """Starts in our per-partition module: no partitioner runs on it, so XLA's DynamicSlice clamps
+    them itself; allow_negative_indices=False keeps jax from wrapping a negative one first."""
+    return "(" + "".join(f"{a}, " for a in starts) + ")"
+
+
 def _ds_jax(args, attrs, out):
     sizes = tuple(out[0].shape)
     return f"jax.lax.dynamic_slice({args[0]}, {_jax_starts(args[0], repr(sizes), args[1:])}, {sizes!r})"
+
+
+def _ds_jax_local(args, attrs, out):
+    sizes = tuple(out[0].shape)
+    return f"jax.lax.dynamic_slice({args[0]}, {_local_starts(args[1:])}, {sizes!r}, allow_negative_indices=False)"
 
 
 def _start(ctx, i: int, n: int, m: int):
@@ -165,7 +176,7 @@ def _ds_localize(attrs, operands, shapes):
 register("dynamic_slice", doc="the window of `sizes` at run-time `starts` (one i32 scalar per dim, clamped to fit)",
          example=(("f32[8, 16]", "i32[]", "i32[]"), {"sizes": (2, 16)}), infer=_ds_infer, numpy=_ds_numpy,
          rule=_ds_rule, partition=_ds_partition, localize=_ds_localize, flops=no_flops, family=Family.layout,
-         partial=PartialMode.multilinear, partial_operands=(0,), jax=_ds_jax)
+         partial=PartialMode.multilinear, partial_operands=(0,), jax=_ds_jax, jax_local=_ds_jax_local)
 
 
 # ---------------------------------------------------------------------------------- dynamic_update_slice
@@ -207,6 +218,11 @@ def _dus_numpy(x, upd, *starts):
 
 def _dus_jax(args, attrs, out):
     return f"jax.lax.dynamic_update_slice({args[0]}, {args[1]}, {_jax_starts(args[0], args[1] + '.shape', args[2:])})"
+
+
+def _dus_jax_local(args, attrs, out):
+    return (f"jax.lax.dynamic_update_slice({args[0]}, {args[1]}, {_local_starts(args[2:])}, "
+            "allow_negative_indices=False)")
 
 
 def _is_zeros(op) -> bool:
@@ -254,7 +270,8 @@ def _dus_partition(ctx):
 
 register("dynamic_update_slice", doc="x with `update` written at run-time `starts` (one i32 scalar per dim, clamped)",
          example=(("f32[8, 16]", "f32[2, 16]", "i32[]", "i32[]"), {}), infer=_dus_infer, numpy=_dus_numpy,
-         rule=_dus_rule, partition=_dus_partition, flops=no_flops, family=Family.layout, jax=_dus_jax)
+         rule=_dus_rule, partition=_dus_partition, flops=no_flops, family=Family.layout, jax=_dus_jax,
+         jax_local=_dus_jax_local)
 
 
 # ---------------------------------------------------------------------------------- derivatives

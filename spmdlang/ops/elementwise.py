@@ -94,6 +94,32 @@ def _template(text):
     return lambda args, attrs, out: text.format(*args)
 
 
+def _lax_local(fn, jax_emit, when=lambda dtype: True, scalars=True):
+    """Our module's form of an elementwise op whose jnp form only promotes and broadcasts before
+    binding one jax.lax primitive: that primitive, `fn`, where every operand has the result's shape
+    or (with `scalars`: jax.lax's binary ops broadcast them as jnp does) rank 0, and `when` holds of
+    the operands' dtype (equal by the op's type rule); else `jax_emit`."""
+    def emit(args, attrs, out):
+        types = attrs["operand_types"]
+        if any(t.shape != out[0].shape and (t.rank or not scalars) for t in types) or not when(types[-1].dtype):
+            return jax_emit(args, attrs, out)
+        return f"jax.lax.{fn}({', '.join(args)})"
+
+    return emit
+
+
+# the elementwise ops that are one jax.lax primitive of the same name in jnp's form; unsigned ints
+# excepted where jnp treats them apart (abs: x itself)
+_LAX_UNARY = {"exp", "log", "sqrt", "tanh", "log1p", "expm1", "sin", "cos", "floor", "ceil", "abs", "sign", "square",
+              "neg"}
+_LAX_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "maximum": "max", "minimum": "min"}
+_LAX_LOGICAL = {"logical_and": "bitwise_and", "logical_or": "bitwise_or"}  # on bools, what jnp's bind
+
+
+def _signed(dtype) -> bool:
+    return dtype != "u32"
+
+
 _UNARY_EXAMPLE = (("f32[4, 8]",), {})
 
 # FLOPs per element where XLA's cost_analysis() counts other than one (the op table's default), on
@@ -115,11 +141,14 @@ _NOT_BUILTINS = {"gelu", "gelu_erf"}
 
 for _name, (_fn, _jax, _doc) in _FLOAT_UNARY.items():
     register(_name, doc=_doc, infer=_unary_infer(_name, {"float"}), numpy=_unary_numpy(_fn), flops=_per_element(_name),
-             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE,
-             builtin=None if _name in _NOT_BUILTINS else Takes.float)
+             rule=_elementwise_rule, jax=_template(_jax),
+             jax_local=_lax_local(_name, _template(_jax)) if _name in _LAX_UNARY else None,
+             family=Family.elementwise, example=_UNARY_EXAMPLE, builtin=None if _name in _NOT_BUILTINS else Takes.float)
 for _name, (_fn, _jax, _doc) in _NUMERIC_UNARY.items():
     register(_name, doc=_doc, infer=_unary_infer(_name, {"float", "int"}), numpy=_unary_numpy(_fn),
-             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_UNARY_EXAMPLE,
+             rule=_elementwise_rule, jax=_template(_jax),
+             jax_local=_lax_local(_name, _template(_jax), _signed) if _name in _LAX_UNARY else None,
+             family=Family.elementwise, example=_UNARY_EXAMPLE,
              partial=PartialMode.additive if _name == "neg" else None, builtin=Takes.numeric)
 register("logical_not", doc="boolean not", infer=_unary_infer("logical_not", {"bool"}), numpy=np.logical_not,
          rule=_elementwise_rule, jax=_template("jnp.logical_not({0})"), family=Family.elementwise,
@@ -151,9 +180,17 @@ def _cast_jax(args, attrs, out):
     return f"(jnp.where({x}, jnp.ones((), {dt}), jnp.zeros((), {dt})) if {x}.dtype == jnp.bool_ else {x}.astype({dt}))"
 
 
+def _cast_jax_local(args, attrs, out):
+    """Our module knows x's dtype when it emits: only the branch _cast_jax picks while tracing."""
+    x, dt = args[0], T.jnp_dtype(attrs["dtype"])
+    if T.is_float(attrs["dtype"]) and attrs["operand_types"][0].dtype == "bool":
+        return f"jnp.where({x}, jnp.ones((), {dt}), jnp.zeros((), {dt}))"
+    return f"{x}.astype({dt})"
+
+
 register("cast", doc="convert to `dtype` (floats to ints truncate toward zero, saturating)",
          flops=_per_element("cast"), infer=_cast_infer, numpy=_cast_numpy, rule=_elementwise_rule,
-         jax=_cast_jax,
+         jax=_cast_jax, jax_local=_cast_jax_local,
          family=Family.elementwise, example=(("f32[4, 8]",), {"dtype": "i32"}))
 
 
@@ -255,17 +292,20 @@ _ARITH_BUILTINS = {"maximum", "minimum", "pow"}
 
 for _name, (_fn, _jax, _partial, _doc) in _ARITH.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int"}), numpy=_arith_numpy(_name, _fn),
-             flops=_per_element(_name),
-             rule=_elementwise_rule, jax=_arith_jax(_name, _jax), family=Family.elementwise,
+             flops=_per_element(_name), rule=_elementwise_rule, jax=_arith_jax(_name, _jax),
+             jax_local=(_lax_local(_LAX_BINARY[_name], _arith_jax(_name, _jax)) if _name in _LAX_BINARY else
+                        _lax_local("div", _arith_jax(_name, _jax), T.is_float) if _name == "div" else None),
+             family=Family.elementwise,
              partial=_partial, partial_operands=(0,) if _name == "div" else None, example=_BINARY_EXAMPLE,
              builtin=Takes.numeric if _name in _ARITH_BUILTINS else None)
 for _name, (_fn, _jax, _doc) in _COMPARE.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int", "bool"}, "bool"), numpy=_fn,
-             rule=_elementwise_rule, jax=_template(_jax), family=Family.elementwise, example=_BINARY_EXAMPLE)
+             rule=_elementwise_rule, jax=_template(_jax), jax_local=_lax_local(_name, _template(_jax)),
+             family=Family.elementwise, example=_BINARY_EXAMPLE)
 for _name, (_fn, _jax, _doc) in _LOGICAL.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"bool"}), numpy=_fn, rule=_elementwise_rule,
-             jax=_template(_jax), family=Family.elementwise, example=(("bool[4, 8]", "bool[4, 8]"), {}),
-             builtin=Takes.bool)
+             jax=_template(_jax), jax_local=_lax_local(_LAX_LOGICAL[_name], _template(_jax)),
+             family=Family.elementwise, example=(("bool[4, 8]", "bool[4, 8]"), {}), builtin=Takes.bool)
 
 
 def _select_infer(operands, attrs):
@@ -275,9 +315,19 @@ def _select_infer(operands, attrs):
     return TensorType(a.dtype, _same_shape(operands))
 
 
+def _select_jax_local(args, attrs, out):
+    """jax.lax.select, rank-0 branches broadcast first (a rank-0 condition selects whole branches):
+    what jnp.where traces to for branches of one dtype."""
+    shape = tuple(out[0].shape)
+    ops = [a if i == 0 or t.shape == shape else f"jax.lax.broadcast_in_dim({a}, {shape}, ())"
+           for i, (a, t) in enumerate(zip(args, attrs["operand_types"]))]
+    return f"jax.lax.select({', '.join(ops)})"
+
+
 register("select", doc="where(cond, a, b): a where cond holds, else b",
          infer=_select_infer, numpy=lambda c, a, b: np.where(c, a, b).astype(a.dtype),
-         rule=_elementwise_rule, jax=_template("jnp.where({0}, {1}, {2})"), family=Family.elementwise,
+         rule=_elementwise_rule, jax=_template("jnp.where({0}, {1}, {2})"),
+         jax_local=_select_jax_local, family=Family.elementwise,
          example=(("bool[4, 8]", "f32[4, 8]", "f32[4, 8]"), {}))
 
 

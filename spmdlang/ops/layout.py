@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder, reshape_rule
 from .moving import partition_concat, partition_pad, partition_reshape, partition_roll, partition_slice
@@ -35,7 +36,8 @@ register("transpose", doc="permute the dims: result dim i is operand dim perm[i]
          example=(("f32[2, 3, 4]",), {"perm": (2, 0, 1)}), flops=no_flops, infer=_transpose_infer,
          numpy=lambda x, *, perm: np.transpose(x, perm).copy(),
          rule=_transpose_rule, partial=PartialMode.additive, family=Family.layout,
-         jax=lambda a, attrs, out: f"jnp.transpose({a[0]}, {tuple(attrs['perm'])})")
+         jax=lambda a, attrs, out: f"jnp.transpose({a[0]}, {tuple(attrs['perm'])})",
+         jax_local=lambda a, attrs, out: f"jax.lax.transpose({a[0]}, {tuple(attrs['perm'])})")
 
 # ---------------------------------------------------------------------------------- reshape
 
@@ -59,7 +61,8 @@ register("reshape", doc="the same elements in row-major order, in `shape`",
          localize=_local_shape, partition=partition_reshape,
          rule=lambda ops, res, attrs: reshape_rule(ops[0].shape, res[0].shape),
          partial=PartialMode.additive, family=Family.layout,
-         jax=lambda a, attrs, out: f"jnp.reshape({a[0]}, {tuple(out[0].shape)})")
+         jax=lambda a, attrs, out: f"jnp.reshape({a[0]}, {tuple(out[0].shape)})",
+         jax_local=lambda a, attrs, out: f"jax.lax.reshape({a[0]}, {tuple(out[0].shape)})")
 
 # ---------------------------------------------------------------------------------- broadcast
 
@@ -131,6 +134,17 @@ def _slice_jax(a, attrs, out):
     return f"{a[0]}[{idx}]"
 
 
+def _slice_jax_local(a, attrs, out):
+    """jax.lax.slice, which x[a:b] traces to after jnp's index parsing; a whole x is x itself (as jnp
+    returns it)."""
+    starts, stops, steps = (tuple(attrs[k]) for k in ("starts", "stops", "steps"))
+    if starts == (0,) * len(starts) and steps == (1,) * len(steps) and stops == tuple(out[0].shape) \
+            and stops == tuple(attrs["operand_types"][0].shape):
+        return a[0]
+    strides = f", {steps}" if any(st != 1 for st in steps) else ""
+    return f"jax.lax.slice({a[0]}, {starts}, {stops}{strides})"
+
+
 def _slice_localize(attrs, operands, shapes):
     """Dims the slice leaves whole may be split: they span the local operand."""
     (x,) = operands
@@ -143,7 +157,7 @@ register("slice", doc="x[starts:stops:steps] per dim (static bounds)",
          example=(("f32[8, 16]",), {"starts": (0, 2), "stops": (8, 10), "steps": (1, 1)}),
          flops=no_flops, infer=_slice_infer, numpy=_slice_numpy, rule=_slice_rule, partial=PartialMode.additive,
          localize=_slice_localize, partition=partition_slice,
-         jax=_slice_jax, family=Family.layout)
+         jax=_slice_jax, jax_local=_slice_jax_local, family=Family.layout)
 
 # ---------------------------------------------------------------------------------- pad
 
@@ -170,14 +184,30 @@ def _pad_numpy(x, *, lo, hi, value):
     return np.pad(x, list(zip(lo, hi)), constant_values=np.asarray(value).astype(x.dtype))
 
 
+def _pad_jax(a, attrs, out):
+    if not attrs["lo"]:  # jnp.pad rejects a rank-0 operand's empty widths
+        return a[0]
+    return f"jnp.pad({a[0]}, {list(zip(attrs['lo'], attrs['hi']))}, constant_values={py_literal(attrs['value'])})"
+
+
+def _pad_jax_local(a, attrs, out):
+    """jax.lax.pad, which jnp.pad binds, where the value is exact in the dtype (jnp.pad rounds a
+    float through f32 first; no rounding, no difference)."""
+    dt, value = out[0].dtype, attrs["value"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = np.asarray(value).astype(T.np_dtype(dt))
+    if not attrs["lo"] or not (exact == value or value != value and exact != exact):
+        return _pad_jax(a, attrs, out)
+    config = [(lo, hi, 0) for lo, hi in zip(attrs["lo"], attrs["hi"])]
+    return f"jax.lax.pad({a[0]}, jax.lax.full((), {py_literal(value)}, {T.jnp_dtype(dt)}), {config})"
+
+
 register("pad", doc="lo[d] and hi[d] elements of `value` added before and after each dim d",
          example=(("f32[8, 16]",), {"lo": (0, 1), "hi": (0, 2), "value": 0.0}),
          flops=no_flops, infer=_pad_infer, numpy=_pad_numpy, rule=_pad_rule, family=Family.layout,
          partition=partition_pad,
          partial=lambda attrs: PartialMode.additive if attrs["value"] == 0 else None,
-         jax=lambda a, attrs, out: (f"jnp.pad({a[0]}, {list(zip(attrs['lo'], attrs['hi']))}, "
-                                    f"constant_values={py_literal(attrs['value'])})" if attrs["lo"]
-                                    else a[0]))  # jnp.pad rejects a rank-0 operand's empty widths
+         jax=_pad_jax, jax_local=_pad_jax_local)
 
 # ---------------------------------------------------------------------------------- concat
 
@@ -208,7 +238,8 @@ register("concat", doc="the operands one after the other along `axis`",
          flops=no_flops, infer=_concat_infer, numpy=lambda *xs, axis: np.concatenate(xs, axis=axis),
          partition=partition_concat,
          rule=_concat_rule, partial=PartialMode.additive, family=Family.layout,
-         jax=lambda a, attrs, out: f"jnp.concatenate([{', '.join(a)}], axis={attrs['axis']})")
+         jax=lambda a, attrs, out: f"jnp.concatenate([{', '.join(a)}], axis={attrs['axis']})",
+         jax_local=lambda a, attrs, out: f"jax.lax.concatenate([{', '.join(a)}], {attrs['axis']})")
 
 # ---------------------------------------------------------------------------------- roll
 

@@ -321,25 +321,27 @@ def random_draw_local(key, *operands, dist, dtype, shape, global_shape, minval=0
     an array of `global_shape`: the last operands are the block's global offsets, one per dim;
     fold_in's data comes first. Counters are global row-major indices (high word 0)."""
     u32 = jnp.uint32
+    # jax.lax's uint32 ops on numpy constants: the hash's ~100 ops traced without jnp's promotion
+    add, xor, shl, shr = jax.lax.add, jax.lax.bitwise_xor, jax.lax.shift_left, jax.lax.shift_right_logical
 
     def hash2(k1, k2, x0, x1):
-        ks = (k1, k2, k1 ^ k2 ^ u32(0x1BD11BDA))
-        x0, x1 = x0 + ks[0], x1 + ks[1]
+        ks = (k1, k2, xor(xor(k1, k2), np.uint32(0x1BD11BDA)))
+        x0, x1 = add(x0, ks[0]), add(x1, ks[1])
         for i in range(5):
             for r in ((13, 15, 26, 6), (17, 29, 16, 24))[i % 2]:
-                x0 = x0 + x1
-                x1 = x0 ^ ((x1 << u32(r)) | (x1 >> u32(32 - r)))
-            x0, x1 = x0 + ks[(i + 1) % 3], x1 + ks[(i + 2) % 3] + u32(i + 1)
+                x0 = add(x0, x1)
+                x1 = xor(x0, jax.lax.bitwise_or(shl(x1, np.uint32(r)), shr(x1, np.uint32(32 - r))))
+            x0, x1 = add(x0, ks[(i + 1) % 3]), add(add(x1, ks[(i + 2) % 3]), np.uint32(i + 1))
         return x0, x1
 
     k1, k2 = key[0], key[1]
     if dist == "fold_in":
         return jnp.stack(hash2(k1, k2, u32(0), operands[0].astype(u32)))
-    lo, stride = jnp.zeros(shape, u32), 1
+    lo, stride = jax.lax.full(shape, 0, u32), 1
     for d in range(len(shape) - 1, -1, -1):
-        pos = jax.lax.broadcasted_iota(u32, shape, d) + operands[len(operands) - len(shape) + d].astype(u32)
-        lo, stride = lo + pos * u32(stride), stride * global_shape[d]
-    w0, w1 = hash2(k1, k2, jnp.zeros(shape, u32), lo)
+        pos = add(jax.lax.broadcasted_iota(u32, shape, d), operands[len(operands) - len(shape) + d].astype(u32))
+        lo, stride = add(lo, jax.lax.mul(pos, np.uint32(stride))), stride * global_shape[d]
+    w0, w1 = hash2(k1, k2, jax.lax.full(shape, 0, u32), lo)
     if dist == "split":
         return jnp.stack([w0, w1], axis=-1)
     bits = w0 ^ w1

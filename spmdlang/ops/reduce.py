@@ -87,10 +87,25 @@ def _reduce_jax(fn):
     return emit
 
 
+def _reduce_jax_local(name, fn):
+    """Our module's form: the jax.lax reduction jnp's binds, without jnp's jitted wrapper (a trace
+    of its own per shape); bf16 and f16 keep jnp's form (sum and prod run in f32, rounded once),
+    as does a reduction over no axes."""
+    jnp_form = _reduce_jax(fn)
+
+    def emit(args, attrs, out):
+        if T.np_is_narrow_float(T.np_dtype(out[0].dtype)) or not attrs["axes"]:
+            return jnp_form(args, attrs, out)
+        return f"jax.lax.{name}({args[0]}, {tuple(attrs['axes'])})"
+
+    return emit
+
+
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
     register(_name, doc=f"{_kind} over `axes`, which the result drops", example=(("f32[8, 16, 4]",), {"axes": (1,)}),
              infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
-             jax=_reduce_jax(_jax), reduce_fill=_fill(_kind), reduce_kind=_kind, flops=operand_flops,
+             jax=_reduce_jax(_jax), jax_local=_reduce_jax_local(_name, _jax),
+             reduce_fill=_fill(_kind), reduce_kind=_kind, flops=operand_flops,
              partial=PartialMode.additive if _kind == "sum" else None, family=Family.reduce)
 
 
@@ -151,6 +166,7 @@ for _name, _which, _fn in (("argmax", "largest", np.argmax), ("argmin", "smalles
              flops=operand_flops,
              numpy=lambda x, *, axis, _fn=_fn: _fn(x, axis=axis).astype(np.int32), rule=_arg_rule,
              jax=lambda a, attrs, out, _name=_name: f"jnp.{_name}({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
+             jax_local=lambda a, attrs, out, _name=_name: f"jax.lax.{_name}({a[0]}, {attrs['axis']}, jnp.int32)",
              family=Family.reduce)
 
 

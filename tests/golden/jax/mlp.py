@@ -145,14 +145,14 @@ def all_reduce(x, axes, reduce):
 
 def body(x, w1, b1, w2, b2):
     """The per-partition program: local shapes."""
-    t0 = jnp.einsum("mk,kn->mn", x, w1)  # line 26
+    t0 = jax.lax.dot_general(x, w1, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # line 26
     t1 = jax.lax.broadcast_in_dim(b1, (32, 512), (1,))  # line 26
-    t2 = (t0 + t1)  # line 26
+    t2 = jax.lax.add(t0, t1)  # line 26
     h = jax.nn.gelu(t2, approximate=True)  # line 26
-    t3 = jnp.einsum("mk,kn->mn", h, w2)  # line 27
+    t3 = jax.lax.dot_general(h, w2, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # line 27
     t4 = jax.lax.broadcast_in_dim(b2, (32, 512), (1,))  # line 27
     t5 = jax.lax.psum(t3, ('model',))  # line 27
-    y = (t5 + t4)  # line 27
+    y = jax.lax.add(t5, t4)  # line 27
     return (y, )
 
 
