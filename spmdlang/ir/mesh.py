@@ -32,7 +32,7 @@ class Mesh:
         n = prod(axes.values())
         return Mesh(tuple(axes.items()), tuple(devices) if devices is not None else tuple(range(n)))
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(a for a, _ in self.axes)
 
@@ -115,12 +115,21 @@ class Sharding:
 
     def local_shape(self, shape, mesh: Mesh) -> tuple[int, ...]:
         """Static per-partition shape: a dim of n split k ways holds ceil(n/k)."""
-        return tuple(-(-n // self.shards(mesh, i)) for i, n in enumerate(shape))
+        dims, sizes = self.dims, mesh.shape
+        out = []
+        for i, n in enumerate(shape):
+            k = 1
+            for a in dims[i]:
+                k *= sizes[a]
+            out.append(-(-n // k))
+        return tuple(out)
 
     def with_partial(self, partial, op: str = "sum") -> Sharding:
         return Sharding(self.dims, tuple(partial), self.open_dims, op if partial else "sum")
 
     def closed(self) -> Sharding:
+        if not self.open_dims:  # immutable: a sharding without open dims is its own closed form
+            return self
         return Sharding(self.dims, self.partial, frozenset(), self.partial_op)
 
     def __str__(self) -> str:

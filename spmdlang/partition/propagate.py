@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 from ..ir import registry
 from ..ir.core import LOOP, Loop, Op, Program, Value, walk
@@ -62,11 +63,22 @@ class Propagation:
 TIE = "loop carry"  # a pseudo-op of propagation only: its operand and result share one sharding
 
 
+# op -> its factor rule: a rule is a pure function of the (immutable) op, and propagation, the
+# partitioner's plans and its second plans ask for the same op's many times; held weakly, so an
+# entry lives as long as its op
+_rules: WeakKeyDictionary[Op, FactorRule] = WeakKeyDictionary()
+
+
 def op_rule(op: Op) -> FactorRule:
-    if op.kind == TIE:
-        return elementwise_rule([op.operands[0].type.shape], op.results[0].type.shape)
-    opdef = registry.get(op.kind)
-    return opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
+    rule = _rules.get(op)
+    if rule is None:
+        if op.kind == TIE:
+            rule = elementwise_rule([op.operands[0].type.shape], op.results[0].type.shape)
+        else:
+            opdef = registry.get(op.kind)
+            rule = opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
+        _rules[op] = rule
+    return rule
 
 
 def _first(op: Op) -> bool:
@@ -123,6 +135,7 @@ class _State:
                 self.origins[v] += [Origin(kind, d, a, op) for d, a in enumerate(s.dims) if a]
                 if not any(s.dims):
                     self.origins[v].append(Origin(kind, -1, (), op))
+        self.nbytes: dict[Value, int] = {v: v.type.nbytes for v in self.dims}  # what proposals weigh
 
 
 def _admitted(op: Op, kind: str, phase: int) -> bool:
@@ -135,10 +148,13 @@ def _admitted(op: Op, kind: str, phase: int) -> bool:
     return True
 
 
-def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, forward: bool = False):
+def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, forward: bool = False,
+             admitted: tuple[bool, ...] | None = None):
     """This op's proposals: [(value, dim, axes, strength, source value)]; only for its results
-    when `forward`."""
-    if phase == 0 and not _first(op):
+    when `forward`. `admitted`: per factor, whether the phase admits it (_admitted)."""
+    if admitted is None:
+        admitted = tuple(_admitted(op, kind, phase) for kind in rule.kinds)
+    if not any(admitted):  # (phase 0 admits no factor of an op that does not propagate first)
         return []
     tensors = op.operands + op.results
     mesh = st.mesh
@@ -150,12 +166,12 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
                 by_factor.setdefault(f, []).append((axes, i))
     if not by_factor:
         return []
-    nbytes = [t.type.nbytes for t in tensors]
+    nbytes = [st.nbytes[t] for t in tensors]
     chosen: dict[int, tuple[str, ...]] = {}
     strength: dict[int, tuple[int, int]] = {}
     source: dict[int, int] = {}  # factor -> index of the tensor its axes come from
     for f in sorted(by_factor):
-        if not _admitted(op, rule.kinds[f], phase):
+        if not admitted[f]:
             continue
         cands = by_factor[f]
         # strongest first: the largest tensor, then the longest split, then a fixed order
@@ -245,13 +261,23 @@ def propagate(prog: Program) -> Propagation:
         for v in op.operands + op.results:
             adjacent[v].append(op)
     rounds = 0
+    # an op's proposals depend only on its tensors' shardings, which of its factors the phase
+    # admits and the direction: each phase starts by visiting every op, and most have the same
+    # question as in the phase before (an elementwise op admits the same factors in all three)
+    admits = {(op, phase): tuple(_admitted(op, kind, phase) for kind in rules[op].kinds)
+              for op in ops for phase in PHASES}
+    answers: dict[tuple, list] = {}
     for phase, forward in ((p, f) for p in PHASES for f in (True, False)):
         frontier = set(ops)
         while frontier:
             rounds += 1
             proposals: dict[Value, list] = defaultdict(list)
             for op in frontier:
-                for t, d, axes, s, src in _propose(op, rules[op], st, phase, {}, forward):
+                key = (op, admits[op, phase], forward, tuple(tuple(st.dims[t]) for t in op.operands + op.results))
+                got = answers.get(key)
+                if got is None:
+                    got = answers[key] = _propose(op, rules[op], st, phase, {}, forward, key[1])
+                for t, d, axes, s, src in got:
                     proposals[t].append((d, axes, s, src, op))
             changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
             frontier = {op for v in changed for op in adjacent[v]}

@@ -87,8 +87,19 @@ class Strategies:
     """The strategies of ops over the partitioner's local state; `passing` holds the values whose
     pending sums flow on into the next step (not charged as settled where they are made)."""
 
-    def __init__(self, local: LocalState, passing: set):
+    def __init__(self, local: LocalState, passing: set, memo: dict | None = None):
         self.local, self.mesh, self.passing = local, local.mesh, passing
+        # the answers of `best`, keyed by everything they read (see `_question`): one per
+        # partition() call, shared by its plans (a second plan asks most of the first's questions
+        # again, and a loop body partitioned twice asks all of them)
+        self.memo = {} if memo is None else memo
+
+    def _question(self, op: Op, forbid, settling: bool) -> tuple:
+        """What `best` reads besides the op itself: its operands' current layouts, its results'
+        planned layouts, which results pass their pending sums on, and its arguments."""
+        local = self.local
+        return (op, forbid, settling, tuple(local.layout(v) for v in op.operands),
+                tuple(local.target(r) for r in op.results), tuple(r in self.passing for r in op.results))
 
     def candidates(self, op: Op, rule: FactorRule, forbid) -> list[list[tuple[str, ...]]]:
         """Per factor, the axes splits to try: none, and each operand's or result's current one."""
@@ -113,6 +124,13 @@ class Strategies:
         """The cheapest FactorPlan; with `settling`, (it, the plan cheapest on the whole step
         (partition.cost: STEP_BYTES per latency step) among those whose result is a pending sum
         settled by one combinable reduction, or None if none is)."""
+        key = self._question(op, forbid, settling)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self._best(op, rule, forbid, settling)
+        return found
+
+    def _best(self, op: Op, rule: FactorRule, forbid, settling: bool):
         cands = self.candidates(op, rule, forbid)
         total = 1
         for c in cands:
