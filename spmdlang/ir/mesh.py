@@ -99,6 +99,18 @@ class Sharding:
     open_dims: frozenset[int] = field(default_factory=frozenset)
     partial_op: str = "sum"  # what the pending reduction over `partial` is: sum, max, min or prod
 
+    def __hash__(self) -> int:
+        # hashed once (shardings key the partitioner's memos and the reshard planner's cache)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.dims, self.partial, self.open_dims, self.partial_op))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):
+        # a string's hash differs between processes: a pickled sharding hashes afresh
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @staticmethod
     def replicated(rank: int) -> Sharding:
         return Sharding(((),) * rank)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from math import prod
 
 import numpy as np
@@ -23,6 +24,14 @@ _LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")  # 
 
 def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
     """Validate an explicit-output einsum spec against operand ranks; ShapeError if malformed."""
+    ranks = tuple(ranks)
+    ins, out = (_parse_einsum if isinstance(spec, str) else _parse_einsum.__wrapped__)(spec, ranks)
+    return list(ins), out
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_einsum(spec: str, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
+    """parse_einsum, once per (spec, ranks): the partitioner counts an einsum's FLOPs per candidate."""
     check("->" in spec, f'einsum spec "{spec}" needs an explicit output ("->")')
     check("." not in spec, "einsum: ellipsis is not supported")
     ins, out = spec.replace(" ", "").split("->", 1)
@@ -36,7 +45,7 @@ def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
     check(all(c in _LETTERS for c in out) and len(set(out)) == len(out),
           f'einsum spec "{spec}": output indices must be distinct letters')
     check(set(out) <= set("".join(ins)), f'einsum spec "{spec}": output index not in any operand')
-    return ins, out
+    return tuple(ins), out
 
 
 def _einsum_infer(operands, attrs):

@@ -22,7 +22,9 @@ Every extension remembers the op and the source value it came from, for `check` 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property, partial
 from weakref import WeakKeyDictionary
 
 from ..ir import registry
@@ -53,8 +55,16 @@ class Propagation:
     program: Program
     shardings: dict[Value, Sharding]
     origins: dict[Value, list[Origin]] = field(default_factory=dict)
-    conflicts: list[tuple[Op, str]] = field(default_factory=list)
+    find_conflicts: Callable[[], list[tuple[Op, str]]] | None = field(default=None, repr=False, compare=False)
     rounds: int = 0
+
+    @cached_property
+    def conflicts(self) -> list[tuple[Op, str]]:
+        """The conflicts met, worked out from the final shardings when first asked (only the
+        reports read them: a compile to a module does not)."""
+        found = self.find_conflicts() if self.find_conflicts is not None else []
+        self.find_conflicts = None  # (it holds propagation's working state)
+        return found
 
     def reason(self, v: Value, names=None) -> str:
         return describe_origins(self, v, names)
@@ -225,7 +235,8 @@ def _merge(st: _State, v: Value, props, op_of) -> bool:
     for d, axes, s, src, op in props:
         by_dim[d].append((axes, s, src, op))
     # dims whose strongest proposal is strongest claim shared axes first
-    order = sorted(by_dim, key=lambda d: (min((-c[1][0], -c[1][1]) for c in by_dim[d]), d))
+    strongest = {d: max(c[1] for c in cands) for d, cands in by_dim.items()}  # (bytes, split length)
+    order = sorted(by_dim, key=lambda d: (-strongest[d][0], -strongest[d][1], d))
     changed = False
     for d in order:
         cands = sorted(by_dim[d], key=lambda c: (-c[1][0], -c[1][1], c[0], op_of[c[3]], c[2][1]))
@@ -282,7 +293,7 @@ def propagate(prog: Program) -> Propagation:
             changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
             frontier = {op for v in changed for op in adjacent[v]}
     shardings = {v: Sharding(tuple(d)) for v, d in st.dims.items()}
-    return Propagation(prog, shardings, dict(st.origins), _conflicts(ops, rules, st, index), rounds)
+    return Propagation(prog, shardings, dict(st.origins), partial(_conflicts, ops, rules, st, index), rounds)
 
 
 def _conflicts(ops, rules, st: _State, index) -> list[tuple[Op, str]]:
