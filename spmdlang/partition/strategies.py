@@ -63,13 +63,21 @@ def settlement(steps: list[Step], partial, reduce: str) -> Step | None:
 
 def valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
     """Every tensor can express the factor split (no axes lost to non-contiguous dims)."""
+    return layouts(rule, fa, mesh) is not None
+
+
+def layouts(rule: FactorRule, fa, mesh: Mesh) -> list | None:
+    """Each tensor's dims' axes under the factor split (operands, then results), or None where
+    some tensor cannot express it (see `valid`)."""
+    out = []
     for t in rule.tensors:
         dims = unproject(t, fa, rule.sizes, mesh)
         got = [a for d in dims for a in d]
         want = [a for fs in t for f in fs for a in fa.get(f, ())]
         if sorted(got) != sorted(want):
-            return False
-    return True
+            return None
+        out.append(dims)
+    return out
 
 
 def local_work(op: Op, reqs, outs, mesh: Mesh) -> float:
@@ -146,10 +154,11 @@ class Strategies:
             if len(used) != len(set(used)):
                 continue
             fa = {f: axes for f, axes in enumerate(combo) if axes}
-            if not valid(rule, fa, self.mesh):
+            dims = layouts(rule, fa, self.mesh)
+            if dims is None:
                 continue
             for keep in keep_options:
-                plan = self.plan(op, rule, fa, keep, mode, partials)
+                plan = self.plan(op, rule, fa, keep, mode, partials, dims)
                 if plan is None:
                     continue
                 if best is None or plan.key < best.key:
@@ -177,9 +186,12 @@ class Strategies:
             return None
         return first.partial
 
-    def plan(self, op: Op, rule: FactorRule, fa, keep: bool, mode, partials) -> FactorPlan | None:
-        """Cost and layouts of running `op` with factor split `fa`; None if not allowed."""
+    def plan(self, op: Op, rule: FactorRule, fa, keep: bool, mode, partials, dims=None) -> FactorPlan | None:
+        """Cost and layouts of running `op` with factor split `fa` (`dims`: its `layouts`, where
+        the caller has them); None if not allowed."""
         opdef = registry.get(op.kind)
+        if dims is None:
+            dims = [unproject(t, fa, rule.sizes, self.mesh) for t in rule.tensors]
         kept: tuple[str, ...] = ()
         if keep:
             kept = self.kept_sum(op, fa, mode, partials)
@@ -192,16 +204,15 @@ class Strategies:
         reqs = []
         steps: list[Step] = []
         for i, v in enumerate(op.operands):
-            dims = unproject(rule.operands[i], fa, rule.sizes, self.mesh)
-            req = Sharding(dims, kept if (keep and partials[i].partial) else (), frozenset(), "sum")
+            req = Sharding(dims[i], kept if (keep and partials[i].partial) else (), frozenset(), "sum")
             reqs.append(req)
             steps += plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, self.local.layout(v), req)
         outs = []
         settle = None
+        n = len(rule.operands)
         for j, r in enumerate(op.results):
-            dims = unproject(rule.results[j], fa, rule.sizes, self.mesh)
             partial = self.mesh.order(set(kept) | set(reduced))
-            out = Sharding(dims, partial, frozenset(), red_op if reduced else "sum")
+            out = Sharding(dims[n + j], partial, frozenset(), red_op if reduced else "sum")
             outs.append(out)
             if r in self.passing:  # the next step reshards it (or takes its pending sum on): charged there
                 continue
