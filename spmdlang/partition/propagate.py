@@ -148,22 +148,21 @@ class _State:
         self.nbytes: dict[Value, int] = {v: v.type.nbytes for v in self.dims}  # what proposals weigh
 
 
-def _admitted(op: Op, kind: str, phase: int) -> bool:
-    if kind == REPLICATE:
-        return False
+def _admitted(kinds, phase: int, first: bool) -> tuple[bool, ...]:
+    """Per factor of these kinds, whether the phase admits it (for an op that propagates `first`)."""
     if phase == 0:
-        return _first(op)
+        return tuple(first and kind != REPLICATE for kind in kinds)
     if phase == 1:
-        return kind != REDUCTION
-    return True
+        return tuple(kind != REPLICATE and kind != REDUCTION for kind in kinds)
+    return tuple(kind != REPLICATE for kind in kinds)
 
 
 def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, forward: bool = False,
              admitted: tuple[bool, ...] | None = None):
     """This op's proposals: [(value, dim, axes, strength, source value)]; only for its results
-    when `forward`. `admitted`: per factor, whether the phase admits it (_admitted)."""
+    when `forward`. `admitted`: _admitted for this op and phase, where the caller has it."""
     if admitted is None:
-        admitted = tuple(_admitted(op, kind, phase) for kind in rule.kinds)
+        admitted = _admitted(rule.kinds, phase, _first(op))
     if not any(admitted):  # (phase 0 admits no factor of an op that does not propagate first)
         return []
     tensors = op.operands + op.results
@@ -185,7 +184,8 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
             continue
         cands = by_factor[f]
         # strongest first: the largest tensor, then the longest split, then a fixed order
-        cands.sort(key=lambda c: (-nbytes[c[1]], -len(c[0]), c[0], c[1]))
+        if len(cands) > 1:
+            cands.sort(key=lambda c: (-nbytes[c[1]], -len(c[0]), c[0], c[1]))
         best, bi = cands[0]
         for axes, i in cands[1:]:
             if axes[: len(best)] == best and len(axes) > len(best):
@@ -197,7 +197,8 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
         return []
     # one axis may split only one factor of the op: stronger factors keep theirs
     used: dict[str, int] = {}
-    for f in sorted(chosen, key=lambda f: (-strength[f][0], -strength[f][1], f)):
+    order = sorted(chosen, key=lambda f: (-strength[f][0], -strength[f][1], f)) if len(chosen) > 1 else list(chosen)
+    for f in order:
         keep = []
         for a in chosen[f]:
             if a in used:
@@ -273,25 +274,39 @@ def propagate(prog: Program) -> Propagation:
             adjacent[v].append(op)
     rounds = 0
     # an op's proposals depend only on its tensors' shardings, which of its factors the phase
-    # admits and the direction: each phase starts by visiting every op, and most have the same
-    # question as in the phase before (an elementwise op admits the same factors in all three)
-    admits = {(op, phase): tuple(_admitted(op, kind, phase) for kind in rules[op].kinds)
-              for op in ops for phase in PHASES}
-    answers: dict[tuple, list] = {}
+    # admits and the direction: each phase starts by visiting every op, and most ask what they
+    # asked in the phase before (an elementwise op admits the same factors in all three). An
+    # answer is kept with the round its op's tensors last changed in (`touched`), and reused
+    # while none has changed since. An op none of whose tensors has an open dim proposes nothing.
+    admits = {}
+    for op in ops:
+        first = _first(op)
+        for phase in PHASES:
+            admits[op, phase] = _admitted(rules[op].kinds, phase, first)
+    inert = {op for op in ops if not any(st.open[t] for t in op.operands + op.results)}
+    touched = dict.fromkeys(ops, 0)
+    answers: dict[tuple, tuple[int, list]] = {}
     for phase, forward in ((p, f) for p in PHASES for f in (True, False)):
         frontier = set(ops)
         while frontier:
             rounds += 1
             proposals: dict[Value, list] = defaultdict(list)
             for op in frontier:
-                key = (op, admits[op, phase], forward, tuple(tuple(st.dims[t]) for t in op.operands + op.results))
-                got = answers.get(key)
-                if got is None:
-                    got = answers[key] = _propose(op, rules[op], st, phase, {}, forward, key[1])
+                if op in inert:
+                    continue
+                key = (op, admits[op, phase], forward)
+                kept = answers.get(key)
+                if kept is not None and kept[0] == touched[op]:
+                    got = kept[1]
+                else:
+                    got = _propose(op, rules[op], st, phase, {}, forward, key[1])
+                    answers[key] = (touched[op], got)
                 for t, d, axes, s, src in got:
                     proposals[t].append((d, axes, s, src, op))
             changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
             frontier = {op for v in changed for op in adjacent[v]}
+            for op in frontier:
+                touched[op] = rounds
     shardings = {v: Sharding(tuple(d)) for v, d in st.dims.items()}
     return Propagation(prog, shardings, dict(st.origins), partial(_conflicts, ops, rules, st, index), rounds)
 
