@@ -51,9 +51,10 @@ def _parse_einsum(spec: str, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], s
 def _einsum_infer(operands, attrs):
     ins, out = parse_einsum(attrs["spec"], [t.rank for t in operands])
     dt = operands[0].dtype
-    check(all(t.dtype == dt for t in operands), "einsum: operand dtypes differ: "
-          + " vs ".join(str(t) for t in operands))
-    check(T.kind(dt) in ("float", "int"), f"einsum needs numeric operands, got {operands[0]}")
+    if not all(t.dtype == dt for t in operands):  # (messages only for errors: this runs per einsum built)
+        check(False, "einsum: operand dtypes differ: " + " vs ".join(str(t) for t in operands))
+    if T.kind(dt) not in ("float", "int"):
+        check(False, f"einsum needs numeric operands, got {operands[0]}")
     sizes: dict[str, int] = {}
     for letters, t in zip(ins, operands):
         for c, n in zip(letters, t.shape):
