@@ -216,12 +216,14 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
     for i, t in enumerate(tensors):
         if forward and i < len(op.operands):
             continue
+        factors = rule.tensors[i]
         for d in st.open[t]:
-            axes = unproject_dim(rule.tensors[i][d], chosen, rule.sizes, mesh)
+            dim = factors[d]
+            axes = tuple(chosen.get(dim[0], ())) if len(dim) == 1 else unproject_dim(dim, chosen, rule.sizes, mesh)
             cur = st.dims[t][d]
             if len(axes) > len(cur) and axes[: len(cur)] == cur:
-                fs = [f for f in rule.tensors[i][d] if f in chosen]
-                f = max(fs, key=lambda f: strength[f])
+                fs = [f for f in dim if f in chosen]
+                f = fs[0] if len(fs) == 1 else max(fs, key=lambda f: strength[f])
                 # by position, not value: a value used twice (einsum(x, x)) has other factors each time
                 src = source[f]
                 out.append((t, d, axes, strength[f], (tensors[src], rule.factor_dims(src, f))))
