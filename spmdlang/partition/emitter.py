@@ -47,13 +47,19 @@ class LocalState:
         for r in prog.results:
             self.users[r.value] = self.users.get(r.value, 0) + 1
         self.trivial = any(size == 1 for _, size in self.mesh.axes)
+        self._nontrivial: dict[Sharding, Sharding] = {}  # drop_trivial_axes, once per layout
         self._user_ops: dict[Value, list[Op]] | None = None
 
     def target(self, v: Value) -> Sharding:
         """The planned layout of v, without mesh axes of size 1 (they split nothing; keeping them
         would make custom steps emit collectives over groups of one)."""
         s = self.planned[v] if v in self.planned else self.shardings[v]
-        return drop_trivial_axes(s, self.mesh) if self.trivial else s
+        if not self.trivial:
+            return s
+        t = self._nontrivial.get(s)
+        if t is None:
+            t = self._nontrivial[s] = drop_trivial_axes(s, self.mesh)
+        return t
 
     def wanted(self, v: Value) -> Sharding:
         """The planned layout of v as a consumer wants it: no pending sum."""
