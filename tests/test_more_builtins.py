@@ -490,6 +490,19 @@ func main(a: f32[7, 4] {{p, _}}, b: f32[4, 5] {{_, p}}, c: f32[5, 6], e: f32[6, 
     run_sharded(src, {"a": a, "b": b, "c": cc, "e": e}, a @ b @ cc @ e, tol=1e-4)
 
 
+def test_many_operand_einsum_with_a_scalar_intermediate():
+    """Two scalars contract to a scalar (",->"): a pairwise step whose output has no indices,
+    planned by the order chooser as one of its candidates (found by a random spec sweep)."""
+    rng = np.random.default_rng(5)
+    a, s, t = rng.standard_normal((5, 3)).astype(f32), np.float32(1.5), np.float32(-0.5)
+    src = """mesh [p=2, q=3]
+func main(a: f32[5, 3] {p, _}, s: f32[], t: f32[]) -> f32[3, 5] {p, _} {
+  return einsum("ed,,->de", a, s, t)
+}
+"""
+    run_sharded(src, {"a": a, "s": s, "t": t}, (a * s * t).T, tol=1e-5)
+
+
 # ---------------------------------------------------------------------------------- pooling
 
 

@@ -210,9 +210,9 @@ def _chain_order(spec, types, layouts, target, mesh):
         ops, mids = [], []
         for i, j, keep in seq + [(0, 1, None)]:
             (a, x), (b, y) = terms[i], terms[j]
-            shape = tuple(sizes[c] for c in keep or out)
-            result = Value(TensorType(types[0].dtype, shape), f"t{len(ops)}")
-            ops.append(Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{keep or out}"})))
+            kept = out if keep is None else keep
+            result = Value(TensorType(types[0].dtype, tuple(sizes[c] for c in kept)), f"t{len(ops)}")
+            ops.append(Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{kept}"})))
             if keep is not None:
                 mids.append(result)
                 terms = [t for n, t in enumerate(terms) if n not in (i, j)] + [(keep, result)]
