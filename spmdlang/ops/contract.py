@@ -163,16 +163,21 @@ def chain_order(spec: str, types: tuple[TensorType, ...], layouts: tuple[Shardin
                 mesh) -> tuple[list[tuple[int, int, str]], tuple[Sharding, ...]]:
     """The order in which to contract a many-operand einsum two at a time, and the layout of each
     intermediate: every candidate order (contraction_orders: all of them for up to four operands,
-    a greedy prefix beyond) is written out as a small global program of pairwise einsums, over
-    operands in `layouts` to a result in `target`, and planned as any program is (propagation,
-    then the partitioner with its second plans: consumer layouts, combined settlements); the
-    order whose plan has the lowest modelled step time wins (partition.spmd.step_time: collectives
-    and local work), ties to fewer FLOPs, then to the FLOPs-greedy order. So the choice sees what
-    partitioning will make of each order, a plan that gathers an input before a step rather than
-    its result after included. An operand that arrives with a pending sum is planned as if
-    settled. Pure; memoised on its (hashable) arguments, as the partitioner plans a program more
-    than once (and autoshard many variants): the candidates are bounded by contraction_orders
-    (at most 18), each a program of a few ops, with no per-device work."""
+    a greedy prefix beyond; orders making the same contractions once) is written out as a small
+    global program of pairwise einsums, over operands in `layouts` to a result in `target`, and
+    planned as any program is (propagation, then the partitioner with its consumer-layout second
+    plan), and a second time with each intermediate split as its indices are in the result's and
+    the operands' layouts where propagation planned it otherwise; the plan with the lowest
+    modelled step time wins (partition.spmd.step_time: collectives and local work), ties to fewer
+    FLOPs, then to the FLOPs-greedy order. So the choice sees what partitioning will make of each
+    order, a plan that gathers an input before a step rather than its result after included. The
+    steps are then replayed from the intermediates' planned layouts alone, so the plans weighed
+    leave out combined settlements (which such a replay cannot make). An operand that arrives
+    with a pending sum is planned as if settled. Orders whose FLOPs spread evenly over the
+    devices already take longer than the best plan are not planned. Pure; memoised on its
+    (hashable) arguments, as the partitioner plans a program more than once (and autoshard many
+    variants): at most 15 orders of the last four operands, two small programs each, and no
+    per-device work."""
     return _chain_order(spec, types, tuple(Sharding(s.dims) for s in layouts), Sharding(target.dims), mesh)
 
 
@@ -195,6 +200,15 @@ def _chain_order(spec, types, layouts, target, mesh):
 
     ins, out = parse_einsum(spec, [t.rank for t in types])
     sizes = {c: n for letters, t in zip(ins, types) for c, n in zip(letters, t.shape)}
+    # the other plan of each order: an intermediate split as its indices are in the result's
+    # layout and the operands' (the result's first), where propagation planned it otherwise
+    axes_of: dict[str, tuple[str, ...]] = {}
+    used: set[str] = set()
+    for letters, s in [(out, target)] + list(zip(ins, layouts)):
+        for c, axes in zip(letters, s.dims):
+            if axes and c not in axes_of and not used & set(axes) and mesh.group_size(axes) <= sizes[c]:
+                axes_of[c] = tuple(axes)
+                used |= set(axes)
     orders, trees = [], set()
     for k, seq in enumerate(contraction_orders(ins, out, sizes)):
         if _tree(len(ins), seq) not in trees:
@@ -219,10 +233,15 @@ def _chain_order(spec, types, layouts, target, mesh):
         last = Value(ops[-1].results[0].type, "result")  # a result's annotation is a shard() constraint
         ops.append(Op("shard", ops[-1].results, (last,), freeze({"sharding": target})))
         prog = Program("chain", mesh, params, tuple(ops), (Result(last, target),))
-        spmd = partition(prog, propagate(prog))
-        key = (round(step_time(spmd), 9), n_flops, k)
-        if best is None or key < best[0]:
-            best = (key, seq, tuple(Sharding(spmd.produced[m].dims) for m in mids))
+        prop = propagate(prog)
+        plans = [partition(prog, prop, settlements=False)]
+        split = {m: Sharding(tuple(axes_of.get(c, ()) for c in keep)) for m, (_, _, keep) in zip(mids, seq)}
+        if any(split[m].dims != prop.shardings[m].dims for m in mids):
+            plans.append(partition(prog, prop, split, settlements=False))
+        for v, spmd in enumerate(plans):
+            key = (round(step_time(spmd), 9), n_flops, k, v)
+            if best is None or key < best[0]:  # each intermediate planned as that plan planned it
+                best = (key, seq, tuple(Sharding(spmd.layouts.get(m, prop.shardings[m]).dims) for m in mids))
     return best[1], best[2]
 
 
