@@ -69,6 +69,8 @@ def valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
 def layouts(rule: FactorRule, fa, mesh: Mesh) -> list | None:
     """Each tensor's dims' axes under the factor split (operands, then results), or None where
     some tensor cannot express it (see `valid`)."""
+    if not rule.multi_factor_dims:  # a dim of one factor holds its axes whole: every split is expressed
+        return [unproject(t, fa, rule.sizes, mesh) for t in rule.tensors]
     out = []
     for t in rule.tensors:
         dims = unproject(t, fa, rule.sizes, mesh)
