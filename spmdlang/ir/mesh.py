@@ -45,13 +45,13 @@ class Mesh:
         return prod(s for _, s in self.axes)
 
     def axis_size(self, axis: str) -> int:
-        return self.shape[axis]
+        size = self.shape.get(axis)
+        return sub_axis(axis)[2] if size is None else size
 
     def group_size(self, axes) -> int:
-        shape = self.shape
         n = 1
         for a in axes:
-            n *= shape[a]
+            n *= self.axis_size(a)
         return n
 
     def order(self, axes) -> tuple[str, ...]:
@@ -73,11 +73,23 @@ class Mesh:
         c = self.coords(position)
         idx = 0
         for a in axes:
-            idx = idx * self.axis_size(a) + c[a]
+            if a in c:
+                idx = idx * self.axis_size(a) + c[a]
+            else:
+                parent, stride, size = sub_axis(a)
+                idx = idx * size + c[parent] // stride % size
         return idx
 
     def __str__(self) -> str:
         return "[" + ", ".join(f"{a}={s}" for a, s in self.axes) + "]"
+
+
+def sub_axis(name: str) -> tuple[str, int, int]:
+    """A sub-axis "x:s:m" (the reshard planner's, never a program's) is (parent x, stride s, size m):
+    the devices' digit (x // s) % m, as XLA splits a mesh axis of 4 into 2x2 to move only what must
+    move. Only plans and permute rules name sub-axes; every collective runs over whole mesh axes."""
+    parent, stride, size = name.split(":")
+    return parent, int(stride), int(size)
 
 
 def axes_text(axes, empty: str = "_", name=str) -> str:

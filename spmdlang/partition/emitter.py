@@ -19,7 +19,7 @@ from ..errors import Span
 from ..ir.builder import Builder
 from ..ir.collectives import CollectiveKind, spec, step_bytes
 from ..ir.core import Op, Program, Value, all_ops
-from ..ir.mesh import Sharding
+from ..ir.mesh import Sharding, sub_axis
 from ..ir.names import OpName
 from ..ir.types import TensorType, itemsize
 from .halo import Window, window
@@ -194,7 +194,26 @@ class Emitter(LocalOps):
         """This partition's linear index over `axes` (first axis major), an i32 scalar."""
         axes = tuple(axes)
         if axes not in self.scope.indices:
-            self.scope.indices[axes] = self.scope.builder.emit("axis_index", span=None, axes=axes)
+            if all(a in self.mesh.shape for a in axes):
+                self.scope.indices[axes] = self.scope.builder.emit("axis_index", span=None, axes=axes)
+            else:  # sub-axes (partition.reshard): digits of their mesh axes' indices
+                idx = None
+                for a in axes:
+                    if a in self.mesh.shape:
+                        digit = self.axis_index((a,))
+                    else:
+                        parent, stride, size = sub_axis(a)
+                        digit = self.axis_index((parent,))
+                        if stride > 1:
+                            digit = self.emit("div", digit, self.constant(stride, "i32"))
+                        if stride * size < self.mesh.axis_size(parent):
+                            digit = self.emit("mod", digit, self.constant(size, "i32"))
+                    if idx is not None:
+                        idx = self.emit(OpName.ADD, self.emit("mul", idx, self.constant(self.mesh.axis_size(a), "i32")),
+                                        digit)
+                    else:
+                        idx = digit
+                self.scope.indices[axes] = idx
         return self.scope.indices[axes]
 
     @contextmanager
@@ -320,8 +339,10 @@ class Emitter(LocalOps):
             made = self.local.producer.get(v)
             for c in col if isinstance(col, tuple) else (col,):  # a shift fix: one permute per piece
                 # what the emitted collective really sends (padding included), not the plan's estimate
-                sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in c.operands))
-                self.log(st.kind, st.axes, sent, st.reduce,
+                # (a collective over sub-axes runs as permutes: partition.reshard)
+                kind = CollectiveKind(c.kind)
+                sent = step_bytes(kind, k, sum(v.type.nbytes for v in c.operands))
+                self.log(kind, st.axes, sent, st.reduce,
                          f"{self.describe(v)} {st.before} -> {st.after}"
                          + (" (block boundaries)" if st.block or st.prefix else "") + (f" {why}" if why else ""), c,
                          backward=made is not None and made.backward)
