@@ -144,7 +144,7 @@ class Sharding:
         for i, n in enumerate(shape):
             k = 1
             for a in dims[i]:
-                k *= sizes[a]
+                k *= sizes[a] if a in sizes else mesh.axis_size(a)  # a reshard plan's sub-axis
             out.append(-(-n // k))
         return tuple(out)
 
