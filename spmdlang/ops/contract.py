@@ -586,8 +586,8 @@ def _conv_jax_local(args, attrs, out):
         spec = [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs)] + [(0, 0, 0)]
         padding, lhs = ((0, 0),) * nsp, (1,) * nsp
         if nsp == 2:
-            # XLA's CPU runs a 2-D conv without any padding some 4x slower than one with padding
-            # ([8, 64, 64, 32] by 3x3x32x32: 30 ms against 7): one more zero row, cropped
+            # XLA's CPU can run a 2-D conv without any padding several times slower than one with
+            # some ([8, 64, 64, 32] by 3x3x32x32: 30 ms against 7): one more zero row, cropped
             spec[1] = (spec[1][0] + 1, spec[1][1], spec[1][2])
             padding = ((-1, 0), (0, 0))
         pad_x = f"jax.lax.pad({x}, jax.lax.optimization_barrier(jnp.zeros((), {x}.dtype)), {spec})"
