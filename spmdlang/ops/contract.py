@@ -521,7 +521,9 @@ def _conv_jax_local(args, attrs, out):
         others = tuple(j for j in range(nsp) if j != d)
         q = f"np.arange({w}.shape[{d}])[None, :] * {rhs[d]} + np.arange({out[0].shape[1 + d]})[:, None] * " \
             f"{strides[d]} - {padding[d][0]}"
-        reads = f"(_q >= 0) & (_q <= ({x}.shape[{1 + d}] - 1) * {lhs[d]})" + (f" & (_q % {lhs[d]} == 0)" if lhs[d] > 1 else "")
+        reads = f"(_q >= 0) & (_q <= ({x}.shape[{1 + d}] - 1) * {lhs[d]})"
+        if lhs[d] > 1:
+            reads += f" & (_q % {lhs[d]} == 0)"
         miss = f"jnp.asarray(~(lambda _q: {reads})({q}))"
         taps = f"_i.any(axis={others})" if others else "_i"
         shape = tuple(out[0].shape[1 + d] if j == d else 1 for j in range(nsp))
