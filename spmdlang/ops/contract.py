@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import prod
 
 import numpy as np
@@ -158,55 +159,117 @@ def _einsum_flops(operands, results, attrs) -> int:
     return n
 
 
+def chain_order(spec: str, types: tuple[TensorType, ...], layouts: tuple[Sharding, ...], target: Sharding,
+                mesh) -> tuple[list[tuple[int, int, str]], tuple[Sharding, ...]]:
+    """The order in which to contract a many-operand einsum two at a time, and the layout of each
+    intermediate: every candidate order (contraction_orders: all of them for up to four operands,
+    a greedy prefix beyond; orders making the same contractions once) is written out as a small
+    global program of pairwise einsums, over operands in `layouts` to a result in `target`, and
+    planned as any program is (propagation, then the partitioner with its consumer-layout second
+    plan), and a second time with each intermediate split as its indices are in the result's and
+    the operands' layouts where propagation planned it otherwise; the plan with the lowest
+    modelled step time wins (partition.spmd.step_time: collectives and local work), ties to fewer
+    FLOPs, then to the FLOPs-greedy order. So the choice sees what partitioning will make of each
+    order, a plan that gathers an input before a step rather than its result after included. The
+    steps are then replayed from the intermediates' planned layouts alone, so the plans weighed
+    leave out combined settlements (which such a replay cannot make). An operand that arrives
+    with a pending sum is planned as if settled. Orders whose FLOPs spread evenly over the
+    devices already take longer than the best plan are not planned. Pure; memoised on its
+    (hashable) arguments, as the partitioner plans a program more than once (and autoshard many
+    variants): at most 15 orders of the last four operands, two small programs each, and no
+    per-device work."""
+    return _chain_order(spec, types, tuple(Sharding(s.dims) for s in layouts), Sharding(target.dims), mesh)
+
+
+def _tree(n: int, seq) -> frozenset:
+    """The contraction tree of an order: the operand sets its steps contract (orders that differ
+    only in which of two independent contractions comes first share it)."""
+    terms, steps = [frozenset([i]) for i in range(n)], set()
+    for i, j, _ in seq:
+        steps.add(terms[i] | terms[j])
+        terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [terms[i] | terms[j]]
+    return frozenset(steps)
+
+
+@lru_cache(maxsize=1024)
+def _chain_order(spec, types, layouts, target, mesh):
+    from ..ir.core import Op, Param, Program, Result, Value, freeze
+    from ..partition.cost import compute_time_us
+    from ..partition.propagate import propagate
+    from ..partition.spmd import partition, step_time
+
+    ins, out = parse_einsum(spec, [t.rank for t in types])
+    sizes = {c: n for letters, t in zip(ins, types) for c, n in zip(letters, t.shape)}
+    # the other plan of each order: an intermediate split as its indices are in the result's
+    # layout and the operands' (the result's first), where propagation planned it otherwise
+    axes_of: dict[str, tuple[str, ...]] = {}
+    used: set[str] = set()
+    for letters, s in [(out, target)] + list(zip(ins, layouts)):
+        for c, axes in zip(letters, s.dims):
+            if axes and c not in axes_of and not used & set(axes) and mesh.group_size(axes) <= sizes[c]:
+                axes_of[c] = tuple(axes)
+                used |= set(axes)
+    orders, trees = [], set()
+    for k, seq in enumerate(contraction_orders(ins, out, sizes)):
+        if _tree(len(ins), seq) not in trees:
+            trees.add(_tree(len(ins), seq))
+            orders.append((order_flops(ins, out, sizes, seq), k, seq))
+    best = None
+    for n_flops, k, seq in sorted(orders, key=lambda o: o[:2]):
+        # no plan runs faster than its FLOPs spread evenly over the devices: the rest cannot win
+        if best is not None and compute_time_us(n_flops / len(mesh.devices)) > best[0][0]:
+            break
+        params = tuple(Param(Value(t, f"x{i}"), f"x{i}", s) for i, (t, s) in enumerate(zip(types, layouts)))
+        terms = [(letters, p.value) for letters, p in zip(ins, params)]
+        ops, mids = [], []
+        for i, j, keep in seq + [(0, 1, None)]:
+            (a, x), (b, y) = terms[i], terms[j]
+            kept = out if keep is None else keep
+            result = Value(TensorType(types[0].dtype, tuple(sizes[c] for c in kept)), f"t{len(ops)}")
+            ops.append(Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{kept}"})))
+            if keep is not None:
+                mids.append(result)
+                terms = [t for n, t in enumerate(terms) if n not in (i, j)] + [(keep, result)]
+        last = Value(ops[-1].results[0].type, "result")  # a result's annotation is a shard() constraint
+        ops.append(Op("shard", ops[-1].results, (last,), freeze({"sharding": target})))
+        prog = Program("chain", mesh, params, tuple(ops), (Result(last, target),))
+        prop = propagate(prog)
+        plans = [partition(prog, prop, settlements=False)]
+        split = {m: Sharding(tuple(axes_of.get(c, ()) for c in keep)) for m, (_, _, keep) in zip(mids, seq)}
+        if any(split[m].dims != prop.shardings[m].dims for m in mids):
+            plans.append(partition(prog, prop, split, settlements=False))
+        for v, spmd in enumerate(plans):
+            key = (round(step_time(spmd), 9), n_flops, k, v)
+            if best is None or key < best[0]:  # each intermediate planned as that plan planned it
+                best = (key, seq, tuple(Sharding(spmd.layouts.get(m, prop.shardings[m]).dims) for m in mids))
+    return best[1], best[2]
+
+
 def _einsum_partition(ctx):
-    """One or two operands: by the factor rule. More: two at a time, in the order the cost model
-    (partition.cost: bytes moved plus local FLOPs) finds cheapest, each pairwise step partitioned
-    by its own factor rule; an intermediate is planned with the splits its indices have in the
-    operands' layouts and the result's (the result's first). Ties go to fewer FLOPs, then to the
-    FLOPs-greedy order."""
+    """One or two operands: by the factor rule. More: two at a time, in the order and with the
+    intermediate layouts chain_order finds cheapest once partitioned, each pairwise step
+    partitioned by its own factor rule as in the program written pairwise (an intermediate's
+    pending sum may flow into the next step, which is linear in it)."""
     op = ctx.op
     if len(op.operands) <= 2:
         return ctx.generic()
     from ..ir.core import Op, Value, freeze
 
-    ins, out = parse_einsum(op.attrs["spec"], [v.type.rank for v in op.operands])
-    sizes = {c: n for letters, v in zip(ins, op.operands) for c, n in zip(letters, v.type.shape)}
-    dtype = op.result.type.dtype
-    axes_of: dict[str, tuple[str, ...]] = {}
-    used: set[str] = set()
-    for letters, dims in [(out, ctx.target().dims)] + [(ins[i], ctx.layout(i).dims) for i in range(len(ins))]:
-        for c, axes in zip(letters, dims):
-            if axes and c not in axes_of and not used & set(axes) and ctx.mesh.group_size(axes) <= sizes[c]:
-                axes_of[c] = tuple(axes)
-                used |= set(axes)
-
-    def plan(seq):
-        terms = list(zip(ins, op.operands))
-        steps, layouts, cost = [], {}, 0.0
-        for n, (i, j, keep) in enumerate(seq + [(0, 1, None)]):
-            if keep is None:
-                (a, x), (b, y) = terms
-                result, keep, target = op.results[0], out, ctx.target()
-            else:
-                (a, x), (b, y) = terms[i], terms[j]
-                result = Value(TensorType(dtype, tuple(sizes[c] for c in keep)))
-                target = Sharding(tuple(axes_of.get(c, ()) for c in keep))
-            step = Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{keep}"}), op.span)
-            c, layouts[result] = ctx.trial(step, target, layouts, passing=result is not op.results[0])
-            cost += c
-            steps.append((step, target))
-            if n < len(seq):
-                terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [(keep, result)]
-        return cost, steps
-
-    best = None
-    for k, seq in enumerate(contraction_orders(ins, out, sizes)):
-        cost, steps = plan(seq)
-        key = (round(cost, 6), order_flops(ins, out, sizes, seq), k)
-        if best is None or key < best[0]:
-            best = (key, steps)
-    for step, target in best[1]:
-        ctx.step(step, target, passing=step.results[0] is not op.results[0])
+    types = tuple(v.type for v in op.operands)
+    ins, out = parse_einsum(op.attrs["spec"], [t.rank for t in types])
+    sizes = {c: n for letters, t in zip(ins, types) for c, n in zip(letters, t.shape)}
+    seq, mids = chain_order(op.attrs["spec"].replace(" ", ""), types,
+                            tuple(ctx.layout(i) for i in range(len(types))), ctx.target(), ctx.mesh)
+    terms = list(zip(ins, op.operands))
+    for n, (i, j, keep) in enumerate(seq + [(0, 1, None)]):
+        (a, x), (b, y) = terms[i], terms[j]
+        if keep is None:
+            result, keep, target = op.results[0], out, None
+        else:
+            result, target = Value(TensorType(op.result.type.dtype, tuple(sizes[c] for c in keep))), mids[n]
+            terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [(keep, result)]
+        step = Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{keep}"}), op.span)
+        ctx.step(step, target)
 
 
 register("einsum", doc="contraction of any number of operands over named indices (explicit output)",

@@ -48,6 +48,7 @@ class SpmdProgram:
     notes: dict[Op, str] = field(default_factory=dict)
     global_program: Program | None = None
     produced: dict[Value, Sharding] = field(default_factory=dict)  # each global value as computed
+    layouts: dict[Value, Sharding] = field(default_factory=dict)  # values planned in their consumers' layout
 
 
 class Partitioner:
@@ -94,7 +95,7 @@ class Partitioner:
         for p in self.prog.params:
             local.produced[p.value] = local.target(p.value)
         return SpmdProgram(local_prog, tuple(p.sharding for p in params), tuple(outs), self.ledger.entries,
-                           self.ledger.notes, self.prog, local.produced)
+                           self.ledger.notes, self.prog, local.produced, self.layouts)
 
     def partition_op(self, op: Op) -> None:
         if op.kind == LOOP:
@@ -304,8 +305,12 @@ class OpContext(LocalOps):
         return window(self, x, dim, in_axes, out_axes, n, w, f"halo of %{self.op.operands[0].name or 'operand'}")
 
 
-def partition(prog: Program, prop: Propagation) -> SpmdProgram:
-    """Partition the global program under its propagated shardings. Pure: `prop` is read only.
+def partition(prog: Program, prop: Propagation, layouts: dict[Value, Sharding] | None = None,
+              settlements: bool = True) -> SpmdProgram:
+    """Partition the global program under its propagated shardings (and `layouts`: values planned
+    in other layouts than propagation gave them). Pure: `prop` is read only. `settlements=False`
+    leaves out the combined-settlement plan, for a caller that replays the plan from its values'
+    layouts alone (ops.contract.chain_order), which cannot replay a settlement.
 
     Where an op's pending sum (a weight gradient) would rather be settled in a combined reduction
     than have its operands gathered (partition.cost, "Combined reductions"), and the first plan
@@ -314,15 +319,15 @@ def partition(prog: Program, prop: Propagation) -> SpmdProgram:
     Before that, where values' uses all want them in a layout that running their producers in it
     gives cheaper than resharding after (partition.consumer), the step is planned with those
     values in their consumers' layouts, and kept where its modelled step time is lower."""
-    first = Partitioner(prog, prop)
+    first = Partitioner(prog, prop, layouts=layouts)
     spmd = first.run()
     moved = consumer_layouts(first)
     if moved:
-        second = Partitioner(prog, prop, layouts=moved)
+        second = Partitioner(prog, prop, layouts={**(layouts or {}), **moved})
         other = second.run()
         if step_time(other) < step_time(spmd):
             first, spmd = second, other
-    settle = joinable(first)
+    settle = joinable(first) if settlements else None
     if not settle:
         return spmd
     other = Partitioner(prog, prop, frozenset(settle), first.layouts).run()
