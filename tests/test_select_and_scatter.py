@@ -191,7 +191,7 @@ def test_max_pool_gradient_with_a_phase_per_shard_equals_jax(rows, mesh, window,
     slice at its own offset and runs select_and_scatter_add at the pool's stride (not at stride 1
     over a cotangent spread by the stride); halo permutes only, and ref, sim (NaN in the padding
     rows) and jax equal jax.grad of lax.reduce_window, ties, a -inf and a NaN included. (The XLA
-    baseline is left out: XLA's own partitioner gives wrong gradients for some of these windows.)"""
+    baseline is left out: XLA's own partitioner shifts some of these gradients, docs/known_xla_issues.md 12.)"""
     padding = [pad, [0, 1]]
     c = spmdlang.compile(_program(rows, mesh, [window, 2], [stride, 1], padding))
     assert all(e.kind.value == "collective_permute" for e in c.spmd.ledger)
