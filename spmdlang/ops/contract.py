@@ -24,6 +24,14 @@ _LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")  # 
 
 def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
     """Validate an explicit-output einsum spec against operand ranks; ShapeError if malformed."""
+    ranks = tuple(ranks)
+    ins, out = (_parse_einsum if isinstance(spec, str) else _parse_einsum.__wrapped__)(spec, ranks)
+    return list(ins), out
+
+
+@lru_cache(maxsize=4096)
+def _parse_einsum(spec: str, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
+    """parse_einsum, once per (spec, ranks): the partitioner counts an einsum's FLOPs per candidate."""
     check("->" in spec, f'einsum spec "{spec}" needs an explicit output ("->")')
     check("." not in spec, "einsum: ellipsis is not supported")
     ins, out = spec.replace(" ", "").split("->", 1)
@@ -37,15 +45,16 @@ def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
     check(all(c in _LETTERS for c in out) and len(set(out)) == len(out),
           f'einsum spec "{spec}": output indices must be distinct letters')
     check(set(out) <= set("".join(ins)), f'einsum spec "{spec}": output index not in any operand')
-    return ins, out
+    return tuple(ins), out
 
 
 def _einsum_infer(operands, attrs):
     ins, out = parse_einsum(attrs["spec"], [t.rank for t in operands])
     dt = operands[0].dtype
-    check(all(t.dtype == dt for t in operands), "einsum: operand dtypes differ: "
-          + " vs ".join(str(t) for t in operands))
-    check(T.kind(dt) in ("float", "int"), f"einsum needs numeric operands, got {operands[0]}")
+    if not all(t.dtype == dt for t in operands):  # (messages only for errors: this runs per einsum built)
+        check(False, "einsum: operand dtypes differ: " + " vs ".join(str(t) for t in operands))
+    if T.kind(dt) not in ("float", "int"):
+        check(False, f"einsum needs numeric operands, got {operands[0]}")
     sizes: dict[str, int] = {}
     for letters, t in zip(ins, operands):
         for c, n in zip(letters, t.shape):
