@@ -597,33 +597,84 @@ def _reads_padding(padding, lhs) -> bool:
     return any(lo > 0 or hi > 0 for lo, hi in padding) or any(d > 1 for d in lhs)
 
 
+def _padding_in_memory(out_shape, strides, padding, lhs) -> bool:
+    """Whether a conv's padding and lhs_dilation holes are few enough to build in memory: padding
+    of at most the output's extent (times the stride) plus 64 along each spatial dim, and at most
+    8 input elements' room per element from the holes (a 2x upsampling in 3-D). A window spread
+    far past the input (rhs_dilation=10^8 over 8 rows with SAME padding) would materialize mostly
+    padding."""
+    room = 1
+    for d in lhs:
+        room *= d
+    return room <= 8 and all(max(lo, 0) + max(hi, 0) <= m * s + 64
+                             for m, s, (lo, hi) in zip(out_shape[1:-1], strides, padding))
+
+
 def _conv_jax_local(args, attrs, out):
     """A conv in our per-partition module, as ref and sim compute it: padding and lhs_dilation holes
     are zeros that multiply the kernel (0 * inf is NaN), as the zeros a split conv's halo brings
     past the image edge do. XLA's CPU convolutions skip those taps in some forms and not in others
-    (docs/known_xla_issues.md, 10), so the outputs where a non-finite tap reads padding or a hole
-    are set to NaN: every non-finite tap of a feature less those that reach the input, counted by a
-    conv of ones by the non-finite taps (nothing is materialized, so a window spread far past the
-    input stays cheap). Batch groups run as one conv per group, concatenated along the features:
-    XLA's batch_group_count with rhs_dilation spreads a NaN or inf of one group's kernel over every
-    group's output."""
+    (docs/known_xla_issues.md, 10), and fold a constant-zero lax.pad into the conv's padding, so
+    the input is padded and dilated in memory (lax.pad, interior padding for the holes) with a zero
+    XLA cannot see through (an optimization_barrier): the conv then multiplies every tap, one
+    kernel (the pad fuses into its producer, often a halo's concatenate) where a correction costs a
+    second conv. Where that padding would be large (a window spread far past the input:
+    _padding_in_memory) nothing is materialized: the outputs where a non-finite tap reads padding
+    or a hole are set to NaN instead (_nan_where_taps_miss: static masks, elementwise). Batch
+    groups run as one conv per group, concatenated along the features: XLA's batch_group_count
+    with rhs_dilation spreads a NaN or inf of one group's kernel over every group's output."""
     strides, padding, lhs, rhs, g, bg = conv_params(attrs)
     nsp = len(strides)
     x, w = args
+    pad_x = None
+    if _reads_padding(padding, lhs) and _padding_in_memory(out[0].shape, strides, padding, lhs):
+        spec = [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs)] + [(0, 0, 0)]
+        padding, lhs = ((0, 0),) * nsp, (1,) * nsp
+        if nsp == 2:
+            # XLA's CPU can run a 2-D conv without any padding several times slower than one with
+            # some ([8, 64, 64, 32] by 3x3x32x32: 30 ms against 7): one more zero row, cropped
+            spec[1] = (spec[1][0] + 1, spec[1][1], spec[1][2])
+            padding = ((-1, 0), (0, 0))
+        pad_x = f"jax.lax.pad({x}, jax.lax.optimization_barrier(jnp.zeros((), {x}.dtype)), {spec})"
+        attrs = conv_attrs(strides, padding, lhs, rhs, g, bg)
     if bg > 1:
+        xb = "_x" if pad_x else x
         n, f = out[0].shape[0], out[0].shape[-1] // bg
-        xs, ws = f"{x}[_b * {n}:(_b + 1) * {n}]", f"{w}[..., _b * {f}:(_b + 1) * {f}]"
+        xs, ws = f"{xb}[_b * {n}:(_b + 1) * {n}]", f"{w}[..., _b * {f}:(_b + 1) * {f}]"
         conv = _conv_jax([xs, ws], conv_attrs(strides, padding, lhs, rhs, g), out)
         conv = f"jnp.concatenate([{conv} for _b in range({bg})], axis=-1)"
+        if pad_x:
+            return f"(lambda _x: {conv})({pad_x})"
     else:
-        conv = _conv_jax([x, w], attrs, out)
-    if not _reads_padding(padding, lhs):
+        conv = _conv_jax([pad_x or x, w], attrs, out)
+    if pad_x or not _reads_padding(padding, lhs):
         return conv
-    ind = f"(~jnp.isfinite({w})).any(axis=-2, keepdims=True).astype(jnp.float32)"
-    ones = f"jnp.ones((1,) + {x}.shape[1:-1] + (1,), jnp.float32)"
-    reach = _conv_jax([ones, ind], conv_attrs(strides, padding, lhs, rhs), out)
-    taps = tuple(range(nsp))
-    return f"jnp.where({ind}.sum(axis={taps})[0] - {reach} > 0.5, jnp.nan, {conv})"
+    return _nan_where_taps_miss(conv, x, w, out, strides, padding, lhs, rhs)
+
+
+def _nan_where_taps_miss(conv, x, w, out, strides, padding, lhs, rhs):
+    """`conv` with NaN where a non-finite kernel tap reads padding or a hole. Whether tap o of
+    spatial dim d reads an input element at output p is a static [out_d, k_d] mask (numpy at trace
+    time), and a tap reads the input where it does so on every dim: so an output is NaN where, on
+    some dim d, a tap position that misses there holds a non-finite tap of the feature (_i, any over
+    the other dims' taps). Elementwise: no second conv, nothing the size of the window spread over
+    the input."""
+    nsp = len(strides)
+    nans = []
+    for d in range(nsp):
+        if padding[d][0] <= 0 and padding[d][1] <= 0 and lhs[d] == 1:
+            continue  # every tap reads the input on this dim
+        others = tuple(j for j in range(nsp) if j != d)
+        q = f"np.arange({w}.shape[{d}])[None, :] * {rhs[d]} + np.arange({out[0].shape[1 + d]})[:, None] * " \
+            f"{strides[d]} - {padding[d][0]}"
+        reads = f"(_q >= 0) & (_q <= ({x}.shape[{1 + d}] - 1) * {lhs[d]})"
+        if lhs[d] > 1:
+            reads += f" & (_q % {lhs[d]} == 0)"
+        miss = f"jnp.asarray(~(lambda _q: {reads})({q}))"
+        taps = f"_i.any(axis={others})" if others else "_i"
+        shape = tuple(out[0].shape[1 + d] if j == d else 1 for j in range(nsp))
+        nans.append(f"({miss}[:, :, None] & {taps}[None]).any(axis=1).reshape((1,) + {shape} + (-1,))")
+    return f"(lambda _c, _i: jnp.where({' | '.join(nans)}, jnp.nan, _c))({conv}, (~jnp.isfinite({w})).any(axis=-2))"
 
 
 def _conv_window(n_out: int, k: int, stride: int, lo: int, window: int, lhs: int, rhs: int):
