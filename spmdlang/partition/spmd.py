@@ -56,7 +56,7 @@ class Partitioner:
     `layouts`: (second plan) values planned in their consumers' layout (partition.consumer)."""
 
     def __init__(self, prog: Program, prop: Propagation, settle: frozenset[Op] = frozenset(),
-                 layouts: dict[Value, Sharding] | None = None):
+                 layouts: dict[Value, Sharding] | None = None, searched: dict | None = None):
         self.prog, self.mesh = prog, prog.mesh
         self.local = LocalState(prog, prop.shardings)
         self.layouts = dict(layouts or {})
@@ -65,7 +65,7 @@ class Partitioner:
         self.ledger = Ledger()
         self.em = Emitter(self.local, self.ledger)
         self.passing: set[Value] = set()  # intermediates of custom steps whose pending sums flow on
-        self.strategies = Strategies(self.local, self.passing)
+        self.strategies = Strategies(self.local, self.passing, searched)
         self.settle = settle
         self.settle_wanted: list[tuple[Op, tuple]] = []  # ops that would rather settle: (op, combining key)
 
@@ -314,18 +314,19 @@ def partition(prog: Program, prop: Propagation) -> SpmdProgram:
     Before that, where values' uses all want them in a layout that running their producers in it
     gives cheaper than resharding after (partition.consumer), the step is planned with those
     values in their consumers' layouts, and kept where its modelled step time is lower."""
-    first = Partitioner(prog, prop)
+    searched: dict = {}  # the plans of a program share their strategy searches (Strategies.best)
+    first = Partitioner(prog, prop, searched=searched)
     spmd = first.run()
     moved = consumer_layouts(first)
     if moved:
-        second = Partitioner(prog, prop, layouts=moved)
+        second = Partitioner(prog, prop, layouts=moved, searched=searched)
         other = second.run()
         if step_time(other) < step_time(spmd):
             first, spmd = second, other
     settle = joinable(first)
     if not settle:
         return spmd
-    other = Partitioner(prog, prop, frozenset(settle), first.layouts).run()
+    other = Partitioner(prog, prop, frozenset(settle), first.layouts, searched).run()
     return other if step_time(other) < step_time(spmd) else spmd
 
 
