@@ -170,6 +170,11 @@ def check_attrs(kind: str, attrs, span) -> None:
 
 
 def _big_int(value):
+    kind = type(value)
+    if kind is int:  # the common cases first, by exact type (an op's attrs are checked as it is built)
+        return value if not -MAX_INT - 1 <= value <= MAX_INT else None
+    if kind is str or kind is float or value is None:
+        return None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):

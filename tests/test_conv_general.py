@@ -22,7 +22,7 @@ import spmdlang
 from spmdlang.errors import ShapeError
 from spmdlang.ir.types import TensorType
 from spmdlang.ir.verify import verify
-from spmdlang.ops.contract import _conv_infer, conv_attrs, conv_numpy
+from spmdlang.ops.contract import _conv_infer, _conv_jax_local, conv_attrs, conv_numpy
 
 DIMS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
 
@@ -381,3 +381,70 @@ def test_kernel_gradient_of_a_dilated_grouped_conv_keeps_nan_in_its_group():
         _, got = c.run(inputs, backend=backend)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=backend)
         np.testing.assert_allclose(got[..., 2:], want[..., 2:], rtol=1e-4, atol=1e-4, err_msg=backend)
+
+
+def _local_conv(x, w, attrs, out_type):
+    """The per-partition module's emission of one conv (ops.contract._conv_jax_local), jitted."""
+    expr = _conv_jax_local(["x", "w"], attrs, [out_type])
+    fn = jax.jit(lambda x, w: eval(expr, {"jax": jax, "jnp": jax.numpy, "x": x, "w": w}))
+    return np.asarray(fn(x, w)), expr
+
+
+@pytest.mark.parametrize("count", [60, pytest.param(400, marks=pytest.mark.slow)])
+def test_module_conv_multiplies_padding_and_holes_by_non_finite_taps(count):
+    """The jax module's conv on random 1-D/2-D/3-D configurations (strides, both dilations,
+    negative and positive padding, feature and batch groups) with inf, -inf and NaN kernel taps,
+    against ref: NaN exactly where a non-finite tap reads padding or a hole. Both forms run: the
+    padding and holes built in memory behind an optimization_barrier (one conv), and, for a window
+    spread far past the input, the correction by a conv of ones (two)."""
+    rng = np.random.default_rng(77 + count)
+    forms = Counter()
+    while sum(forms.values()) < count:
+        nsp = int(rng.integers(1, 4))
+        groups, batch_groups = int(rng.choice([1, 1, 2])), 1
+        if groups == 1 and rng.random() < 0.25:
+            batch_groups = 2
+        c = groups * int(rng.integers(1, 3))
+        f = groups * batch_groups * int(rng.integers(1, 3))
+        n = batch_groups * int(rng.integers(1, 3))
+        xs = (n, *(int(rng.integers(1, 7)) for _ in range(nsp)), c)
+        ws = (*(int(rng.integers(1, 4)) for _ in range(nsp)), c // groups, f)
+        strides = [int(rng.integers(1, 3)) for _ in range(nsp)]
+        lhs = [int(rng.choice([1, 1, 2])) for _ in range(nsp)]
+        rhs = [int(rng.integers(1, 3)) for _ in range(nsp)]
+        padding = [(int(rng.integers(-1, 4)), int(rng.integers(-1, 4))) for _ in range(nsp)]
+        if rng.random() < 0.2:  # a window spread far past the input, SAME-padded for it
+            rhs[0] = 50
+            padding[0] = (50 * (ws[0] - 1) // 2, 50 * (ws[0] - 1) - 50 * (ws[0] - 1) // 2)
+        attrs = conv_attrs(strides, padding, lhs, rhs, groups, batch_groups)
+        try:
+            out = _conv_infer((TensorType("f32", xs), TensorType("f32", ws)), attrs)
+        except ShapeError:
+            continue
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        bad = rng.choice(w.size, min(w.size, 2), replace=False)
+        w.reshape(-1)[bad] = rng.choice([np.inf, -np.inf, np.nan], len(bad))
+        want = conv_numpy(x, w, **attrs)
+        got, expr = _local_conv(x, w, attrs, out)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{attrs} {xs} {ws}\n{expr}")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{attrs} {xs} {ws}\n{expr}")
+        if any(lo > 0 or hi > 0 for lo, hi in padding) or max(lhs) > 1:
+            form = "in memory" if "optimization_barrier" in expr else "corrected"
+            assert expr.count("conv_general_dilated") == (1 if form == "in memory" else 2)  # a batch group each
+            forms[form] += 1
+    assert forms["in memory"] > count // 2 and forms["corrected"] > 0, forms
+
+
+def test_padding_in_memory_survives_xla_on_the_form_it_skips():
+    """A 2-D conv with one channel and one feature, SAME padding: XLA's own conv skips the padding
+    tap (docs/known_xla_issues.md, 10), and folds a constant-zero lax.pad into the conv alike. The
+    module's form (a pad with a zero behind an optimization_barrier) keeps the pad in the optimized
+    HLO, so the infinite tap on it gives NaN."""
+    attrs = conv_attrs((1, 1), ((0, 0), (0, 1)))
+    w = np.array([1.0, np.inf], np.float32).reshape(1, 2, 1, 1)
+    x = np.ones((1, 1, 3, 1), np.float32)
+    got, expr = _local_conv(x, w, attrs, TensorType("f32", (1, 1, 3, 1)))
+    np.testing.assert_array_equal(got.ravel(), [np.inf, np.inf, np.nan])
+    hlo = jax.jit(lambda x, w: eval(expr, {"jax": jax, "jnp": jax.numpy, "x": x, "w": w})).lower(x, w).compile().as_text()
+    assert " pad(" in hlo and hlo.count(" convolution(") == 1, hlo

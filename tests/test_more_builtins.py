@@ -399,12 +399,13 @@ func main(x: f32[8, 6] {data, _}, d: f32[8, 4, 3] {data, expert, _}, w: f32[4, 6
     assert [(e.kind, e.axes) for e in c.spmd.ledger] == [("all_reduce", ("data",))]
 
 
-def _dispatch(order: str | None) -> str:
+def _dispatch(order: str | None, out: str = "{expert, _, model}") -> str:
     """GShard's dispatch into the expert layer, x[s, m] d[s, e, c] w[e, m, h] -> [e, c, h], with the
-    hidden dim split over `model`: as one einsum, or written pairwise in the given first pair."""
-    head = """mesh [data=2, expert=2, model=2]
-func main(x: f32[16, 512] {_, model}, d: f32[16, 8, 16] {data, expert, _}, w: f32[8, 512, 512] {expert, _, model})
-    -> f32[8, 16, 512] {expert, _, model} {
+    hidden dim split over `model` and the result laid out as `out`: as one einsum, or written
+    pairwise with the given first pair."""
+    head = f"""mesh [data=2, expert=2, model=2]
+func main(x: f32[16, 512] {{_, model}}, d: f32[16, 8, 16] {{data, expert, _}}, w: f32[8, 512, 512] {{expert, _, model}})
+    -> f32[8, 16, 512] {out} {{
 """
     if order is None:
         return head + '  return einsum("sm,sec,emh->ech", x, d, w)\n}\n'
@@ -413,28 +414,68 @@ func main(x: f32[16, 512] {_, model}, d: f32[16, 8, 16] {data, expert, _}, w: f3
     return head + '  t = einsum("sm,emh->seh", x, w)\n  return einsum("sec,seh->ech", d, t)\n}\n'
 
 
-def test_many_operand_einsum_order_weighs_communication_not_only_flops():
-    """The FLOPs-greedy order contracts x with d first (s*m*e*c = 1M multiply-adds against 33.5M
-    for x with w; both orders total the same FLOPs): its [m, e, c] intermediate then meets w's
-    model split on h, moving 67,584 bytes per device. Contracting x with w first keeps m local and
-    moves 43,008. The cost model (bytes plus FLOPs) picks x with w, as if written out by hand.
-    Written out by hand, the FLOPs-first order now moves 18,432: consumer-layout planning gathers x
-    (16 KB) before the first einsum instead of t (64 KB) after it. The order chooser's estimate
-    does not plan that second layout yet, so it still picks x with w (a known gap)."""
-    from spmdlang.ops.contract import contraction_orders
-
-    sizes = {"s": 16, "m": 512, "e": 8, "c": 16, "h": 512}
-    assert next(contraction_orders(["sm", "sec", "emh"], "ech", sizes)) == [(0, 1, "mec")]  # FLOPs-greedy
+def _dispatch_inputs():
     rng = np.random.default_rng(3)
     inputs = {"x": rng.standard_normal((16, 512)).astype(f32), "d": rng.standard_normal((16, 8, 16)).astype(f32),
               "w": rng.standard_normal((8, 512, 512)).astype(f32) / 32}
-    want = np.einsum("sm,sec,emh->ech", *inputs.values())
+    return inputs, np.einsum("sm,sec,emh->ech", *inputs.values())
+
+
+def _einsum_specs(c) -> list[str]:
+    return [op.attrs["spec"] for op in c.spmd.program.ops if op.kind == "einsum"]
+
+
+def test_many_operand_einsum_order_weighs_communication_not_only_flops():
+    """The FLOPs-greedy order contracts x with d first (s*m*e*c = 1M multiply-adds against 33.5M
+    for x with w; both orders total the same FLOPs). The order is chosen by what partitioning
+    makes of each (ops.contract.chain_order: every order planned as a small program, its
+    consumer-layout second plan included, ranked by modelled step time). Written out by hand,
+    x with d first moves the fewest bytes, 18,432 (consumer-layout planning gathers x and d
+    before the first einsum instead of its [m, e, c] result after), but its [m, e, c] then
+    carries no `data` split, so the 33.5M multiply-adds of the contraction with w run replicated
+    over `data`: twice the FLOPs per device, 8.9 us modelled against 6.2 us for x with w first,
+    which keeps `data` on s and moves 43,008. The chooser takes x with w, as the cheaper plan."""
+    from spmdlang.ops.contract import contraction_orders
+    from spmdlang.partition.cost import flops
+    from spmdlang.partition.spmd import step_time
+
+    sizes = {"s": 16, "m": 512, "e": 8, "c": 16, "h": 512}
+    assert next(contraction_orders(["sm", "sec", "emh"], "ech", sizes)) == [(0, 1, "mec")]  # FLOPs-greedy
+    inputs, want = _dispatch_inputs()
     c = run_sharded(_dispatch(None), inputs, want, backends=("ref", "sim", "jax"), tol=1e-3)
     flops_first = spmdlang.compile(_dispatch("xd"))
     by_hand = spmdlang.compile(_dispatch("xw"))
-    assert [op.attrs["spec"] for op in c.spmd.program.ops if op.kind == "einsum"] == ["sm,emh->seh", "sec,seh->ech"]
+    assert _einsum_specs(c) == ["sm,emh->seh", "sec,seh->ech"]
     assert total_bytes(c) == total_bytes(by_hand) == 43008
     assert total_bytes(flops_first) == 18432
+    assert flops(flops_first.spmd.program) == 2 * flops(c.spmd.program)
+    assert step_time(c.spmd) == pytest.approx(step_time(by_hand.spmd))
+    assert step_time(c.spmd) < 0.75 * step_time(flops_first.spmd)
+
+
+def test_many_operand_einsum_order_foresees_consumer_layout_planning():
+    """The same dispatch with the result's c split over `data`: now the FLOPs-greedy order is the
+    cheapest once partitioned. Consumer-layout planning runs x with d in the layout the second
+    einsum wants its [m, e, c] in ({_, expert, data}: x gathered over model, 16 KB, d's s-to-c
+    all_to_all, 1 KB) and nothing moves after: 17,408 B per device, 8.9M FLOPs, 5.6 us. Ranking
+    the orders by a per-step estimate without that second plan had picked a plan leaving a
+    pending sum over `data` on [m, e, c] and then regathering it over `model` (65,536 B, 6.6 us);
+    x with w first moves 17,408 B too, but with twice the FLOPs (8.6 us)."""
+    from spmdlang.partition.cost import flops
+    from spmdlang.partition.spmd import step_time
+
+    inputs, want = _dispatch_inputs()
+    out = "{expert, data, model}"
+    c = run_sharded(_dispatch(None, out), inputs, want, backends=("ref", "sim", "jax"), tol=1e-3)
+    flops_first = spmdlang.compile(_dispatch("xd", out))
+    other = spmdlang.compile(_dispatch("xw", out))
+    assert _einsum_specs(c) == ["sm,sec->mec", "emh,mec->ech"]
+    assert total_bytes(c) == total_bytes(flops_first) == 17408
+    assert sorted((e.kind, e.axes, e.bytes_per_device) for e in c.spmd.ledger) == [
+        ("all_gather", ("model",), 16384), ("all_to_all", ("data",), 1024)]
+    assert flops(c.spmd.program) == flops(flops_first.spmd.program)
+    assert step_time(c.spmd) == pytest.approx(step_time(flops_first.spmd))
+    assert step_time(c.spmd) < 0.75 * step_time(other.spmd)
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -447,6 +488,19 @@ func main(a: f32[7, 4] {{p, _}}, b: f32[4, 5] {{_, p}}, c: f32[5, 6], e: f32[6, 
 }}
 """
     run_sharded(src, {"a": a, "b": b, "c": cc, "e": e}, a @ b @ cc @ e, tol=1e-4)
+
+
+def test_many_operand_einsum_with_a_scalar_intermediate():
+    """Two scalars contract to a scalar (",->"): a pairwise step whose output has no indices,
+    planned by the order chooser as one of its candidates (found by a random spec sweep)."""
+    rng = np.random.default_rng(5)
+    a, s, t = rng.standard_normal((5, 3)).astype(f32), np.float32(1.5), np.float32(-0.5)
+    src = """mesh [p=2, q=3]
+func main(a: f32[5, 3] {p, _}, s: f32[], t: f32[]) -> f32[3, 5] {p, _} {
+  return einsum("ed,,->de", a, s, t)
+}
+"""
+    run_sharded(src, {"a": a, "s": s, "t": t}, (a * s * t).T, tol=1e-5)
 
 
 # ---------------------------------------------------------------------------------- pooling

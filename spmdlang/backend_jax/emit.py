@@ -10,6 +10,7 @@ cached); docs/cli.md describes them for users.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import keyword
 import re
@@ -485,6 +486,12 @@ def _tables(prog: Program, in_shardings, out_shardings) -> list[str]:
             table("DTYPES", [_np_dtype(p.value.type) for p in prog.params], in_trees)]
 
 
+@functools.cache
+def _source(fn) -> str:
+    """A helper function's source, copied into every module (read once per process)."""
+    return inspect.getsource(fn).rstrip()
+
+
 def emit_shard_map(spmd) -> str:
     """Our per-partition program as a module: shard_map over the mesh, jax.lax collectives."""
     prog: Program = spmd.program
@@ -498,9 +505,9 @@ def emit_shard_map(spmd) -> str:
     lines += _imports(prog)
     lines += ["", ""] + _mesh_code(mesh)
     lines += ["", "", "# ---- helpers the per-partition program uses"]
-    lines.append(inspect.getsource(permute.permute_pairs).rstrip())
+    lines.append(_source(permute.permute_pairs))
     lines += ["", ""]
-    lines.append(inspect.getsource(permute.mesh_order_pairs).rstrip())
+    lines.append(_source(permute.mesh_order_pairs))
     lines.append("")
     used = {op.kind for op in all_ops(prog.ops)}  # the helpers this program calls
     lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops() if op.name in used).splitlines()

@@ -12,6 +12,7 @@ from importlib import resources
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.parse_tree_builder import PropagatePositions
 from lark.visitors import Transformer_NonRecursive
 
 from ..errors import Source, Span, SpmdError
@@ -59,11 +60,76 @@ class _BodyBrace:
             yield t
 
 
+class _Positions:
+    """What lark's PropagatePositions (propagate_positions=True) records on each tree node, kept
+    as references, not copied into a Meta: a node starts where its first positioned child's
+    container starts and ends where its last one's ends (`_first`, `_last`: set once, so an
+    inlined `?rule` keeps its child's own); its container spans all of the rule's symbols,
+    filtered tokens included (`_cfirst`, `_clast`: set by every reduction that returns it).
+    _span reads them when a node's span is asked for: lark's copying of twelve attributes per
+    node was half of the parse."""
+
+    __slots__ = ("node_builder",)
+
+    def __init__(self, node_builder):
+        self.node_builder = node_builder
+
+    def __call__(self, children):
+        res = self.node_builder(children)
+        if isinstance(res, Tree):
+            first = _edge(children)
+            if first is not None:
+                last = _edge(reversed(children))
+                d = res.__dict__
+                d.setdefault("_first", first)
+                d.setdefault("_last", last)
+                if first is not res:  # (an inlined rule's single child is its own first: as it was)
+                    d["_cfirst"] = first
+                if last is not res:
+                    d["_clast"] = last
+        return res
+
+
+def _edge(children):
+    """The first child that has a position: a token, or a tree with one (lark's _pp_get_meta)."""
+    for c in children:
+        if isinstance(c, Token):
+            return c
+        if isinstance(c, Tree) and "_cfirst" in c.__dict__:
+            return c
+    return None
+
+
+def _container_edge(x, side: str, cached: str, pos) -> tuple[int, int]:
+    """(line, column) where token or tree `x`'s container starts (`side` "_cfirst") or ends
+    ("_clast"), each tree on the way remembering it (spans are asked for bottom-up)."""
+    path = []
+    while not isinstance(x, Token):
+        d = x.__dict__
+        got = d.get(cached)
+        if got is not None:
+            break
+        path.append(d)
+        x = d[side]
+    else:
+        got = pos(x)
+    for d in path:
+        d[cached] = got
+    return got
+
+
 @cache
 def _parser() -> Lark:
+    """Built once per process. Its rules' position callbacks are lark's PropagatePositions
+    swapped for _Positions (where this lark has them: otherwise lark's own Meta stays)."""
     grammar = resources.files("spmdlang").joinpath("grammar.lark").read_text()
-    return Lark(grammar, parser="lalr", lexer="basic", postlex=_BodyBrace(), propagate_positions=True,
-                maybe_placeholders=True)
+    parser = Lark(grammar, parser="lalr", lexer="basic", postlex=_BodyBrace(), propagate_positions=True,
+                  maybe_placeholders=True)
+    callbacks = getattr(parser, "_callbacks", None)  # the dict the LALR parser reduces with
+    for rule, f in (callbacks or {}).items():
+        if type(f) is PropagatePositions and f.node_filter is None:
+            callbacks[rule] = _Positions(f.node_builder)
+    return parser
 
 
 def _describe_terminal(name: str) -> str:
@@ -193,11 +259,17 @@ def _check_nesting(tree: Tree, source: Source) -> None:
         if depth > MAX_NESTING:
             raise SpmdError(f"the program nests more than {MAX_NESTING} levels deep here (parentheses, calls, "
                             "indexing, blocks, and each operator of a chain count one level); split it with "
-                            "assignments", _span(source, t.meta))
+                            "assignments", _span(source, t))
         stack.extend((c, depth + 1) for c in t.children if isinstance(c, Tree))
 
 
-def _span(source: Source, meta) -> Span:
+def _span(source: Source, tree: Tree) -> Span:
+    d = tree.__dict__
+    if "_first" in d:  # (_Positions)
+        line, col = _container_edge(d["_first"], "_cfirst", "_cstart", lambda t: (t.line, t.column))
+        end_line, end_col = _container_edge(d["_last"], "_clast", "_cend", lambda t: (t.end_line, t.end_column))
+        return Span(source, line, col, end_line, end_col)
+    meta = tree.meta
     if getattr(meta, "empty", False) or not hasattr(meta, "line"):
         return Span(source, 1, 1)
     return Span(source, meta.line, meta.column, meta.end_line, meta.end_column)
@@ -209,7 +281,7 @@ def _tok_span(source: Source, tok: Token) -> Span:
 
 class _ToAst(Transformer_NonRecursive):
     """Parse tree -> AST, bottom-up without recursion (deep programs need no deep stack here).
-    Each rule's method takes (meta, children)."""
+    Each rule's method takes (its tree, for `sp`, and its children)."""
 
     __visit_tokens__ = False
 
@@ -220,10 +292,10 @@ class _ToAst(Transformer_NonRecursive):
     def _call_userfunc(self, tree, new_children=None):
         # call rule methods directly: lark's v_args wrappers cost a functools.update_wrapper per node
         children = new_children if new_children is not None else tree.children
-        return getattr(self, tree.data)(tree.meta, children)
+        return getattr(self, tree.data)(tree, children)
 
-    def sp(self, meta) -> Span:
-        return _span(self.source, meta)
+    def sp(self, tree) -> Span:
+        return _span(self.source, tree)
 
     # ---- top level
     def start(self, meta, items):

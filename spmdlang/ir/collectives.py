@@ -106,7 +106,56 @@ def step_combine_key(st, dtype: str) -> tuple:
 # `e` is the partitioner's emitter: emit(kind, *operands, **attrs), pad_to, trim, mesh, last_op
 
 
+def _subgroup(e, axes) -> tuple[str, ...] | None:
+    """The mesh axes (mesh order) under a group that names sub-axes ("x:s:m", partition.reshard);
+    None for a group of whole mesh axes."""
+    if all(a in e.mesh.shape for a in axes):
+        return None
+    return e.mesh.order({a.split(":")[0] for a in axes})
+
+
+def _group_shift(e, x, axes, offset: int, wrap: bool):
+    """x sent to the member `offset` later in the group over `axes` (sub-axes allowed: the
+    permute runs over their mesh axes, its rule shifting the group's digits alone)."""
+    parents = _subgroup(e, axes)
+    if parents is None:
+        return e.emit(CollectiveKind.COLLECTIVE_PERMUTE, x, axes=tuple(axes),
+                      sizes=tuple(e.mesh.axis_size(a) for a in axes), rule=("shift", offset, wrap))
+    return e.emit(CollectiveKind.COLLECTIVE_PERMUTE, x, axes=parents, sizes=tuple(e.mesh.axis_size(a) for a in parents),
+                  rule=("shift", offset, wrap, tuple(axes), parents))
+
+
+def _by_shifts(e, x, st, k, split, concat):
+    """An all_gather (split None) or all_to_all over a group naming sub-axes, which no jax
+    collective spans: k - 1 permutes, the j-th sending to the member j later (all_to_all: the
+    chunk of `split` for that member); member i holds the pieces of members i, i-1, ..., i-k+1,
+    which reversed and doubled put members 0..k-1 in order from piece k-1-i: a dynamic slice.
+    The same bytes as the collective, in k - 1 collectives. Returns (value, the permutes)."""
+    i = e.axis_index(st.axes)
+    const = lambda v: e.constant(v, "i32")  # noqa: E731
+    pieces, cols = [], []
+    for j in range(k):
+        if split is None:
+            piece = x
+        else:
+            c = x.type.shape[split] // k
+            at = i if j == 0 else e.emit("mod", e.emit(OpName.ADD, i, const(j)), const(k))
+            piece = e.emit("dynamic_slice_in_dim", x, e.emit("mul", at, const(c)), dim=split, size=c)
+        if j:
+            piece = _group_shift(e, piece, st.axes, j, True)
+            cols.append(e.last_op)
+        pieces.append(piece)
+    pieces = pieces[::-1]
+    b = pieces[0].type.shape[concat]
+    y = e.emit(OpName.CONCAT, *pieces, *pieces, axis=concat)
+    start = e.emit("mul", e.emit(OpName.SUB, const(k - 1), i), const(b))
+    return e.emit("dynamic_slice_in_dim", y, start, dim=concat, size=k * b), tuple(cols)
+
+
 def _emit_all_gather(e, x, st, k, after):
+    if _subgroup(e, st.axes) is not None:
+        x, cols = _by_shifts(e, x, st, k, None, st.dim)
+        return e.trim(x, st.dim, after[st.dim]), cols
     x = e.emit(CollectiveKind.ALL_GATHER, x, axes=st.axes, dim=st.dim, group=k)
     col = e.last_op
     if st.block:  # the blocks stay as gathered: the boundary fix (a permute step) comes next
@@ -127,6 +176,9 @@ def _emit_all_to_all(e, x, st, k, after):
     if st.moves:
         return _all_to_all_dims(e, x, st.moves, st.axes, k)
     x = e.pad_to(x, st.dim, k * after[st.dim])
+    if _subgroup(e, st.axes) is not None:
+        x, cols = _by_shifts(e, x, st, k, st.dim, st.dim2)
+        return e.trim(x, st.dim2, after[st.dim2]), cols
     x = e.emit(CollectiveKind.ALL_TO_ALL, x, axes=st.axes, split_dim=st.dim, concat_dim=st.dim2, group=k)
     col = e.last_op
     return e.trim(x, st.dim2, after[st.dim2]), col
@@ -187,11 +239,9 @@ def _emit_shift_fix(e, x, st, k, after):
     Returns (value, the collectives)."""
     shift, coarse, pieces = st.prefix
     d, f = st.dim, x.type.shape[st.dim]
-    sizes = tuple(e.mesh.axis_size(a) for a in st.axes)
     parts, cols = [], []
     for q, start, stop in pieces:
-        parts.append(e.emit(CollectiveKind.COLLECTIVE_PERMUTE, e.slice_dim(x, d, start, stop), axes=st.axes,
-                            sizes=sizes, rule=("shift", -q, False)))
+        parts.append(_group_shift(e, e.slice_dim(x, d, start, stop), st.axes, -q, False))
         cols.append(e.last_op)
     lo = pieces[0][0] * f + pieces[0][1]
     y = e.emit(OpName.CONCAT, *parts, x, axis=d)
@@ -204,9 +254,10 @@ def _emit_permute(e, x, st, k, after):
         return _emit_shift_fix(e, x, st, k, after)
     if st.block:
         return _emit_boundary_fix(e, x, st, k, after)
-    rule = ("relayout", st.axes, st.before.dims, st.after.dims)
-    x = e.emit(CollectiveKind.COLLECTIVE_PERMUTE, x, axes=st.axes,
-               sizes=tuple(e.mesh.axis_size(a) for a in st.axes), rule=rule)
+    axes = _subgroup(e, st.axes) or st.axes  # sub-axes: the permute runs over their mesh axes
+    rule = ("relayout", axes, st.before.dims, st.after.dims)
+    x = e.emit(CollectiveKind.COLLECTIVE_PERMUTE, x, axes=axes,
+               sizes=tuple(e.mesh.axis_size(a) for a in axes), rule=rule)
     return x, e.last_op
 
 

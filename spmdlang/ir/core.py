@@ -209,13 +209,12 @@ def map_values(ops, f):
     for op in ops:
         regions = tuple(r.replace(params=tuple(f(v) for v in r.params), ops=tuple(map_values(r.ops, f)),
                                   results=tuple(f(v) for v in r.results)) for r in op.regions)
-        new = op.replace(operands=tuple(f(v) for v in op.operands), results=tuple(f(v) for v in op.results),
-                         regions=regions)
-        same = (all(a is b for a, b in zip(new.operands, op.operands))
-                and all(a is b for a, b in zip(new.results, op.results))
+        operands, results = tuple(f(v) for v in op.operands), tuple(f(v) for v in op.results)
+        same = (all(a is b for a, b in zip(operands, op.operands))
+                and all(a is b for a, b in zip(results, op.results))
                 and all(a.params == b.params and a.results == b.results
                         and all(x is y for x, y in zip(a.ops, b.ops)) for a, b in zip(regions, op.regions)))
-        out.append(op if same else new)
+        out.append(op if same else op.replace(operands=operands, results=results, regions=regions))
     return out
 
 

@@ -32,7 +32,7 @@ class Mesh:
         n = prod(axes.values())
         return Mesh(tuple(axes.items()), tuple(devices) if devices is not None else tuple(range(n)))
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(a for a, _ in self.axes)
 
@@ -45,13 +45,13 @@ class Mesh:
         return prod(s for _, s in self.axes)
 
     def axis_size(self, axis: str) -> int:
-        return self.shape[axis]
+        size = self.shape.get(axis)
+        return sub_axis(axis)[2] if size is None else size
 
     def group_size(self, axes) -> int:
-        shape = self.shape
         n = 1
         for a in axes:
-            n *= shape[a]
+            n *= self.axis_size(a)
         return n
 
     def order(self, axes) -> tuple[str, ...]:
@@ -73,11 +73,23 @@ class Mesh:
         c = self.coords(position)
         idx = 0
         for a in axes:
-            idx = idx * self.axis_size(a) + c[a]
+            if a in c:
+                idx = idx * self.axis_size(a) + c[a]
+            else:
+                parent, stride, size = sub_axis(a)
+                idx = idx * size + c[parent] // stride % size
         return idx
 
     def __str__(self) -> str:
         return "[" + ", ".join(f"{a}={s}" for a, s in self.axes) + "]"
+
+
+def sub_axis(name: str) -> tuple[str, int, int]:
+    """A sub-axis "x:s:m" (the reshard planner's, never a program's) is (parent x, stride s, size m):
+    the devices' digit (x // s) % m, as XLA splits a mesh axis of 4 into 2x2 to move only what must
+    move. Only plans and permute rules name sub-axes; every collective runs over whole mesh axes."""
+    parent, stride, size = name.split(":")
+    return parent, int(stride), int(size)
 
 
 def axes_text(axes, empty: str = "_", name=str) -> str:
@@ -99,6 +111,18 @@ class Sharding:
     open_dims: frozenset[int] = field(default_factory=frozenset)
     partial_op: str = "sum"  # what the pending reduction over `partial` is: sum, max, min or prod
 
+    def __hash__(self) -> int:
+        # hashed once (shardings key the partitioner's memos and the reshard planner's cache)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.dims, self.partial, self.open_dims, self.partial_op))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):
+        # a string's hash differs between processes: a pickled sharding hashes afresh
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @staticmethod
     def replicated(rank: int) -> Sharding:
         return Sharding(((),) * rank)
@@ -115,12 +139,21 @@ class Sharding:
 
     def local_shape(self, shape, mesh: Mesh) -> tuple[int, ...]:
         """Static per-partition shape: a dim of n split k ways holds ceil(n/k)."""
-        return tuple(-(-n // self.shards(mesh, i)) for i, n in enumerate(shape))
+        dims, sizes = self.dims, mesh.shape
+        out = []
+        for i, n in enumerate(shape):
+            k = 1
+            for a in dims[i]:
+                k *= sizes[a] if a in sizes else mesh.axis_size(a)  # a reshard plan's sub-axis
+            out.append(-(-n // k))
+        return tuple(out)
 
     def with_partial(self, partial, op: str = "sum") -> Sharding:
         return Sharding(self.dims, tuple(partial), self.open_dims, op if partial else "sum")
 
     def closed(self) -> Sharding:
+        if not self.open_dims:  # immutable: a sharding without open dims is its own closed form
+            return self
         return Sharding(self.dims, self.partial, frozenset(), self.partial_op)
 
     def __str__(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import prod
 
 import numpy as np
@@ -23,6 +24,14 @@ _LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")  # 
 
 def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
     """Validate an explicit-output einsum spec against operand ranks; ShapeError if malformed."""
+    ranks = tuple(ranks)
+    ins, out = (_parse_einsum if isinstance(spec, str) else _parse_einsum.__wrapped__)(spec, ranks)
+    return list(ins), out
+
+
+@lru_cache(maxsize=4096)
+def _parse_einsum(spec: str, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
+    """parse_einsum, once per (spec, ranks): the partitioner counts an einsum's FLOPs per candidate."""
     check("->" in spec, f'einsum spec "{spec}" needs an explicit output ("->")')
     check("." not in spec, "einsum: ellipsis is not supported")
     ins, out = spec.replace(" ", "").split("->", 1)
@@ -36,15 +45,16 @@ def parse_einsum(spec: str, ranks) -> tuple[list[str], str]:
     check(all(c in _LETTERS for c in out) and len(set(out)) == len(out),
           f'einsum spec "{spec}": output indices must be distinct letters')
     check(set(out) <= set("".join(ins)), f'einsum spec "{spec}": output index not in any operand')
-    return ins, out
+    return tuple(ins), out
 
 
 def _einsum_infer(operands, attrs):
     ins, out = parse_einsum(attrs["spec"], [t.rank for t in operands])
     dt = operands[0].dtype
-    check(all(t.dtype == dt for t in operands), "einsum: operand dtypes differ: "
-          + " vs ".join(str(t) for t in operands))
-    check(T.kind(dt) in ("float", "int"), f"einsum needs numeric operands, got {operands[0]}")
+    if not all(t.dtype == dt for t in operands):  # (messages only for errors: this runs per einsum built)
+        check(False, "einsum: operand dtypes differ: " + " vs ".join(str(t) for t in operands))
+    if T.kind(dt) not in ("float", "int"):
+        check(False, f"einsum needs numeric operands, got {operands[0]}")
     sizes: dict[str, int] = {}
     for letters, t in zip(ins, operands):
         for c, n in zip(letters, t.shape):
@@ -158,55 +168,117 @@ def _einsum_flops(operands, results, attrs) -> int:
     return n
 
 
+def chain_order(spec: str, types: tuple[TensorType, ...], layouts: tuple[Sharding, ...], target: Sharding,
+                mesh) -> tuple[list[tuple[int, int, str]], tuple[Sharding, ...]]:
+    """The order in which to contract a many-operand einsum two at a time, and the layout of each
+    intermediate: every candidate order (contraction_orders: all of them for up to four operands,
+    a greedy prefix beyond; orders making the same contractions once) is written out as a small
+    global program of pairwise einsums, over operands in `layouts` to a result in `target`, and
+    planned as any program is (propagation, then the partitioner with its consumer-layout second
+    plan), and a second time with each intermediate split as its indices are in the result's and
+    the operands' layouts where propagation planned it otherwise; the plan with the lowest
+    modelled step time wins (partition.spmd.step_time: collectives and local work), ties to fewer
+    FLOPs, then to the FLOPs-greedy order. So the choice sees what partitioning will make of each
+    order, a plan that gathers an input before a step rather than its result after included. The
+    steps are then replayed from the intermediates' planned layouts alone, so the plans weighed
+    leave out combined settlements (which such a replay cannot make). An operand that arrives
+    with a pending sum is planned as if settled. Orders whose FLOPs spread evenly over the
+    devices already take longer than the best plan are not planned. Pure; memoised on its
+    (hashable) arguments, as the partitioner plans a program more than once (and autoshard many
+    variants): at most 15 orders of the last four operands, two small programs each, and no
+    per-device work."""
+    return _chain_order(spec, types, tuple(Sharding(s.dims) for s in layouts), Sharding(target.dims), mesh)
+
+
+def _tree(n: int, seq) -> frozenset:
+    """The contraction tree of an order: the operand sets its steps contract (orders that differ
+    only in which of two independent contractions comes first share it)."""
+    terms, steps = [frozenset([i]) for i in range(n)], set()
+    for i, j, _ in seq:
+        steps.add(terms[i] | terms[j])
+        terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [terms[i] | terms[j]]
+    return frozenset(steps)
+
+
+@lru_cache(maxsize=1024)
+def _chain_order(spec, types, layouts, target, mesh):
+    from ..ir.core import Op, Param, Program, Result, Value, freeze
+    from ..partition.cost import compute_time_us
+    from ..partition.propagate import propagate
+    from ..partition.spmd import partition, step_time
+
+    ins, out = parse_einsum(spec, [t.rank for t in types])
+    sizes = {c: n for letters, t in zip(ins, types) for c, n in zip(letters, t.shape)}
+    # the other plan of each order: an intermediate split as its indices are in the result's
+    # layout and the operands' (the result's first), where propagation planned it otherwise
+    axes_of: dict[str, tuple[str, ...]] = {}
+    used: set[str] = set()
+    for letters, s in [(out, target)] + list(zip(ins, layouts)):
+        for c, axes in zip(letters, s.dims):
+            if axes and c not in axes_of and not used & set(axes) and mesh.group_size(axes) <= sizes[c]:
+                axes_of[c] = tuple(axes)
+                used |= set(axes)
+    orders, trees = [], set()
+    for k, seq in enumerate(contraction_orders(ins, out, sizes)):
+        if _tree(len(ins), seq) not in trees:
+            trees.add(_tree(len(ins), seq))
+            orders.append((order_flops(ins, out, sizes, seq), k, seq))
+    best = None
+    for n_flops, k, seq in sorted(orders, key=lambda o: o[:2]):
+        # no plan runs faster than its FLOPs spread evenly over the devices: the rest cannot win
+        if best is not None and compute_time_us(n_flops / len(mesh.devices)) > best[0][0]:
+            break
+        params = tuple(Param(Value(t, f"x{i}"), f"x{i}", s) for i, (t, s) in enumerate(zip(types, layouts)))
+        terms = [(letters, p.value) for letters, p in zip(ins, params)]
+        ops, mids = [], []
+        for i, j, keep in seq + [(0, 1, None)]:
+            (a, x), (b, y) = terms[i], terms[j]
+            kept = out if keep is None else keep
+            result = Value(TensorType(types[0].dtype, tuple(sizes[c] for c in kept)), f"t{len(ops)}")
+            ops.append(Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{kept}"})))
+            if keep is not None:
+                mids.append(result)
+                terms = [t for n, t in enumerate(terms) if n not in (i, j)] + [(keep, result)]
+        last = Value(ops[-1].results[0].type, "result")  # a result's annotation is a shard() constraint
+        ops.append(Op("shard", ops[-1].results, (last,), freeze({"sharding": target})))
+        prog = Program("chain", mesh, params, tuple(ops), (Result(last, target),))
+        prop = propagate(prog)
+        plans = [partition(prog, prop, settlements=False)]
+        split = {m: Sharding(tuple(axes_of.get(c, ()) for c in keep)) for m, (_, _, keep) in zip(mids, seq)}
+        if any(split[m].dims != prop.shardings[m].dims for m in mids):
+            plans.append(partition(prog, prop, split, settlements=False))
+        for v, spmd in enumerate(plans):
+            key = (round(step_time(spmd), 9), n_flops, k, v)
+            if best is None or key < best[0]:  # each intermediate planned as that plan planned it
+                best = (key, seq, tuple(Sharding(spmd.layouts.get(m, prop.shardings[m]).dims) for m in mids))
+    return best[1], best[2]
+
+
 def _einsum_partition(ctx):
-    """One or two operands: by the factor rule. More: two at a time, in the order the cost model
-    (partition.cost: bytes moved plus local FLOPs) finds cheapest, each pairwise step partitioned
-    by its own factor rule; an intermediate is planned with the splits its indices have in the
-    operands' layouts and the result's (the result's first). Ties go to fewer FLOPs, then to the
-    FLOPs-greedy order."""
+    """One or two operands: by the factor rule. More: two at a time, in the order and with the
+    intermediate layouts chain_order finds cheapest once partitioned, each pairwise step
+    partitioned by its own factor rule as in the program written pairwise (an intermediate's
+    pending sum may flow into the next step, which is linear in it)."""
     op = ctx.op
     if len(op.operands) <= 2:
         return ctx.generic()
     from ..ir.core import Op, Value, freeze
 
-    ins, out = parse_einsum(op.attrs["spec"], [v.type.rank for v in op.operands])
-    sizes = {c: n for letters, v in zip(ins, op.operands) for c, n in zip(letters, v.type.shape)}
-    dtype = op.result.type.dtype
-    axes_of: dict[str, tuple[str, ...]] = {}
-    used: set[str] = set()
-    for letters, dims in [(out, ctx.target().dims)] + [(ins[i], ctx.layout(i).dims) for i in range(len(ins))]:
-        for c, axes in zip(letters, dims):
-            if axes and c not in axes_of and not used & set(axes) and ctx.mesh.group_size(axes) <= sizes[c]:
-                axes_of[c] = tuple(axes)
-                used |= set(axes)
-
-    def plan(seq):
-        terms = list(zip(ins, op.operands))
-        steps, layouts, cost = [], {}, 0.0
-        for n, (i, j, keep) in enumerate(seq + [(0, 1, None)]):
-            if keep is None:
-                (a, x), (b, y) = terms
-                result, keep, target = op.results[0], out, ctx.target()
-            else:
-                (a, x), (b, y) = terms[i], terms[j]
-                result = Value(TensorType(dtype, tuple(sizes[c] for c in keep)))
-                target = Sharding(tuple(axes_of.get(c, ()) for c in keep))
-            step = Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{keep}"}), op.span)
-            c, layouts[result] = ctx.trial(step, target, layouts, passing=result is not op.results[0])
-            cost += c
-            steps.append((step, target))
-            if n < len(seq):
-                terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [(keep, result)]
-        return cost, steps
-
-    best = None
-    for k, seq in enumerate(contraction_orders(ins, out, sizes)):
-        cost, steps = plan(seq)
-        key = (round(cost, 6), order_flops(ins, out, sizes, seq), k)
-        if best is None or key < best[0]:
-            best = (key, steps)
-    for step, target in best[1]:
-        ctx.step(step, target, passing=step.results[0] is not op.results[0])
+    types = tuple(v.type for v in op.operands)
+    ins, out = parse_einsum(op.attrs["spec"], [t.rank for t in types])
+    sizes = {c: n for letters, t in zip(ins, types) for c, n in zip(letters, t.shape)}
+    seq, mids = chain_order(op.attrs["spec"].replace(" ", ""), types,
+                            tuple(ctx.layout(i) for i in range(len(types))), ctx.target(), ctx.mesh)
+    terms = list(zip(ins, op.operands))
+    for n, (i, j, keep) in enumerate(seq + [(0, 1, None)]):
+        (a, x), (b, y) = terms[i], terms[j]
+        if keep is None:
+            result, keep, target = op.results[0], out, None
+        else:
+            result, target = Value(TensorType(op.result.type.dtype, tuple(sizes[c] for c in keep))), mids[n]
+            terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [(keep, result)]
+        step = Op("einsum", (x, y), (result,), freeze({"spec": f"{a},{b}->{keep}"}), op.span)
+        ctx.step(step, target)
 
 
 register("einsum", doc="contraction of any number of operands over named indices (explicit output)",
@@ -488,27 +560,58 @@ def _reads_padding(padding, lhs) -> bool:
     return any(lo > 0 or hi > 0 for lo, hi in padding) or any(d > 1 for d in lhs)
 
 
+def _padding_in_memory(out_shape, strides, padding, lhs) -> bool:
+    """Whether a conv's padding and lhs_dilation holes are few enough to build in memory: padding
+    of at most the output's extent (times the stride) plus 64 along each spatial dim, and at most
+    8 input elements' room per element from the holes (a 2x upsampling in 3-D). A window spread
+    far past the input (rhs_dilation=10^8 over 8 rows with SAME padding) would materialize mostly
+    padding."""
+    room = 1
+    for d in lhs:
+        room *= d
+    return room <= 8 and all(max(lo, 0) + max(hi, 0) <= m * s + 64
+                             for m, s, (lo, hi) in zip(out_shape[1:-1], strides, padding))
+
+
 def _conv_jax_local(args, attrs, out):
     """A conv in our per-partition module, as ref and sim compute it: padding and lhs_dilation holes
     are zeros that multiply the kernel (0 * inf is NaN), as the zeros a split conv's halo brings
     past the image edge do. XLA's CPU convolutions skip those taps in some forms and not in others
-    (docs/known_xla_issues.md, 10), so the outputs where a non-finite tap reads padding or a hole
-    are set to NaN: every non-finite tap of a feature less those that reach the input, counted by a
-    conv of ones by the non-finite taps (nothing is materialized, so a window spread far past the
-    input stays cheap). Batch groups run as one conv per group, concatenated along the features:
-    XLA's batch_group_count with rhs_dilation spreads a NaN or inf of one group's kernel over every
-    group's output."""
+    (docs/known_xla_issues.md, 10), and fold a constant-zero lax.pad into the conv's padding, so
+    the input is padded and dilated in memory (lax.pad, interior padding for the holes) with a zero
+    XLA cannot see through (an optimization_barrier): the conv then multiplies every tap, one
+    kernel (the pad fuses into its producer, often a halo's concatenate) where a correction costs a
+    second conv. Where that padding would be large (a window spread far past the input:
+    _padding_in_memory) nothing is materialized: the outputs where a non-finite tap reads padding
+    or a hole are set to NaN instead (every non-finite tap of a feature less those that reach the
+    input, counted by a conv of ones by the non-finite taps). Batch groups run as one conv per
+    group, concatenated along the features: XLA's batch_group_count with rhs_dilation spreads a
+    NaN or inf of one group's kernel over every group's output."""
     strides, padding, lhs, rhs, g, bg = conv_params(attrs)
     nsp = len(strides)
     x, w = args
+    pad_x = None
+    if _reads_padding(padding, lhs) and _padding_in_memory(out[0].shape, strides, padding, lhs):
+        spec = [(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs)] + [(0, 0, 0)]
+        padding, lhs = ((0, 0),) * nsp, (1,) * nsp
+        if nsp == 2:
+            # XLA's CPU can run a 2-D conv without any padding several times slower than one with
+            # some ([8, 64, 64, 32] by 3x3x32x32: 30 ms against 7): one more zero row, cropped
+            spec[1] = (spec[1][0] + 1, spec[1][1], spec[1][2])
+            padding = ((-1, 0), (0, 0))
+        pad_x = f"jax.lax.pad({x}, jax.lax.optimization_barrier(jnp.zeros((), {x}.dtype)), {spec})"
+        attrs = conv_attrs(strides, padding, lhs, rhs, g, bg)
     if bg > 1:
+        xb = "_x" if pad_x else x
         n, f = out[0].shape[0], out[0].shape[-1] // bg
-        xs, ws = f"{x}[_b * {n}:(_b + 1) * {n}]", f"{w}[..., _b * {f}:(_b + 1) * {f}]"
+        xs, ws = f"{xb}[_b * {n}:(_b + 1) * {n}]", f"{w}[..., _b * {f}:(_b + 1) * {f}]"
         conv = _conv_jax([xs, ws], conv_attrs(strides, padding, lhs, rhs, g), out)
         conv = f"jnp.concatenate([{conv} for _b in range({bg})], axis=-1)"
+        if pad_x:
+            return f"(lambda _x: {conv})({pad_x})"
     else:
-        conv = _conv_jax([x, w], attrs, out)
-    if not _reads_padding(padding, lhs):
+        conv = _conv_jax([pad_x or x, w], attrs, out)
+    if pad_x or not _reads_padding(padding, lhs):
         return conv
     ind = f"(~jnp.isfinite({w})).any(axis=-2, keepdims=True).astype(jnp.float32)"
     ones = f"jnp.ones((1,) + {x}.shape[1:-1] + (1,), jnp.float32)"

@@ -19,7 +19,8 @@ from .registry import Family, Grad, PartialMode, Takes, check, no_flops, registe
 
 def _same_shape(types) -> tuple[int, ...]:
     shapes = {t.shape for t in types if t.rank}
-    check(len(shapes) <= 1, "operand shapes differ: " + " vs ".join(str(t) for t in types))
+    if len(shapes) > 1:  # (the message only when it is an error: this runs for every op built)
+        check(False, "operand shapes differ: " + " vs ".join(str(t) for t in types))
     return shapes.pop() if shapes else ()
 
 
@@ -75,9 +76,9 @@ _NUMERIC_UNARY = {
 def _unary_infer(name, allowed):
     def infer(operands, attrs):
         (x,) = operands
-        check(T.kind(x.dtype) in allowed,
-              f"{name} needs a {' or '.join(sorted(allowed))} operand, got {x}"
-              + ("; cast it first, e.g. cast(x, f32)" if "float" in allowed else ""))
+        if T.kind(x.dtype) not in allowed:
+            check(False, f"{name} needs a {' or '.join(sorted(allowed))} operand, got {x}"
+                  + ("; cast it first, e.g. cast(x, f32)" if "float" in allowed else ""))
         return x
 
     return infer
@@ -208,9 +209,10 @@ _LOGICAL = {
 def _binary_infer(name, allowed, result_dtype=None):
     def infer(operands, attrs):
         a, b = operands
-        check(a.dtype == b.dtype, f"{name}: operand dtypes differ: {a} vs {b}")
-        check(T.kind(a.dtype) in allowed,
-              f"{name} needs {' or '.join(sorted(allowed))} operands, got {a}")
+        if a.dtype != b.dtype:
+            check(False, f"{name}: operand dtypes differ: {a} vs {b}")
+        if T.kind(a.dtype) not in allowed:
+            check(False, f"{name} needs {' or '.join(sorted(allowed))} operands, got {a}")
         return TensorType(result_dtype or a.dtype, _same_shape(operands))
 
     return infer
@@ -270,8 +272,10 @@ for _name, (_fn, _jax, _doc) in _LOGICAL.items():
 
 def _select_infer(operands, attrs):
     c, a, b = operands
-    check(c.dtype == "bool", f"where: the condition must be bool, got {c}", blame=0)
-    check(a.dtype == b.dtype, f"where: branch dtypes differ: {a} vs {b}")
+    if c.dtype != "bool":
+        check(False, f"where: the condition must be bool, got {c}", blame=0)
+    if a.dtype != b.dtype:
+        check(False, f"where: branch dtypes differ: {a} vs {b}")
     return TensorType(a.dtype, _same_shape(operands))
 
 

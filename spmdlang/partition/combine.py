@@ -167,7 +167,10 @@ def _combine_ops(prog_ops, ledger):
 
 def finish(spmd):
     """CSE, algebraic identities (what partitioning leaves, e.g. where(c, x, x) once CSE has made
-    two constants one), dead code, then all_reduce combining, on a partition.spmd.SpmdProgram."""
+    two constants one), dead code, then all_reduce combining, on a partition.spmd.SpmdProgram.
+    Pure; the result is kept on `spmd` (never changed once partitioned) and returned again."""
+    if spmd.finished is not None:
+        return spmd.finished
     prog, repl = cse(spmd.program)
     prog, more = algebraic(prog)
     repl.update(more)  # ledger.remapped follows chains: op -> its CSE'd op -> its rewritten op
@@ -178,7 +181,8 @@ def finish(spmd):
         prog = dead_code(prog)
         ledger = remapped(ledger, more, set(all_ops(prog.ops)))
     notes = {c.local_op: c.reason for c in ledger if c.local_op is not None}
-    return replace(spmd, program=prog, ledger=ledger, notes=notes)
+    spmd.finished = replace(spmd, program=prog, ledger=ledger, notes=notes)
+    return spmd.finished
 
 
 def _same_pass(entries):

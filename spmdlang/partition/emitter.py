@@ -19,7 +19,7 @@ from ..errors import Span
 from ..ir.builder import Builder
 from ..ir.collectives import CollectiveKind, spec, step_bytes
 from ..ir.core import Op, Program, Value, all_ops
-from ..ir.mesh import Sharding
+from ..ir.mesh import Sharding, sub_axis
 from ..ir.names import OpName
 from ..ir.types import TensorType, itemsize
 from .halo import Window, window
@@ -47,13 +47,19 @@ class LocalState:
         for r in prog.results:
             self.users[r.value] = self.users.get(r.value, 0) + 1
         self.trivial = any(size == 1 for _, size in self.mesh.axes)
+        self._nontrivial: dict[Sharding, Sharding] = {}  # drop_trivial_axes, once per layout
         self._user_ops: dict[Value, list[Op]] | None = None
 
     def target(self, v: Value) -> Sharding:
         """The planned layout of v, without mesh axes of size 1 (they split nothing; keeping them
         would make custom steps emit collectives over groups of one)."""
         s = self.planned[v] if v in self.planned else self.shardings[v]
-        return drop_trivial_axes(s, self.mesh) if self.trivial else s
+        if not self.trivial:
+            return s
+        t = self._nontrivial.get(s)
+        if t is None:
+            t = self._nontrivial[s] = drop_trivial_axes(s, self.mesh)
+        return t
 
     def wanted(self, v: Value) -> Sharding:
         """The planned layout of v as a consumer wants it: no pending sum."""
@@ -188,7 +194,26 @@ class Emitter(LocalOps):
         """This partition's linear index over `axes` (first axis major), an i32 scalar."""
         axes = tuple(axes)
         if axes not in self.scope.indices:
-            self.scope.indices[axes] = self.scope.builder.emit("axis_index", span=None, axes=axes)
+            if all(a in self.mesh.shape for a in axes):
+                self.scope.indices[axes] = self.scope.builder.emit("axis_index", span=None, axes=axes)
+            else:  # sub-axes (partition.reshard): digits of their mesh axes' indices
+                idx = None
+                for a in axes:
+                    if a in self.mesh.shape:
+                        digit = self.axis_index((a,))
+                    else:
+                        parent, stride, size = sub_axis(a)
+                        digit = self.axis_index((parent,))
+                        if stride > 1:
+                            digit = self.emit("div", digit, self.constant(stride, "i32"))
+                        if stride * size < self.mesh.axis_size(parent):
+                            digit = self.emit("mod", digit, self.constant(size, "i32"))
+                    if idx is not None:
+                        idx = self.emit(OpName.ADD, self.emit("mul", idx, self.constant(self.mesh.axis_size(a), "i32")),
+                                        digit)
+                    else:
+                        idx = digit
+                self.scope.indices[axes] = idx
         return self.scope.indices[axes]
 
     @contextmanager
@@ -314,8 +339,10 @@ class Emitter(LocalOps):
             made = self.local.producer.get(v)
             for c in col if isinstance(col, tuple) else (col,):  # a shift fix: one permute per piece
                 # what the emitted collective really sends (padding included), not the plan's estimate
-                sent = step_bytes(st.kind, k, sum(v.type.nbytes for v in c.operands))
-                self.log(st.kind, st.axes, sent, st.reduce,
+                # (a collective over sub-axes runs as permutes: partition.reshard)
+                kind = CollectiveKind(c.kind)
+                sent = step_bytes(kind, k, sum(v.type.nbytes for v in c.operands))
+                self.log(kind, st.axes, sent, st.reduce,
                          f"{self.describe(v)} {st.before} -> {st.after}"
                          + (" (block boundaries)" if st.block or st.prefix else "") + (f" {why}" if why else ""), c,
                          backward=made is not None and made.backward)

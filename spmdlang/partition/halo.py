@@ -18,6 +18,7 @@ An input that is not split on d is windowed locally (pad, then dynamic_slice): n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol
 
 from ..ir.collectives import CollectiveKind
@@ -46,7 +47,14 @@ def _needed(w: Window, c: int, k: int, n: int) -> tuple[int, int] | None:
     n - i*c): a is convex and b concave in i, and the shards with a_i < b_i form an interval
     bounded where two of those lines cross, so the extremes lie at the ends 0 and k-1 or next to
     a crossing. Evaluating those few points keeps this O(1) in the number of devices."""
-    delta, s, length = w.a - c, w.s, w.length
+    return _hull(w.a, w.s, w.length, c, k, n)
+
+
+@lru_cache(maxsize=4096)
+def _hull(step: int, s: int, length: int, c: int, k: int, n: int) -> tuple[int, int] | None:
+    """_needed of a window (its a, s, length), once per question (the partitioner weighs the
+    same windows for every candidate layout of every conv and pool)."""
+    delta = step - c
     lines = [(delta, s), (-c, 0), (delta, s + length), (-c, n)]  # slope, intercept in i
     cands = {0, k - 1}
     for x, (m1, b1) in enumerate(lines):

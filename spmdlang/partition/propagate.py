@@ -22,7 +22,10 @@ Every extension remembers the op and the source value it came from, for `check` 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property, partial
+from weakref import WeakKeyDictionary
 
 from ..ir import registry
 from ..ir.core import LOOP, Loop, Op, Program, Value, walk
@@ -52,8 +55,16 @@ class Propagation:
     program: Program
     shardings: dict[Value, Sharding]
     origins: dict[Value, list[Origin]] = field(default_factory=dict)
-    conflicts: list[tuple[Op, str]] = field(default_factory=list)
+    find_conflicts: Callable[[], list[tuple[Op, str]]] | None = field(default=None, repr=False, compare=False)
     rounds: int = 0
+
+    @cached_property
+    def conflicts(self) -> list[tuple[Op, str]]:
+        """The conflicts met, worked out from the final shardings when first asked (only the
+        reports read them: a compile to a module does not)."""
+        found = self.find_conflicts() if self.find_conflicts is not None else []
+        self.find_conflicts = None  # (it holds propagation's working state)
+        return found
 
     def reason(self, v: Value, names=None) -> str:
         return describe_origins(self, v, names)
@@ -62,11 +73,22 @@ class Propagation:
 TIE = "loop carry"  # a pseudo-op of propagation only: its operand and result share one sharding
 
 
+# op -> its factor rule: a rule is a pure function of the (immutable) op, and propagation, the
+# partitioner's plans and its second plans ask for the same op's many times; held weakly, so an
+# entry lives as long as its op
+_rules: WeakKeyDictionary[Op, FactorRule] = WeakKeyDictionary()
+
+
 def op_rule(op: Op) -> FactorRule:
-    if op.kind == TIE:
-        return elementwise_rule([op.operands[0].type.shape], op.results[0].type.shape)
-    opdef = registry.get(op.kind)
-    return opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
+    rule = _rules.get(op)
+    if rule is None:
+        if op.kind == TIE:
+            rule = elementwise_rule([op.operands[0].type.shape], op.results[0].type.shape)
+        else:
+            opdef = registry.get(op.kind)
+            rule = opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
+        _rules[op] = rule
+    return rule
 
 
 def _first(op: Op) -> bool:
@@ -123,22 +145,25 @@ class _State:
                 self.origins[v] += [Origin(kind, d, a, op) for d, a in enumerate(s.dims) if a]
                 if not any(s.dims):
                     self.origins[v].append(Origin(kind, -1, (), op))
+        self.nbytes: dict[Value, int] = {v: v.type.nbytes for v in self.dims}  # what proposals weigh
 
 
-def _admitted(op: Op, kind: str, phase: int) -> bool:
-    if kind == REPLICATE:
-        return False
+def _admitted(kinds, phase: int, first: bool) -> tuple[bool, ...]:
+    """Per factor of these kinds, whether the phase admits it (for an op that propagates `first`)."""
     if phase == 0:
-        return _first(op)
+        return tuple(first and kind != REPLICATE for kind in kinds)
     if phase == 1:
-        return kind != REDUCTION
-    return True
+        return tuple(kind != REPLICATE and kind != REDUCTION for kind in kinds)
+    return tuple(kind != REPLICATE for kind in kinds)
 
 
-def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, forward: bool = False):
+def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, forward: bool = False,
+             admitted: tuple[bool, ...] | None = None):
     """This op's proposals: [(value, dim, axes, strength, source value)]; only for its results
-    when `forward`."""
-    if phase == 0 and not _first(op):
+    when `forward`. `admitted`: _admitted for this op and phase, where the caller has it."""
+    if admitted is None:
+        admitted = _admitted(rule.kinds, phase, _first(op))
+    if not any(admitted):  # (phase 0 admits no factor of an op that does not propagate first)
         return []
     tensors = op.operands + op.results
     mesh = st.mesh
@@ -150,16 +175,17 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
                 by_factor.setdefault(f, []).append((axes, i))
     if not by_factor:
         return []
-    nbytes = [t.type.nbytes for t in tensors]
+    nbytes = [st.nbytes[t] for t in tensors]
     chosen: dict[int, tuple[str, ...]] = {}
     strength: dict[int, tuple[int, int]] = {}
     source: dict[int, int] = {}  # factor -> index of the tensor its axes come from
     for f in sorted(by_factor):
-        if not _admitted(op, rule.kinds[f], phase):
+        if not admitted[f]:
             continue
         cands = by_factor[f]
         # strongest first: the largest tensor, then the longest split, then a fixed order
-        cands.sort(key=lambda c: (-nbytes[c[1]], -len(c[0]), c[0], c[1]))
+        if len(cands) > 1:
+            cands.sort(key=lambda c: (-nbytes[c[1]], -len(c[0]), c[0], c[1]))
         best, bi = cands[0]
         for axes, i in cands[1:]:
             if axes[: len(best)] == best and len(axes) > len(best):
@@ -171,7 +197,8 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
         return []
     # one axis may split only one factor of the op: stronger factors keep theirs
     used: dict[str, int] = {}
-    for f in sorted(chosen, key=lambda f: (-strength[f][0], -strength[f][1], f)):
+    order = sorted(chosen, key=lambda f: (-strength[f][0], -strength[f][1], f)) if len(chosen) > 1 else list(chosen)
+    for f in order:
         keep = []
         for a in chosen[f]:
             if a in used:
@@ -189,12 +216,14 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
     for i, t in enumerate(tensors):
         if forward and i < len(op.operands):
             continue
+        factors = rule.tensors[i]
         for d in st.open[t]:
-            axes = unproject_dim(rule.tensors[i][d], chosen, rule.sizes, mesh)
+            dim = factors[d]
+            axes = tuple(chosen.get(dim[0], ())) if len(dim) == 1 else unproject_dim(dim, chosen, rule.sizes, mesh)
             cur = st.dims[t][d]
             if len(axes) > len(cur) and axes[: len(cur)] == cur:
-                fs = [f for f in rule.tensors[i][d] if f in chosen]
-                f = max(fs, key=lambda f: strength[f])
+                fs = [f for f in dim if f in chosen]
+                f = fs[0] if len(fs) == 1 else max(fs, key=lambda f: strength[f])
                 # by position, not value: a value used twice (einsum(x, x)) has other factors each time
                 src = source[f]
                 out.append((t, d, axes, strength[f], (tensors[src], rule.factor_dims(src, f))))
@@ -209,7 +238,8 @@ def _merge(st: _State, v: Value, props, op_of) -> bool:
     for d, axes, s, src, op in props:
         by_dim[d].append((axes, s, src, op))
     # dims whose strongest proposal is strongest claim shared axes first
-    order = sorted(by_dim, key=lambda d: (min((-c[1][0], -c[1][1]) for c in by_dim[d]), d))
+    strongest = {d: max(c[1] for c in cands) for d, cands in by_dim.items()}  # (bytes, split length)
+    order = sorted(by_dim, key=lambda d: (-strongest[d][0], -strongest[d][1], d))
     changed = False
     for d in order:
         cands = sorted(by_dim[d], key=lambda c: (-c[1][0], -c[1][1], c[0], op_of[c[3]], c[2][1]))
@@ -245,18 +275,42 @@ def propagate(prog: Program) -> Propagation:
         for v in op.operands + op.results:
             adjacent[v].append(op)
     rounds = 0
+    # an op's proposals depend only on its tensors' shardings, which of its factors the phase
+    # admits and the direction: each phase starts by visiting every op, and most ask what they
+    # asked in the phase before (an elementwise op admits the same factors in all three). An
+    # answer is kept with the round its op's tensors last changed in (`touched`), and reused
+    # while none has changed since. An op none of whose tensors has an open dim proposes nothing.
+    admits = {}
+    for op in ops:
+        first = _first(op)
+        for phase in PHASES:
+            admits[op, phase] = _admitted(rules[op].kinds, phase, first)
+    inert = {op for op in ops if not any(st.open[t] for t in op.operands + op.results)}
+    touched = dict.fromkeys(ops, 0)
+    answers: dict[tuple, tuple[int, list]] = {}
     for phase, forward in ((p, f) for p in PHASES for f in (True, False)):
         frontier = set(ops)
         while frontier:
             rounds += 1
             proposals: dict[Value, list] = defaultdict(list)
             for op in frontier:
-                for t, d, axes, s, src in _propose(op, rules[op], st, phase, {}, forward):
+                if op in inert:
+                    continue
+                key = (op, admits[op, phase], forward)
+                kept = answers.get(key)
+                if kept is not None and kept[0] == touched[op]:
+                    got = kept[1]
+                else:
+                    got = _propose(op, rules[op], st, phase, {}, forward, key[1])
+                    answers[key] = (touched[op], got)
+                for t, d, axes, s, src in got:
                     proposals[t].append((d, axes, s, src, op))
             changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
             frontier = {op for v in changed for op in adjacent[v]}
+            for op in frontier:
+                touched[op] = rounds
     shardings = {v: Sharding(tuple(d)) for v, d in st.dims.items()}
-    return Propagation(prog, shardings, dict(st.origins), _conflicts(ops, rules, st, index), rounds)
+    return Propagation(prog, shardings, dict(st.origins), partial(_conflicts, ops, rules, st, index), rounds)
 
 
 def _conflicts(ops, rules, st: _State, index) -> list[tuple[Op, str]]:

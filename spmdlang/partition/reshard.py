@@ -35,6 +35,21 @@ is a slice over z, giving {x, (y, z), _}, then one permute; an unmerge
 {_, (x, y)} -> {x, y} is all_to_all((x, y), 1 -> 0) then all_to_all(y, 0 -> 1). Only axes the
 target no longer uses are gathered, axes it adds are local slices, done before the moves.
 
+Sub-axes. An axis of composite size is XLA's product of subgroups: on [x=4, y=2], x is
+(x:2:2, x:1:2) (sub-axis "x:s:m": the device digit (x // s) % m, ir.mesh.sub_axis), and a layout
+may split a dim over a sub-axis alone. Where the mesh has such an axis (and the atoms are at most
+SUB_ATOMS), the search runs once more over the prime sub-axes, and finds XLA's plans:
+  {_, x} -> {_, y} on f32[6, 10]  permute to {_, (y, x:2:2)}, fix the boundaries, gather x:2:2:
+                                  72 + 24 + 72 bytes where gathering x sends 216
+  {y, _} -> {x, y} on f32[8, 8]   slice x:2:2 and x:1:2, one permute: 32 where an all_to_all sends 64
+  {x, y} -> {y, x} on f32[8, 8]   all_to_all over x:1:2, one permute: 16 + 32, not 32 + 48
+No jax collective spans a sub-axis, so the steps over one run as permutes over the mesh axis:
+a relabelling permute is one (its pairs computed from the two layouts by partition.permute at
+run or trace time, never per device by the compiler), a gather or all_to_all over a group of k
+is k - 1 permutes of the same bytes (ir.collectives._by_shifts), and a slice takes the digit of
+the axis index. Layouts and groups are written with whole axes wherever the sub-axes of one
+come together in order.
+
 Four plans are weighed: the greedy walk of the table above; the fallback "settle sums in place,
 gather whole what does not nest, slice", which bounds every plan by the bytes of gathering
 everything; one collective_permute where both layouts have the same shard counts; and, where
@@ -56,7 +71,7 @@ from itertools import permutations
 from math import prod
 
 from ..ir.collectives import CollectiveKind, is_collective, spec
-from ..ir.mesh import Mesh, Sharding
+from ..ir.mesh import Mesh, Sharding, sub_axis
 from ..ir.names import OpName
 from .cost import collective_cost, comm_cost, step_bytes
 from .halo import Window, parts
@@ -386,6 +401,9 @@ def _gather_plan(shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding) -> l
 
 # layouts the search settles at most (~0.2 s) before it gives up: the other plans stand
 SEARCH_STATES = 1000
+# over sub-axes, a second search where most reshards gain nothing: every pair of [x=4, y=2] and
+# [x=2, y=4] on f32[6, 10], f32[8, 8], f32[7, 9] finds its plan within 60 (tests/test_reshard_multi_axis.py)
+SUB_STATES = 300
 CHEAPEST, LEANEST = (2, 1), (0, 1, 2)  # objectives: indices into (bytes, collectives, comm_cost)
 FIX = "all_gather+fix"  # a search edge: all_gather of a minor run that does not nest, then its boundary fix
 PREFIX = "fix+all_gather"  # the same gather with the boundaries fixed first, on the fine shards
@@ -424,11 +442,19 @@ class _Search:
                       relabelled: {(x, z), y} -> {(y, x), z} is one permute, not a gather)
     Every other step keeps uneven shards nesting (nests)."""
 
-    def __init__(self, shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding, objective):
+    def __init__(self, shape, itemsize, mesh: Mesh, src: Sharding, dst: Sharding, objective, split=None):
         self.shape, self.itemsize, self.objective = shape, itemsize, objective
         self.sizes = {a: mesh.axis_size(a) for a in mesh.names}
         self.active = [d for d in range(len(shape)) if src.dims[d] or dst.dims[d]]
         self.axes = mesh.order({a for s in (src, dst) for dim in s.dims for a in dim} | set(src.partial))
+        self.split = split or {}  # mesh axis -> its sub-axes, major first (_sub_axes)
+        self.limit = SUB_STATES if self.split else SEARCH_STATES
+        if self.split:
+            for subs in self.split.values():
+                self.sizes.update((a, sub_axis(a)[2]) for a in subs)
+            self.axes = tuple(b for a in self.axes for b in self.split.get(a, (a,)))
+            src, dst = (Sharding(tuple(self.expand(d) for d in s.dims), s.partial, frozenset(), s.partial_op)
+                        for s in (src, dst))
         self.wanted = {a for dim in dst.dims for a in dim}
         self.op = src.partial_op
         self.resolve = set(src.partial) - set(dst.partial)
@@ -438,6 +464,24 @@ class _Search:
 
     def order(self, axes) -> tuple[str, ...]:
         return tuple(a for a in self.axes if a in axes)
+
+    def expand(self, axes) -> tuple[str, ...]:
+        return tuple(b for a in axes for b in self.split.get(a, (a,)))
+
+    def merge(self, axes) -> tuple[str, ...]:
+        """Runs of a mesh axis's sub-axes, all of them in order, written as the axis."""
+        out = list(axes)
+        for a, subs in self.split.items():
+            n = len(subs)
+            for i in range(len(out) - n + 1):
+                if tuple(out[i:i + n]) == subs:
+                    out[i:i + n] = [a]
+                    break
+        return tuple(out)
+
+    def subs(self, run) -> bool:
+        """Does a run name sub-axes (its gathers and all_to_alls run as permutes)?"""
+        return any(":" in a for a in self.merge(run))
 
     def count(self, axes) -> int:
         n = 1
@@ -450,7 +494,7 @@ class _Search:
 
     def sharding(self, state) -> Sharding:
         dims, partial = state
-        return Sharding(dims, partial, frozenset(), self.op if partial else "sum")
+        return Sharding(tuple(map(self.merge, dims)), partial, frozenset(), self.op if partial else "sum")
 
     def edges(self, state):
         """(kind, axes, next state, dim, dim2) of every step from `state`."""
@@ -485,7 +529,8 @@ class _Search:
                 run, keep = cur[len(cur) - n:], cur[: len(cur) - n]
                 left = tuple(keep if e == d else dim for e, dim in enumerate(dims))
                 if not nests(self.shape[d], self.count(keep), self.count(run)):
-                    if boundary_fix(self.shape[d], self.count(keep), self.count(run)):
+                    fix = boundary_fix(self.shape[d], self.count(keep), self.count(run))
+                    if fix and not (self.subs(keep) or self.subs(run)):  # (its emission takes mesh axes)
                         yield FIX, run, (left, partial), d, None
                     if keep and shift_fix(self.shape[d], self.count(keep), self.count(run)):
                         yield PREFIX, run, (left, partial), d, None
@@ -561,7 +606,7 @@ class _Search:
             if state == self.target:
                 return self.path(back)
             done.add(state)
-            if len(done) > SEARCH_STATES:
+            if len(done) > self.limit:
                 return None
             size = self.size_of(state[0])
             for kind, run, nxt, dim, dim2 in self.edges(state):
@@ -574,6 +619,8 @@ class _Search:
                     nbytes, step = self.prefix_step(state[0], dim, k, size)
                 else:
                     nbytes, step = self.step(kind, k, size)
+                    if kind in (CollectiveKind.ALL_GATHER, CollectiveKind.ALL_TO_ALL) and self.subs(run):
+                        step = (step[0], k - 1, step[2])  # k - 1 permutes (ir.collectives._by_shifts)
                 p = tuple(a + step[i] for a, i in zip(prio, self.objective))
                 if nxt not in best or p < best[nxt]:
                     best[nxt] = p
@@ -583,28 +630,29 @@ class _Search:
 
     def path(self, back) -> list[Step]:
         steps, state = [], self.target
-        while state != self.start:
+        while state != self.start:  # layouts and groups written with whole axes where they can be
             prev, kind, run, dim, dim2, nbytes, k = back[state]
             if kind == PREFIX:
                 shift, pieces, _ = self.prefix(prev[0], dim, k)
                 at = self.sharding(prev)
-                coarse = len(prev[0][dim]) - len(run)
-                steps.append(Step(CollectiveKind.ALL_GATHER, run, at, self.sharding(state), nbytes[1], dim, group=k))
-                steps.append(Step(CollectiveKind.COLLECTIVE_PERMUTE, prev[0][dim], at, at, nbytes[0], dim,
-                                  group=self.count(prev[0][dim]), prefix=(shift, coarse, pieces)))
+                coarse = self.merge(prev[0][dim][: len(prev[0][dim]) - len(run)])
+                steps.append(Step(CollectiveKind.ALL_GATHER, self.merge(run), at, self.sharding(state), nbytes[1], dim,
+                                  group=k))
+                steps.append(Step(CollectiveKind.COLLECTIVE_PERMUTE, coarse + self.merge(run), at, at, nbytes[0], dim,
+                                  group=self.count(prev[0][dim]), prefix=(shift, len(coarse), pieces)))
                 state = prev
                 continue
             if kind == FIX:
                 block, group, _ = self.fix(state[0], dim, k)
                 at = self.sharding(state)
-                steps.append(Step(CollectiveKind.COLLECTIVE_PERMUTE, state[0][dim], at, at, nbytes[1], dim,
+                steps.append(Step(CollectiveKind.COLLECTIVE_PERMUTE, self.merge(state[0][dim]), at, at, nbytes[1], dim,
                                   group=group, block=(block, self.shape[dim])))
-                steps.append(Step(CollectiveKind.ALL_GATHER, run, self.sharding(prev), at, nbytes[0], dim,
+                steps.append(Step(CollectiveKind.ALL_GATHER, self.merge(run), self.sharding(prev), at, nbytes[0], dim,
                                   group=k, block=(block, self.shape[dim])))
                 state = prev
                 continue
             settles = is_collective(kind) and spec(kind).settles
-            steps.append(Step(kind, run, self.sharding(prev), self.sharding(state), nbytes, dim, dim2,
+            steps.append(Step(kind, self.merge(run), self.sharding(prev), self.sharding(state), nbytes, dim, dim2,
                               self.op if settles else "sum", k))
             state = prev
         return steps[::-1]
@@ -645,7 +693,49 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
             if p is not None:
                 plans.append(_merge_moves(p, shape, itemsize, mesh))
         best = _choose(plans)
+    split = _sub_axes(mesh, src, dst) if _improvable(best, dst) else {}
+    if split:
+        # not where the plan moves once (a gather of what the target drops): a gather over sub-axes
+        # of uneven shards may send fewer bytes, but in k - 1 permutes where there was one collective.
+        # The fewest bytes are looked for only where the sub-axes cut them at all.
+        for objective in (CHEAPEST, LEANEST):
+            p = _Search(shape, itemsize, mesh, src, dst, objective, split).run()
+            if p is None or plan_cost(p) >= plan_cost(best):
+                break
+            plans.append(_merge_moves(p, shape, itemsize, mesh))
+        best = _choose(plans)
     return tuple(best)
+
+
+SUB_ATOMS = 4  # at most this many axes and sub-axes searched (the layouts grow factorially with them)
+
+
+def _sub_axes(mesh: Mesh, src: Sharding, dst: Sharding) -> dict:
+    """Each composite mesh axis the layouts use, split into prime sub-axes "x:s:m" (major first),
+    XLA's subgroups: [x=4, y=2]'s {_, x} -> {_, y} sends 168 bytes where gathering x sends 216,
+    relabelling the split over (x:2:2, x:1:2) to (y, x:2:2) and gathering x:2:2 alone. Empty when
+    no axis splits, a pending sum is to be settled, or the atoms would be more than SUB_ATOMS."""
+    if src.partial or dst.partial:
+        return {}
+    used = mesh.order({a for s in (src, dst) for d in s.dims for a in d})
+    split, atoms = {}, 0
+    for a in used:
+        n, factors, p = mesh.axis_size(a), [], 2
+        while p * p <= n:  # trial division to sqrt(n): no loop as long as the axis
+            while n % p == 0:
+                factors.append(p)
+                n //= p
+            p += 1
+        if n > 1:
+            factors.append(n)
+        atoms += len(factors)
+        if len(factors) > 1:
+            stride, subs = mesh.axis_size(a), []
+            for f in factors:
+                stride //= f
+                subs.append(f"{a}:{stride}:{f}")
+            split[a] = tuple(subs)
+    return split if split and atoms <= SUB_ATOMS else {}
 
 
 def _improvable(steps, dst: Sharding) -> bool:
@@ -667,11 +757,18 @@ def _choose(plans):
     would pick two all_to_alls over k=2 (2 latency steps) and a permute where one all_to_all over
     k=4 (3 steps) and the permute send fewer bytes in fewer collectives."""
     def measure(steps):
-        return round(plan_cost(steps), 6), sum(s.is_collective for s in steps)
+        return round(plan_cost(steps), 6), sum(map(_collectives, steps))
 
     ms = [measure(p) for p in plans]
     front = [p for p, m in zip(plans, ms) if not any(o[0] <= m[0] and o[1] <= m[1] and o != m for o in ms)]
-    return min(front, key=lambda steps: (comm_cost(steps), sum(s.is_collective for s in steps)))
+    return min(front, key=lambda steps: (comm_cost(steps), sum(map(_collectives, steps))))
+
+
+def _collectives(st: Step) -> int:
+    """The collectives a step runs: a gather or all_to_all over sub-axes runs as k - 1 permutes."""
+    if st.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.ALL_TO_ALL) and any(":" in a for a in st.axes):
+        return st.group - 1
+    return int(st.is_collective)
 
 
 def _moves_of(st: Step) -> tuple:
@@ -697,6 +794,7 @@ def _merge_moves(steps, shape, itemsize: int, mesh: Mesh) -> list[Step]:
     for st in steps:
         prev = out[-1] if out else None
         if (prev is not None and prev.kind == st.kind == CollectiveKind.ALL_TO_ALL and not set(prev.axes) & set(st.axes)
+                and not any(":" in a for a in prev.axes + st.axes)
                 and _exact(prev, shape, mesh) and _exact(st, shape, mesh)):
             moves = _moves_of(prev) + _moves_of(st)
             joins, leaves = {j for j, _, _ in moves}, [d for _, d, _ in moves]

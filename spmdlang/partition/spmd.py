@@ -48,15 +48,20 @@ class SpmdProgram:
     notes: dict[Op, str] = field(default_factory=dict)
     global_program: Program | None = None
     produced: dict[Value, Sharding] = field(default_factory=dict)  # each global value as computed
+    layouts: dict[Value, Sharding] = field(default_factory=dict)  # values planned in their consumers' layout
+    # partition.combine.finish's result for this program, kept by it: partition() weighs a plan
+    # finished, and the pipeline's finish pass then takes the plan kept without redoing it
+    finished: SpmdProgram | None = field(default=None, init=False, repr=False, compare=False)
 
 
 class Partitioner:
     """One plan of the program: its local state, emitter and ledger, and the strategies it chose.
     `settle`: (second plan) the ops whose pending sum is settled in a combined reduction;
-    `layouts`: (second plan) values planned in their consumers' layout (partition.consumer)."""
+    `layouts`: (second plan) values planned in their consumers' layout (partition.consumer);
+    `memo`: the strategies' answers, shared by the plans of one partition() (Strategies.best)."""
 
     def __init__(self, prog: Program, prop: Propagation, settle: frozenset[Op] = frozenset(),
-                 layouts: dict[Value, Sharding] | None = None, searched: dict | None = None):
+                 layouts: dict[Value, Sharding] | None = None, memo: dict | None = None):
         self.prog, self.mesh = prog, prog.mesh
         self.local = LocalState(prog, prop.shardings)
         self.layouts = dict(layouts or {})
@@ -65,7 +70,7 @@ class Partitioner:
         self.ledger = Ledger()
         self.em = Emitter(self.local, self.ledger)
         self.passing: set[Value] = set()  # intermediates of custom steps whose pending sums flow on
-        self.strategies = Strategies(self.local, self.passing, searched)
+        self.strategies = Strategies(self.local, self.passing, memo)
         self.settle = settle
         self.settle_wanted: list[tuple[Op, tuple]] = []  # ops that would rather settle: (op, combining key)
 
@@ -94,7 +99,7 @@ class Partitioner:
         for p in self.prog.params:
             local.produced[p.value] = local.target(p.value)
         return SpmdProgram(local_prog, tuple(p.sharding for p in params), tuple(outs), self.ledger.entries,
-                           self.ledger.notes, self.prog, local.produced)
+                           self.ledger.notes, self.prog, local.produced, self.layouts)
 
     def partition_op(self, op: Op) -> None:
         if op.kind == LOOP:
@@ -304,8 +309,12 @@ class OpContext(LocalOps):
         return window(self, x, dim, in_axes, out_axes, n, w, f"halo of %{self.op.operands[0].name or 'operand'}")
 
 
-def partition(prog: Program, prop: Propagation) -> SpmdProgram:
-    """Partition the global program under its propagated shardings. Pure: `prop` is read only.
+def partition(prog: Program, prop: Propagation, layouts: dict[Value, Sharding] | None = None,
+              settlements: bool = True) -> SpmdProgram:
+    """Partition the global program under its propagated shardings (and `layouts`: values planned
+    in other layouts than propagation gave them). Pure: `prop` is read only. `settlements=False`
+    leaves out the combined-settlement plan, for a caller that replays the plan from its values'
+    layouts alone (ops.contract.chain_order), which cannot replay a settlement.
 
     Where an op's pending sum (a weight gradient) would rather be settled in a combined reduction
     than have its operands gathered (partition.cost, "Combined reductions"), and the first plan
@@ -314,19 +323,19 @@ def partition(prog: Program, prop: Propagation) -> SpmdProgram:
     Before that, where values' uses all want them in a layout that running their producers in it
     gives cheaper than resharding after (partition.consumer), the step is planned with those
     values in their consumers' layouts, and kept where its modelled step time is lower."""
-    searched: dict = {}  # the plans of a program share their strategy searches (Strategies.best)
-    first = Partitioner(prog, prop, searched=searched)
+    memo: dict = {}
+    first = Partitioner(prog, prop, layouts=layouts, memo=memo)
     spmd = first.run()
     moved = consumer_layouts(first)
     if moved:
-        second = Partitioner(prog, prop, layouts=moved, searched=searched)
+        second = Partitioner(prog, prop, layouts={**(layouts or {}), **moved}, memo=memo)
         other = second.run()
         if step_time(other) < step_time(spmd):
             first, spmd = second, other
-    settle = joinable(first)
+    settle = joinable(first) if settlements else None
     if not settle:
         return spmd
-    other = Partitioner(prog, prop, frozenset(settle), first.layouts, searched).run()
+    other = Partitioner(prog, prop, frozenset(settle), first.layouts, memo).run()
     return other if step_time(other) < step_time(spmd) else spmd
 
 

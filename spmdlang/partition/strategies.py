@@ -63,13 +63,23 @@ def settlement(steps: list[Step], partial, reduce: str) -> Step | None:
 
 def valid(rule: FactorRule, fa, mesh: Mesh) -> bool:
     """Every tensor can express the factor split (no axes lost to non-contiguous dims)."""
+    return layouts(rule, fa, mesh) is not None
+
+
+def layouts(rule: FactorRule, fa, mesh: Mesh) -> list | None:
+    """Each tensor's dims' axes under the factor split (operands, then results), or None where
+    some tensor cannot express it (see `valid`)."""
+    if not rule.multi_factor_dims:  # a dim of one factor holds its axes whole: every split is expressed
+        return [unproject(t, fa, rule.sizes, mesh) for t in rule.tensors]
+    out = []
     for t in rule.tensors:
         dims = unproject(t, fa, rule.sizes, mesh)
         got = [a for d in dims for a in d]
         want = [a for fs in t for f in fs for a in fa.get(f, ())]
         if sorted(got) != sorted(want):
-            return False
-    return True
+            return None
+        out.append(dims)
+    return out
 
 
 def local_work(op: Op, reqs, outs, mesh: Mesh) -> float:
@@ -83,31 +93,36 @@ def local_work(op: Op, reqs, outs, mesh: Mesh) -> float:
     return work + sum(t.size for t in out_types)
 
 
+def _signature(op: Op):
+    """What `best` reads of the op itself: its kind, attributes and types (so its factor rule), so
+    that repeated layers (same shapes, same layouts) search once (train_transformer: 482 questions,
+    112 different; pipeline 144, 36). The op itself where an attribute is unhashable."""
+    key = (op.kind, tuple(sorted(op.attrs.items())), tuple(v.type for v in op.operands),
+           tuple(r.type for r in op.results))
+    try:
+        hash(key)
+    except TypeError:
+        return op
+    return key
+
+
 class Strategies:
     """The strategies of ops over the partitioner's local state; `passing` holds the values whose
     pending sums flow on into the next step (not charged as settled where they are made)."""
 
-    def __init__(self, local: LocalState, passing: set, searched: dict | None = None):
+    def __init__(self, local: LocalState, passing: set, memo: dict | None = None):
         self.local, self.mesh, self.passing = local, local.mesh, passing
-        # best() is a function of what _signature holds: repeated layers (same shapes, same
-        # layouts) search once, and so do the plans of one program that share `searched`
-        # (train_transformer: 482 searches in its two plans, 112 different)
-        self._best: dict[tuple, object] = {} if searched is None else searched
+        # the answers of `best`, keyed by everything they read (see `_question`): one per
+        # partition() call, shared by its plans (a second plan asks most of the first's questions
+        # again, and a loop body partitioned twice asks all of them)
+        self.memo = {} if memo is None else memo
 
-    def _signature(self, op: Op, forbid, settling: bool) -> tuple | None:
-        """Everything best() reads of the op and of the local state: the op's kind, attributes and
-        types (so its factor rule), its operands' layouts, its results' planned and wanted layouts,
-        which results pass their pending sums on, `forbid` and `settling`. None if unhashable."""
+    def _question(self, op: Op, forbid, settling: bool) -> tuple:
+        """What `best` reads besides the op itself: its operands' current layouts, its results'
+        planned layouts, which results pass their pending sums on, and its arguments."""
         local = self.local
-        try:
-            key = (op.kind, tuple(sorted(op.attrs.items())), tuple(v.type for v in op.operands),
-                   tuple(r.type for r in op.results), tuple(local.layout(v) for v in op.operands),
-                   tuple((local.target(r), local.wanted(r), r in self.passing) for r in op.results),
-                   frozenset(forbid), settling)
-            hash(key)
-        except TypeError:
-            return None
-        return key
+        return (_signature(op), forbid, settling, tuple(local.layout(v) for v in op.operands),
+                tuple(local.target(r) for r in op.results), tuple(r in self.passing for r in op.results))
 
     def candidates(self, op: Op, rule: FactorRule, forbid) -> list[list[tuple[str, ...]]]:
         """Per factor, the axes splits to try: none, and each operand's or result's current one."""
@@ -132,15 +147,13 @@ class Strategies:
         """The cheapest FactorPlan; with `settling`, (it, the plan cheapest on the whole step
         (partition.cost: STEP_BYTES per latency step) among those whose result is a pending sum
         settled by one combinable reduction, or None if none is)."""
-        key = self._signature(op, forbid, settling)
-        if key is not None and key in self._best:
-            return self._best[key]
-        found = self._search(op, rule, forbid, settling)
-        if key is not None:
-            self._best[key] = found
+        key = self._question(op, forbid, settling)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self._best(op, rule, forbid, settling)
         return found
 
-    def _search(self, op: Op, rule: FactorRule, forbid, settling: bool):
+    def _best(self, op: Op, rule: FactorRule, forbid, settling: bool):
         cands = self.candidates(op, rule, forbid)
         total = 1
         for c in cands:
@@ -156,10 +169,11 @@ class Strategies:
             if len(used) != len(set(used)):
                 continue
             fa = {f: axes for f, axes in enumerate(combo) if axes}
-            if not valid(rule, fa, self.mesh):
+            dims = layouts(rule, fa, self.mesh)
+            if dims is None:
                 continue
             for keep in keep_options:
-                plan = self.plan(op, rule, fa, keep, mode, partials)
+                plan = self.plan(op, rule, fa, keep, mode, partials, dims)
                 if plan is None:
                     continue
                 if best is None or plan.key < best.key:
@@ -187,9 +201,12 @@ class Strategies:
             return None
         return first.partial
 
-    def plan(self, op: Op, rule: FactorRule, fa, keep: bool, mode, partials) -> FactorPlan | None:
-        """Cost and layouts of running `op` with factor split `fa`; None if not allowed."""
+    def plan(self, op: Op, rule: FactorRule, fa, keep: bool, mode, partials, dims=None) -> FactorPlan | None:
+        """Cost and layouts of running `op` with factor split `fa` (`dims`: its `layouts`, where
+        the caller has them); None if not allowed."""
         opdef = registry.get(op.kind)
+        if dims is None:
+            dims = [unproject(t, fa, rule.sizes, self.mesh) for t in rule.tensors]
         kept: tuple[str, ...] = ()
         if keep:
             kept = self.kept_sum(op, fa, mode, partials)
@@ -202,16 +219,15 @@ class Strategies:
         reqs = []
         steps: list[Step] = []
         for i, v in enumerate(op.operands):
-            dims = unproject(rule.operands[i], fa, rule.sizes, self.mesh)
-            req = Sharding(dims, kept if (keep and partials[i].partial) else (), frozenset(), "sum")
+            req = Sharding(dims[i], kept if (keep and partials[i].partial) else (), frozenset(), "sum")
             reqs.append(req)
             steps += plan_reshard(v.type.shape, itemsize(v.type.dtype), self.mesh, self.local.layout(v), req)
         outs = []
         settle = None
+        n = len(rule.operands)
         for j, r in enumerate(op.results):
-            dims = unproject(rule.results[j], fa, rule.sizes, self.mesh)
             partial = self.mesh.order(set(kept) | set(reduced))
-            out = Sharding(dims, partial, frozenset(), red_op if reduced else "sum")
+            out = Sharding(dims[n + j], partial, frozenset(), red_op if reduced else "sum")
             outs.append(out)
             if r in self.passing:  # the next step reshards it (or takes its pending sum on): charged there
                 continue

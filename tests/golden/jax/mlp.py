@@ -61,13 +61,22 @@ def permute_pairs(rule, sizes):
     k = 1
     for s in sizes:
         k *= s
-    if rule[0] == "shift":
+    if rule[0] == "shift" and len(rule) == 3:
         _, offset, wrap = rule
         if wrap:
             return [(i, (i + offset) % k) for i in range(k)]
         return [(i, i + offset) for i in range(k) if 0 <= i + offset < k]
-    _, axes, src, dst = rule
+    axes = rule[-1] if rule[0] == "shift" else rule[1]
     size = dict(zip(axes, sizes))
+
+    def extent(a):  # a mesh axis, or a sub-axis "x:s:m" (digit (x // s) % m)
+        return size[a] if a in size else int(a.split(":")[2])
+
+    def digit(c, a):
+        if a in c:
+            return c[a]
+        p, s, m = a.split(":")
+        return c[p] // int(s) % int(m)
 
     def coords(i):
         out = {}
@@ -79,12 +88,45 @@ def permute_pairs(rule, sizes):
     def linear(c, names):
         n = 0
         for a in names:
-            n = n * size[a] + c[a]
+            n = n * extent(a) + digit(c, a)
         return n
+
+    if rule[0] == "shift":  # ("shift", offset, wrap, group, axes): a shift of the index over `group`
+        _, offset, wrap, group, _ = rule
+        kg = 1
+        for a in group:
+            kg *= extent(a)
+        out = []
+        for i in range(k):
+            c = coords(i)
+            t = linear(c, group) + offset
+            if wrap:
+                t %= kg
+            elif not 0 <= t < kg:
+                continue
+            for a in reversed(group):
+                d, t = t % extent(a), t // extent(a)
+                if a in c:
+                    c[a] = d
+                else:
+                    p, s, _ = a.split(":")
+                    c[p] += (d - digit(c, a)) * int(s)
+            out.append((i, linear(c, axes)))
+        return out
+    _, axes, src, dst = rule
 
     def key(c, layout):
         used = {a for d in layout for a in d}
-        return tuple(linear(c, d) for d in layout) + (linear(c, [a for a in axes if a not in used]),)
+        rest = 0  # the linear index over the digits no dim of the layout uses tells replicas apart
+        for p in axes:
+            if p in used:
+                continue
+            subs = sorted((int(a.split(":")[1]), int(a.split(":")[2])) for a in used if a.split(":")[0] == p)
+            base = 1
+            for s, m in subs + [(size[p], 1)]:
+                rest = rest * (s // base) + c[p] // base % (s // base)
+                base = s * m
+        return tuple(linear(c, d) for d in layout) + (rest,)
 
     holder = {key(coords(i), src): i for i in range(k)}
     return [(holder[key(coords(j), dst)], j) for j in range(k)]
