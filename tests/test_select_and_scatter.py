@@ -169,3 +169,58 @@ def test_importer_translates_flax_max_pool_gradient():
         got = c.run(imp.flatten(x, k), backend=backend)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=backend)
+
+
+def _phase_cases(n: int, seed: int = 25):
+    """Random row counts, meshes, windows, strides and paddings whose row blocks are not a multiple
+    of the stride (each shard's windows start at another phase), drawn once from a fixed seed."""
+    rng, out = np.random.default_rng(seed), []
+    while len(out) < n:
+        rows, k = int(rng.integers(5, 30)), int(rng.choice([3, 5, 7, 8]))
+        w, s = int(rng.integers(2, 5)), int(rng.integers(2, 4))
+        c = -(-rows // k)
+        pad = [int(rng.integers(0, w)), int(rng.integers(0, w))]
+        if c % s and rows + sum(pad) >= w:
+            out.append((rows, k, w, s, pad))
+    return out
+
+
+@pytest.mark.parametrize("rows, mesh, window, stride, pad", _phase_cases(8))
+def test_max_pool_gradient_with_a_phase_per_shard_equals_jax(rows, mesh, window, stride, pad):
+    """Row blocks that are not a multiple of the stride: each shard takes its windows by a dynamic
+    slice at its own offset and runs select_and_scatter_add at the pool's stride (not at stride 1
+    over a cotangent spread by the stride); halo permutes only, and ref, sim (NaN in the padding
+    rows) and jax equal jax.grad of lax.reduce_window, ties, a -inf and a NaN included. (The XLA
+    baseline is left out: XLA's own partitioner shifts some of these gradients, docs/known_xla_issues.md 12.)"""
+    padding = [pad, [0, 1]]
+    c = spmdlang.compile(_program(rows, mesh, [window, 2], [stride, 1], padding))
+    assert all(e.kind.value == "collective_permute" for e in c.spmd.ledger)
+    (sas,) = [op for op in c.spmd.program.ops if op.kind == "select_and_scatter_add"]
+    assert tuple(sas.attrs["strides"]) == (stride, 1)
+    rng = np.random.default_rng(rows * 31 + mesh)
+    x = rng.integers(-1, 3, (2, rows, 6, 3)).astype(np.float32)
+    x[0, rows // 2, 1] = -np.inf
+    x[1, rows - 1, 2] = np.nan
+    w = np.ones_like(x)
+    pool = _lax_max_pool((window, 2), (stride, 1), [tuple(pad), (0, 1)])
+    want = np.asarray(jax.grad(lambda x: jnp.sum(pool(jax.nn.relu(x * w)) * 3.0))(x))
+    for backend in ("ref", "sim", "jax"):
+        (got,) = c.run({"x": x, "w": w}, backend=backend)
+        np.testing.assert_array_equal(got, want, err_msg=backend)
+
+
+def test_two_split_dims_each_with_its_phase():
+    """Rows and columns both split, both in blocks of 3 pooled 3x3 by stride 2 (SAME): the two
+    dims' dynamic offsets compose; every backend equals jax.grad."""
+    src = """mesh [r=4, q=2]
+func loss(x: f32[2, 11, 6, 3]) -> f32[] { return sum(max_pool(x, 3, 2, "SAME") * 2.0) }
+func main(x: f32[2, 11, 6, 3] {_, r, q, _}) -> f32[2, 11, 6, 3] {_, r, q, _} { return grad(loss, x) }
+"""
+    c = spmdlang.compile(src)
+    assert all(e.kind.value == "collective_permute" for e in c.spmd.ledger)
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 3, (2, 11, 6, 3)).astype(np.float32)
+    pads = jax.lax.padtype_to_pads((11, 6), (3, 3), (2, 2), "SAME")
+    want = np.asarray(jax.grad(lambda x: jnp.sum(_lax_max_pool((3, 3), (2, 2), pads)(x) * 2.0))(x))
+    for backend in ("ref", "sim", "jax", "xla"):
+        np.testing.assert_array_equal(c.run({"x": x}, backend=backend)[0], want, err_msg=backend)

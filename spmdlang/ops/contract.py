@@ -583,10 +583,9 @@ def _conv_jax_local(args, attrs, out):
     kernel (the pad fuses into its producer, often a halo's concatenate) where a correction costs a
     second conv. Where that padding would be large (a window spread far past the input:
     _padding_in_memory) nothing is materialized: the outputs where a non-finite tap reads padding
-    or a hole are set to NaN instead (every non-finite tap of a feature less those that reach the
-    input, counted by a conv of ones by the non-finite taps). Batch groups run as one conv per
-    group, concatenated along the features: XLA's batch_group_count with rhs_dilation spreads a
-    NaN or inf of one group's kernel over every group's output."""
+    or a hole are set to NaN instead (_nan_where_taps_miss: static masks, elementwise). Batch
+    groups run as one conv per group, concatenated along the features: XLA's batch_group_count
+    with rhs_dilation spreads a NaN or inf of one group's kernel over every group's output."""
     strides, padding, lhs, rhs, g, bg = conv_params(attrs)
     nsp = len(strides)
     x, w = args
@@ -613,11 +612,32 @@ def _conv_jax_local(args, attrs, out):
         conv = _conv_jax([pad_x or x, w], attrs, out)
     if pad_x or not _reads_padding(padding, lhs):
         return conv
-    ind = f"(~jnp.isfinite({w})).any(axis=-2, keepdims=True).astype(jnp.float32)"
-    ones = f"jnp.ones((1,) + {x}.shape[1:-1] + (1,), jnp.float32)"
-    reach = _conv_jax([ones, ind], conv_attrs(strides, padding, lhs, rhs), out)
-    taps = tuple(range(nsp))
-    return f"jnp.where({ind}.sum(axis={taps})[0] - {reach} > 0.5, jnp.nan, {conv})"
+    return _nan_where_taps_miss(conv, x, w, out, strides, padding, lhs, rhs)
+
+
+def _nan_where_taps_miss(conv, x, w, out, strides, padding, lhs, rhs):
+    """`conv` with NaN where a non-finite kernel tap reads padding or a hole. Whether tap o of
+    spatial dim d reads an input element at output p is a static [out_d, k_d] mask (numpy at trace
+    time), and a tap reads the input where it does so on every dim: so an output is NaN where, on
+    some dim d, a tap position that misses there holds a non-finite tap of the feature (_i, any over
+    the other dims' taps). Elementwise: no second conv, nothing the size of the window spread over
+    the input."""
+    nsp = len(strides)
+    nans = []
+    for d in range(nsp):
+        if padding[d][0] <= 0 and padding[d][1] <= 0 and lhs[d] == 1:
+            continue  # every tap reads the input on this dim
+        others = tuple(j for j in range(nsp) if j != d)
+        q = f"np.arange({w}.shape[{d}])[None, :] * {rhs[d]} + np.arange({out[0].shape[1 + d]})[:, None] * " \
+            f"{strides[d]} - {padding[d][0]}"
+        reads = f"(_q >= 0) & (_q <= ({x}.shape[{1 + d}] - 1) * {lhs[d]})"
+        if lhs[d] > 1:
+            reads += f" & (_q % {lhs[d]} == 0)"
+        miss = f"jnp.asarray(~(lambda _q: {reads})({q}))"
+        taps = f"_i.any(axis={others})" if others else "_i"
+        shape = tuple(out[0].shape[1 + d] if j == d else 1 for j in range(nsp))
+        nans.append(f"({miss}[:, :, None] & {taps}[None]).any(axis=1).reshape((1,) + {shape} + (-1,))")
+    return f"(lambda _c, _i: jnp.where({' | '.join(nans)}, jnp.nan, _c))({conv}, (~jnp.isfinite({w})).any(axis=-2))"
 
 
 def _conv_window(n_out: int, k: int, stride: int, lo: int, window: int, lhs: int, rhs: int):

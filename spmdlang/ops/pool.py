@@ -379,14 +379,15 @@ def _sas_partition(ctx):
     """Split spatial dims: result shard i holds operand rows [i*c, (i+1)*c); it takes the source
     rows of the windows that reach them (0 past the edges: no cotangent) and the operand rows those
     windows cover (-inf past the edges: the padding), each a halo window of its own shards
-    (partition.halo), runs select_and_scatter_add locally without padding on that dim and keeps
-    its own c rows. Where c is a multiple of the stride s every shard's windows start at the same
-    phase: windows o in [i*c/s + o0, + L), operand rows [(i*c/s + o0)*s - lo, + (L-1)*s + w) (a
-    2x2 stride-2 pool on aligned blocks moves nothing). Else the source is spread by the stride
-    first (s - 1 zeros after each row: a window per operand row, most with no cotangent), so the
-    windows starting at rows [i*c - w + 1, i*c + c) are an affine window of it, and the local op
-    runs at stride 1 over operand rows [i*c - w + 1, i*c + c + w - 1). Uneven splits: rows past the
-    end are filled, so a shard's padding rows (NaN in the simulator) never reach its result."""
+    (partition.halo), runs select_and_scatter_add locally at the pool's stride without padding on
+    that dim and keeps its own c rows. Where c is a multiple of the stride s every shard's windows
+    start at the same phase: windows o in [i*c/s + o0, + L), operand rows [(i*c/s + o0)*s - lo,
+    + (L-1)*s + w) (a 2x2 stride-2 pool on aligned blocks moves nothing). Else the first window
+    reaching a shard (and so its phase against the shard's rows) is a floor of i*c/s: each side
+    takes the affine halo window that holds every shard's part, and a dynamic slice at the shard's
+    own offset (_SasPhase) picks the L windows and their rows, as XLA's partitioner does. Uneven
+    splits: rows past the end are filled, so a shard's padding rows (NaN in the simulator) never
+    reach its result."""
     src, x = ctx.op.operands
     out = ctx.target()
     window, strides, padding = ctx.attrs["window"], ctx.attrs["strides"], ctx.attrs["padding"]
@@ -395,9 +396,10 @@ def _sas_partition(ctx):
     if not split or ctx.layout(0).partial or ctx.layout(1).partial:
         return ctx.generic()
     n_in = x.type.shape
-    plans, local_strides = {}, list(strides)
+    plans = {}
     for i in split:
-        c = chunk(n_in[1 + i], ctx.mesh.group_size(out.dims[1 + i]))
+        k = ctx.mesh.group_size(out.dims[1 + i])
+        c = chunk(n_in[1 + i], k)
         w, s, lo = window[i], strides[i], padding[i][0]
         o0 = -((w - 1 - lo) // s)  # ceil((lo - w + 1) / s): the first window reaching row 0 of a shard
         length = (c - 1 + lo) // s - o0 + 1
@@ -405,11 +407,9 @@ def _sas_partition(ctx):
         own = lo - o0 * s  # where the shard's first row lies in its operand window
         if c % s == 0 and length >= 1 and 0 <= own and own + c <= span:
             plans[i] = (Window(a=c // s, s=o0, length=length, fill=0.0),
-                        Window(a=c, s=o0 * s - lo, length=span, fill=-np.inf), own, c, 1)
-        else:  # spread source row o sits at o*s: the window starting at operand row o*s - lo
-            plans[i] = (Window(a=c, s=lo - w + 1, length=c + w - 1, fill=0.0),
-                        Window(a=c, s=1 - w, length=c + 2 * (w - 1), fill=-np.inf), w - 1, c, s)
-            local_strides[i] = 1
+                        Window(a=c, s=o0 * s - lo, length=span, fill=-np.inf), own, c)
+        else:
+            plans[i] = _SasPhase(n_in[1 + i], k, chunk(src.type.shape[1 + i], k), w, s, lo)
     locals_ = []
     for j, v in enumerate((src, x)):
         cur = ctx.layout(j)
@@ -417,20 +417,100 @@ def _sas_partition(ctx):
                                 for i in range(nsp)] + [out.dims[-1]]
         lv = ctx.reshard(j, Sharding(tuple(dims)))
         for i in split:
-            d, spread = 1 + i, plans[i][4]
-            n = v.type.shape[d]
-            if j == 0 and spread > 1:
-                lv = _dilate_dim(ctx, lv, d, spread, 0.0)
-                n *= spread
-            lv = ctx.window(lv, d, dims[d], out.dims[d], n, plans[i][j])
+            d, plan = 1 + i, plans[i]
+            if isinstance(plan, _SasPhase):
+                lv = plan.side(ctx, lv, d, dims[d], out.dims[d], v.type.shape[d], j)
+            else:
+                lv = ctx.window(lv, d, dims[d], out.dims[d], v.type.shape[d], plan[j])
         locals_.append(lv)
     pads = [(0, 0) if i in split else tuple(padding[i]) for i in range(nsp)]
-    y = ctx.emit("select_and_scatter_add", *locals_, window=tuple(window), strides=tuple(local_strides),
+    y = ctx.emit("select_and_scatter_add", *locals_, window=tuple(window), strides=tuple(strides),
                  padding=tuple(pads))
     for i in split:
-        own, c = plans[i][2], plans[i][3]
-        y = ctx.slice_dim(y, 1 + i, own, own + c)
+        plan = plans[i]
+        if isinstance(plan, _SasPhase):
+            y = plan.own(ctx, y, 1 + i, out.dims[1 + i])
+        else:
+            y = ctx.slice_dim(y, 1 + i, plan[2], plan[2] + plan[3])
     ctx.set_result(y, out)
+
+
+class _SasPhase:
+    """select_and_scatter_add on a split dim whose shards start at different phases of the stride
+    (c not a multiple of s). Shard i (operand rows [i*c, i*c + c)) takes the windows o in
+    [o_i, o_i + L), o_i = ceil((i*c + lo - w + 1) / s) the first window reaching its rows (L: the
+    most windows any shard's rows meet), and the operand rows [o_i*s - lo, + (L-1)*s + w) they
+    cover. o_i - i*c_src (the source shards' chunk c_src) and the phase
+    r_i = (i*c + lo - w + s) mod s vary with i but stay within a few rows: each side fetches the
+    affine halo window that holds every shard's part (only rows some shard's windows really meet:
+    a shard's last windows may lie past its rows, their values never reach its result) and takes
+    its part by a dynamic slice (static where every shard's is the same). The local result covers
+    operand rows from i*c - w + 1 + (s - 1 - r_i); its own c rows are a dynamic slice again. Offsets
+    are planned over the shards that hold rows; the rest (all padding) get clamped slices.
+    """
+
+    def __init__(self, n: int, k: int, c_src: int, w: int, s: int, lo: int):
+        c = chunk(n, k)
+        self.c, self.c_src, self.w, self.s, self.lo = c, c_src, w, s, lo
+        active = range(min(k, -(-n // c)))
+        first = {i: -(-(i * c + lo - w + 1) // s) for i in active}  # o_i
+        last = {i: (i * c + c - 1 + lo) // s for i in active}  # the last window starting in the rows
+        phi = {i: first[i] * s - lo - (i * c - w + 1) for i in active}  # in [0, s)
+        self.L = max(1, max(last[i] - first[i] + 1 for i in active))
+        self.x_size = (self.L - 1) * s + w
+        # the source: shard i needs [d_i, d_i + count_i) of it (relative to i*c_src), uses d_i + L
+        d = {i: first[i] - i * c_src for i in active}
+        self.src_lo = min(d.values())
+        src_hi = max(d[i] + max(0, last[i] - first[i] + 1) for i in active)
+        self.src_win = Window(a=c_src, s=self.src_lo, length=max(1, src_hi - self.src_lo), fill=0.0)
+        self.src_need = max(d.values()) - self.src_lo + self.L
+        self.src_static = d[0] - self.src_lo if len(set(d.values())) == 1 else None
+        # the operand: shard i needs rows [phi_i - w + 1, last_i*s - lo + w - i*c) of it, uses + x_size
+        starts = {i: phi[i] - w + 1 for i in active}
+        self.x_lo = min(starts.values())
+        x_hi = max(last[i] * s - lo + w - i * c for i in active)
+        self.x_win = Window(a=c, s=self.x_lo, length=max(1, x_hi - self.x_lo), fill=-np.inf)
+        self.x_need = max(starts.values()) - self.x_lo + self.x_size
+        self.x_static = starts[0] - self.x_lo if len(set(starts.values())) == 1 else None
+        # the result: own rows at w - 1 - phi_i of the local result (padded to hold every shard's)
+        at = {i: w - 1 - phi[i] for i in active}
+        self.pad_lo = max(0, -min(at.values()))
+        self.pad_hi = max(0, max(at.values()) + c - self.x_size)
+        self.own_static = at[0] + self.pad_lo if len(set(at.values())) == 1 else None
+
+    def _phase(self, ctx, axes):
+        """r_i = (i*c + lo - w + s) mod s, an i32 scalar: phi_i = s - 1 - r_i."""
+        t = ctx.affine_index(axes, self.c, self.lo - self.w + self.s)
+        return ctx.emit("mod", t, ctx.constant(self.s, "i32"))
+
+    def side(self, ctx, v, d: int, in_axes, out_axes, n: int, j: int):
+        """Operand j's local part on dim d: the source (j = 0) or the operand (j = 1)."""
+        s = self.s
+        if j == 0:
+            v = ctx.window(v, d, in_axes, out_axes, n, self.src_win)
+            v = ctx.pad_dim(v, d, 0, max(0, self.src_need - v.type.shape[d]), 0.0)
+            if self.src_static is not None:
+                return ctx.slice_dim(v, d, self.src_static, self.src_static + self.L)
+            # o_i - i*c_src - src_lo = floor((i*(c - s*c_src) + lo - w + s - s*src_lo) / s)
+            t = ctx.affine_index(out_axes, self.c - s * self.c_src, self.lo - self.w + s - s * self.src_lo)
+            start = ctx.emit("floordiv", t, ctx.constant(s, "i32"))
+            return ctx.emit("dynamic_slice_in_dim", v, start, dim=d, size=self.L)
+        v = ctx.window(v, d, in_axes, out_axes, n, self.x_win)
+        v = ctx.pad_dim(v, d, 0, max(0, self.x_need - v.type.shape[d]), -np.inf)
+        if self.x_static is not None:
+            return ctx.slice_dim(v, d, self.x_static, self.x_static + self.x_size)
+        # phi_i - w + 1 - x_lo = (s - w - x_lo) - r_i
+        start = ctx.emit("sub", ctx.constant(s - self.w - self.x_lo, "i32"), self._phase(ctx, out_axes))
+        return ctx.emit("dynamic_slice_in_dim", v, start, dim=d, size=self.x_size)
+
+    def own(self, ctx, y, d: int, axes):
+        """The shard's own c rows of the local result."""
+        y = ctx.pad_dim(y, d, self.pad_lo, self.pad_hi, 0.0)
+        if self.own_static is not None:
+            return ctx.slice_dim(y, d, self.own_static, self.own_static + self.c)
+        # w - 1 - phi_i + pad_lo = (w - s + pad_lo) + r_i
+        start = ctx.emit("add", self._phase(ctx, axes), ctx.constant(self.w - self.s + self.pad_lo, "i32"))
+        return ctx.emit("dynamic_slice_in_dim", y, start, dim=d, size=self.c)
 
 
 def _sas_vjp(d, op, ct):
