@@ -267,6 +267,30 @@ def test_independent_all_gathers_combine_into_one():
     assert d["ok"], d["results"]
 
 
+STACKED_GATHERS = """
+mesh [data=4]
+func main(a: f32[8, 6] {data, _}, b: f32[6, 8] {_, data}, c: f32[2, 3, 8] {_, _, data},
+          d: f32[7, 6] {data, _})
+    -> (f32[8, 6] {_, _}, f32[6, 8] {_, _}, f32[2, 3, 8] {_, _, _}, f32[7, 6] {_, _}) {
+  return a * 2.0, b + 1.0, c * c, d - 1.0
+}
+"""
+
+
+def test_all_gathers_of_one_size_combine_stacked():
+    # members whose local shards are the same size (12 elements: dims 0, 1 and 2 gathered, d's 7
+    # rows padded to 8) are stacked [4, 12] and gathered along dim 1 (row i: member i's shards one
+    # after the other), which XLA's CPU backend fuses with the members' producers; one collective,
+    # the members' bytes, and every backend equal to the reference
+    c = compiled(STACKED_GATHERS)
+    (gather,) = [op for op in c.spmd.program.ops if op.kind == "all_gather"]
+    assert gather.operands[0].type.shape == (4, 12) and gather.attrs["dim"] == 1
+    (entry,) = c.spmd.ledger
+    assert entry.bytes_per_device == 3 * 4 * 12 * F32
+    d = c.diff(backends=["ref", "sim", "jax"])
+    assert d["ok"], d["results"]
+
+
 # ---------------------------------------------------------------------------------- differentiated programs
 
 PROGRAMS = ROOT / "programs"

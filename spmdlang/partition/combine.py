@@ -5,7 +5,8 @@ removes duplicates and dead collectives; doing it here keeps the ledger (what `e
 equal to what XLA actually runs, and the simulator and the emitted module see the same plan.
 Independent reduce_scatters and all_gathers over the same group and element type are combined
 the same way (XLA's reduce-scatter and all-gather combiners), each as one collective of the
-members' flattened operands side by side. Which kinds combine, by what key, and how (side by
+members' flattened operands side by side (all_gathers of one size: stacked, see
+ir.collectives._fused_all_gather). Which kinds combine, by what key, and how (side by
 side, or as one variadic op) is each kind's entry in the collective table (ir.collectives).
 
 Combining is a list schedule: ops run as soon as their operands are ready (in program order
