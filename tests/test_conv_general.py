@@ -446,5 +446,6 @@ def test_padding_in_memory_survives_xla_on_the_form_it_skips():
     x = np.ones((1, 1, 3, 1), np.float32)
     got, expr = _local_conv(x, w, attrs, TensorType("f32", (1, 1, 3, 1)))
     np.testing.assert_array_equal(got.ravel(), [np.inf, np.inf, np.nan])
-    hlo = jax.jit(lambda x, w: eval(expr, {"jax": jax, "jnp": jax.numpy, "x": x, "w": w})).lower(x, w).compile().as_text()
+    scope = {"jax": jax, "jnp": jax.numpy, "np": np}
+    hlo = jax.jit(lambda x, w: eval(expr, {**scope, "x": x, "w": w})).lower(x, w).compile().as_text()
     assert " pad(" in hlo and hlo.count(" convolution(") == 1, hlo
