@@ -35,14 +35,19 @@ MESH = Mesh.make({"x": 2, "y": 2, "z": 2})
 F32 = 4
 
 
-def layouts(rank: int) -> list[Sharding]:
-    names = MESH.names
+def two_axis_layouts(names, rank: int = 2) -> list[Sharding]:
+    """Every layout of a rank-`rank` value over the mesh axes `names` (two or three of them): each
+    axis on one dim or none, in every order within a dim."""
     out = []
     for place in itertools.product(range(-1, rank), repeat=len(names)):
         per_dim = [[a for a, d in zip(names, place) if d == i] for i in range(rank)]
         for orders in itertools.product(*(itertools.permutations(p) for p in per_dim)):
             out.append(Sharding(tuple(tuple(o) for o in orders)))
     return out
+
+
+def layouts(rank: int) -> list[Sharding]:
+    return two_axis_layouts(MESH.names, rank)
 
 
 RANK2 = layouts(2)
@@ -318,17 +323,6 @@ def test_axes_into_one_dim_run(shape):
 # all_to_all over a sub-axis runs as permutes over its mesh axis (ir.collectives._by_shifts).
 
 TWO_AXES = ["x=4, y=2", "x=2, y=4"]
-
-
-def two_axis_layouts(names, rank: int = 2) -> list[Sharding]:
-    out = []
-    for place in itertools.product(range(-1, rank), repeat=len(names)):
-        per_dim = [[a for a, d in zip(names, place) if d == i] for i in range(rank)]
-        for orders in itertools.product(*(itertools.permutations(p) for p in per_dim)):
-            out.append(Sharding(tuple(tuple(o) for o in orders)))
-    return out
-
-
 PAIRS_XY = [(s, d) for s in two_axis_layouts(("x", "y")) for d in two_axis_layouts(("x", "y")) if s != d]
 
 
