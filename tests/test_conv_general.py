@@ -33,6 +33,15 @@ def lax_conv(x, w, strides, padding, lhs, rhs, groups=1, batch_groups=1):
         feature_group_count=groups, batch_group_count=batch_groups))
 
 
+def _draw(rng, xs, ws, attrs):
+    """(result type, x, w) of a random conv configuration, or None where its shapes are invalid."""
+    try:
+        out = _conv_infer((TensorType("f32", xs), TensorType("f32", ws)), attrs)
+    except ShapeError:
+        return None
+    return out, rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+
+
 @pytest.mark.parametrize("count", [40, pytest.param(400, marks=pytest.mark.slow)])
 def test_numpy_conv_matches_lax_on_random_configurations(count):
     """1-D/2-D/3-D, strides, both dilations, negative and positive padding, feature groups
@@ -57,12 +66,10 @@ def test_numpy_conv_matches_lax_on_random_configurations(count):
         rhs = [int(rng.integers(1, 3)) for _ in range(nsp)]
         padding = [(int(rng.integers(-1, 4)), int(rng.integers(-1, 4))) for _ in range(nsp)]
         attrs = conv_attrs(strides, padding, lhs, rhs, groups, batch_groups)
-        try:
-            out = _conv_infer((TensorType("f32", xs), TensorType("f32", ws)), attrs)
-        except ShapeError:
+        drawn = _draw(rng, xs, ws, attrs)
+        if drawn is None:
             continue
-        x = rng.standard_normal(xs).astype(np.float32)
-        w = rng.standard_normal(ws).astype(np.float32)
+        out, x, w = drawn
         got = conv_numpy(x, w, **attrs)
         want = lax_conv(x, w, strides, padding, lhs, rhs, groups, batch_groups)
         assert got.shape == want.shape == out.shape, (attrs, xs, ws)
@@ -417,12 +424,10 @@ def test_module_conv_multiplies_padding_and_holes_by_non_finite_taps(count):
             rhs[0] = 50
             padding[0] = (50 * (ws[0] - 1) // 2, 50 * (ws[0] - 1) - 50 * (ws[0] - 1) // 2)
         attrs = conv_attrs(strides, padding, lhs, rhs, groups, batch_groups)
-        try:
-            out = _conv_infer((TensorType("f32", xs), TensorType("f32", ws)), attrs)
-        except ShapeError:
+        drawn = _draw(rng, xs, ws, attrs)
+        if drawn is None:
             continue
-        x = rng.standard_normal(xs).astype(np.float32)
-        w = rng.standard_normal(ws).astype(np.float32)
+        out, x, w = drawn
         bad = rng.choice(w.size, min(w.size, 2), replace=False)
         w.reshape(-1)[bad] = rng.choice([np.inf, -np.inf, np.nan], len(bad))
         want = conv_numpy(x, w, **attrs)

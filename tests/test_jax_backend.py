@@ -248,7 +248,6 @@ def test_emitted_module_imports_and_runs(tmp_path):
 # all_gather follow the tuple's order: every order of two and three axes, checked on the pairs XLA
 # compiles (mesh positions) against the simulator's semantics, and on the numbers against ref.
 
-_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 
 
 def _permute_cases():
@@ -283,21 +282,15 @@ _PERMUTE_CASES = _permute_cases()
 @pytest.mark.parametrize("mesh,axes", _PERMUTE_CASES,
                          ids=[re.sub(r"\W", "", m.split("]")[0]) + "-" + "".join(a) for m, a in _PERMUTE_CASES])
 def test_multi_axis_permutes(mesh, axes):
-    from spmdlang.ops.collective import groups
-    from spmdlang.partition.permute import permute_pairs
+    from permute_check import permute_ops, simulated_and_compiled_pairs
 
     axes = tuple(axes)
     for src in _permute_programs(mesh, axes):
         c = spmdlang.compile(src)
-        ops = [op for op in c.spmd.program.ops if op.kind == "collective_permute"]
+        ops = permute_ops(c)
         assert ops and all(op.attrs["axes"] == axes for op in ops), c.spmd_ir  # the case under test is there
-        want = sorted(sorted((g[s], g[d]) for g in groups(c.mesh, op.attrs["axes"])
-                             for s, d in permute_pairs(op.attrs["rule"], op.attrs["sizes"])) for op in ops)
-        r = c.runner("jax")
         inputs = c.random_inputs(0)
-        hlo = compiled_text(r.fn, *r.module.place([inputs[p.name] for p in c.program.params], r.mesh))
-        got = sorted(sorted(tuple(map(int, pair)) for pair in re.findall(r"\{(\d+),(\d+)\}", m))
-                     for m in _PAIRS.findall(hlo))
+        want, got = simulated_and_compiled_pairs(c, inputs)
         assert got == want, f"{src}\n{c.spmd_ir}"
         # jax 0.11 checks that ppermute's axis names follow the mesh's order: the module writes
         # them so, whatever order the rule uses (the pairs above are renumbered to match)

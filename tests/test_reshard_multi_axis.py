@@ -436,24 +436,16 @@ def test_sub_axes_of_three_run():
 def test_sub_axis_permutes_pair_the_same_devices_in_jax(mesh):
     """On a mesh in another device order (and axis order), every permute of a sub-axis plan pairs
     in XLA's compiled module the devices the simulator pairs, and the value comes back."""
-    import re
 
-    from spmdlang.backend_jax.hlo import compiled_text
-    from spmdlang.ops.collective import groups
-    from spmdlang.partition.permute import permute_pairs
+    from permute_check import permute_ops, simulated_and_compiled_pairs
 
     for shape, src, dst in [((6, 10), S(None, "x"), S(None, "y")), ((8, 8), S("x", "y"), S("y", "x")),
                             ((8, 8), S("x", "y"), S("y", None)), ((8, 8), S("y", None), S("x", "y"))]:
         c = spmdlang.compile(program(shape, src, dst).replace("mesh [x=2, y=2, z=2]", f"mesh {mesh}"))
-        ops = [op for op in c.spmd.program.ops if op.kind == "collective_permute"]
+        ops = permute_ops(c)
         assert ops and any(":" in str(op.attrs["rule"]) for op in ops), c.spmd_ir
-        want = sorted(sorted((g[s], g[d]) for g in groups(c.mesh, op.attrs["axes"])
-                             for s, d in permute_pairs(op.attrs["rule"], op.attrs["sizes"])) for op in ops)
-        r = c.runner("jax")
         inputs = c.random_inputs(0)
-        hlo = compiled_text(r.fn, *r.module.place([inputs[p.name] for p in c.program.params], r.mesh))
-        got = sorted(sorted(tuple(map(int, pair)) for pair in re.findall(r"\{(\d+),(\d+)\}", m))
-                     for m in re.findall(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", hlo))
+        want, got = simulated_and_compiled_pairs(c, inputs)
         assert got == want, f"{text(src)} -> {text(dst)}\n{c.spmd_ir}"
         d = c.diff(inputs, backends=["ref", "sim", "jax"])
         assert d["ok"], f"{text(src)} -> {text(dst)}: {d['results']}"
