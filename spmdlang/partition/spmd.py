@@ -161,14 +161,10 @@ class Partitioner:
             assert lr.type.shape == tuple(shape), (op.kind, lr.type, shape)
             self.local.state[r] = (lr, o)
 
-    def trial(self, op: Op, target: Sharding, layouts: dict[Value, Sharding],
-              passing: bool = False) -> tuple[float, Sharding]:
+    def trial(self, op: Op, target: Sharding, layouts: dict[Value, Sharding]) -> tuple[float, Sharding]:
         """What-if for custom steps choosing between decompositions: (cost in the planner's unit,
         result layout) of partitioning `op` generically with its result planned as `target`, where
-        operands not computed yet have the layouts in `layouts`; a `passing` result may keep a
-        pending sum for the next step to take on. Emits nothing and plans nothing."""
-        if passing:
-            self.passing.add(op.results[0])
+        operands not computed yet have the layouts in `layouts`. Emits nothing and plans nothing."""
         state, planned = self.local.state, self.local.planned
         added = [v for v in layouts if v not in state]
         for v in added:
@@ -187,12 +183,9 @@ class Partitioner:
                 planned[r] = old
         return plan.score, plan.outs[0]
 
-    def step(self, op: Op, target: Sharding | None = None, passing: bool = False) -> None:
+    def step(self, op: Op, target: Sharding | None = None) -> None:
         """Partition `op`, one step of a custom decomposition (not an op of the global program),
-        generically; its result planned as `target` (None: as propagation planned it), keeping a
-        pending sum for the next step where `passing`."""
-        if passing:
-            self.passing.add(op.results[0])
+        generically; its result planned as `target` (None: as propagation planned it)."""
         if target is not None:
             self.local.planned[op.results[0]] = target
         self.generic(op)
@@ -283,18 +276,16 @@ class OpContext(LocalOps):
         """Partition the op by its factor rule instead (never splitting the factors in `forbid`)."""
         self._p.generic(self.op, frozenset(forbid))
 
-    def trial(self, op: Op, target: Sharding, layouts: dict[Value, Sharding],
-              passing: bool = False) -> tuple[float, Sharding]:
+    def trial(self, op: Op, target: Sharding, layouts: dict[Value, Sharding]) -> tuple[float, Sharding]:
         """(cost, result layout) of partitioning `op` (a step of a decomposition of this op, over
         this op's operands and earlier steps' results, whose layouts are in `layouts`) generically
-        with its result planned as `target`, in the cost model's unit; emits nothing. A `passing`
-        result (an intermediate) may keep a pending sum that a later step takes on."""
-        return self._p.trial(op, target, layouts, passing)
+        with its result planned as `target`, in the cost model's unit; emits nothing."""
+        return self._p.trial(op, target, layouts)
 
-    def step(self, op: Op, target: Sharding | None = None, passing: bool = False) -> None:
+    def step(self, op: Op, target: Sharding | None = None) -> None:
         """Partition one step of a decomposition of this op generically (its result planned as
         `target`; the last step must produce this op's result, as propagation planned it)."""
-        self._p.step(op, target, passing)
+        self._p.step(op, target)
 
     # ---- communication
 
