@@ -12,7 +12,9 @@ from importlib import resources
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
-from lark.parse_tree_builder import PropagatePositions
+from lark.lexer import PatternStr, UnlessCallback
+from lark.parse_tree_builder import ExpandSingleChild, PropagatePositions
+from lark.parsers.lalr_analysis import Shift
 from lark.visitors import Transformer_NonRecursive
 
 from ..errors import Source, Span, SpmdError
@@ -132,6 +134,134 @@ def _parser() -> Lark:
     return parser
 
 
+class _Fast:
+    """lark's own tables, run by a tighter loop: the lexer's compiled regex over the whole text
+    (keywords retyped as its UnlessCallback does) and the LALR table with each reduction's
+    (length, callback, goto symbol) looked up once per grammar, not per token. The same tokens,
+    reductions and tree as lark's parse; any text it does not accept is handed back to lark
+    (`_fast_tree` returns None), whose exception makes the error message."""
+
+    def __init__(self, parser: Lark):
+        frontend = parser.parser
+        lexer = frontend.lexer.lexer  # (PostLexConnector -> BasicLexer)
+        scanner = lexer.scanner  # (builds lexer.callback)
+        if len(scanner._mres) != 1:
+            raise LookupError("several regexes")
+        self.regex = scanner._mres[0]
+        self.newline = lexer.newline_types
+        self.ignore = lexer.ignore_types
+        self.retype: dict[str, dict[str, str]] = {}
+        for name, cb in lexer.callback.items():
+            terms = getattr(cb, "scanner", None) and cb.scanner.terminals
+            if type(cb) is not UnlessCallback or not all(type(t.pattern) is PatternStr and not t.pattern.flags
+                                                         for t in terms):
+                raise LookupError("a lexer callback")
+            self.retype[name] = {t.pattern.value: t.name for t in terms}
+        lalr = frontend.parser.parser
+        table, callbacks = lalr.parse_table, lalr.callbacks
+        if any(isinstance(k, str) for k in callbacks) or list(parser.options.start) != ["start"]:
+            raise LookupError("terminal callbacks")
+        self.start, self.end = table.start_states["start"], table.end_states["start"]
+        # (symbol names as plain str: lark's are Tokens, whose __eq__ every lookup would call)
+        self.states = {state: {str(term): (True, arg) if action is Shift else
+                               (False, (len(arg.expansion), _unit(arg, callbacks[arg]), str(arg.origin.name)))
+                               for term, (action, arg) in acts.items()}
+                       for state, acts in table.states.items()}
+
+    def tokens(self, text: str) -> list[Token] | None:
+        """lark's BasicLexer tokens of `text` (positions as its LineCounter counts them), or None
+        where some character starts no token."""
+        out = []
+        new, newline, ignore, retype = Token._future_new, self.newline, self.ignore, self.retype
+        pos, line, line_start = 0, 1, 0
+        for m in self.regex.finditer(text):
+            if m.start() != pos:
+                return None
+            value, kind = m.group(), m.lastgroup
+            end, end_line, end_start = pos + len(value), line, line_start
+            if kind in newline:
+                n = value.count("\n")
+                if n:
+                    end_line, end_start = line + n, pos + value.rindex("\n") + 1
+            if kind not in ignore:
+                if kind in retype:
+                    kind = retype[kind].get(value, kind)
+                out.append(new(kind, value, pos, line, pos - line_start + 1, end_line, end - end_start + 1, end))
+            pos, line, line_start = end, end_line, end_start
+        return out if pos == len(text) else None
+
+    def tree(self, text: str) -> Tree | None:
+        tokens = self.tokens(text)
+        if tokens is None:
+            return None
+        states, end_state = self.states, self.end
+        state_stack, value_stack = [self.start], []
+        last = None
+        for tok in _BodyBrace().process(tokens):
+            last = tok
+            kind = tok.type
+            while True:
+                act = states[state_stack[-1]].get(kind)
+                if act is None:
+                    return None
+                shift, arg = act
+                if shift:
+                    state_stack.append(arg)
+                    value_stack.append(tok)
+                    break
+                size, callback, origin = arg
+                if callback is None:  # (a `?rule` of one symbol: its value is its child's)
+                    state_stack[-1] = states[state_stack[-2]][origin][1]
+                    continue
+                if size:
+                    s = value_stack[-size:]
+                    del state_stack[-size:]
+                    del value_stack[-size:]
+                else:
+                    s = []
+                value_stack.append(callback(s))
+                state_stack.append(states[state_stack[-1]][origin][1])
+        end = Token.new_borrow_pos("$END", "", last) if last is not None else Token("$END", "", 0, 1, 1)
+        while True:
+            act = states[state_stack[-1]].get(end.type)
+            if act is None or act[0]:
+                return None
+            size, callback, origin = act[1]
+            if callback is None:
+                state_stack[-1] = states[state_stack[-2]][origin][1]
+                if state_stack[-1] == end_state:
+                    return value_stack[-1]
+                continue
+            if size:
+                s = value_stack[-size:]
+                del state_stack[-size:]
+                del value_stack[-size:]
+            else:
+                s = []
+            value_stack.append(callback(s))
+            state_stack.append(states[state_stack[-1]][origin][1])
+            if state_stack[-1] == end_state:
+                return value_stack[-1]
+
+
+def _unit(rule, callback):
+    """None for a reduction that returns its one child as it is: a `?rule` of one symbol, whose
+    _Positions finds nothing to record (the child is a token, or a tree with its positions set, or
+    one without any); else the callback."""
+    if (len(rule.expansion) == 1 and type(callback) is _Positions
+            and type(callback.node_builder) is ExpandSingleChild):
+        return None
+    return callback
+
+
+@cache
+def _fast() -> _Fast | None:
+    try:
+        return _Fast(_parser())
+    except (LookupError, AttributeError):  # a lark whose internals differ: its own parse runs
+        return None
+
+
 def _describe_terminal(name: str) -> str:
     if name in _TERMINALS:
         return _TERMINALS[name]
@@ -237,8 +367,11 @@ def parse(text: str, filename: str = "<input>") -> tuple[A.Module, Source]:
     if len(text) > MAX_SOURCE_BYTES:
         raise SpmdError(f"the program is {format_bytes(len(text))} long; at most {format_bytes(MAX_SOURCE_BYTES)} "
                         "of source is accepted", Span(source, 1, 1))
+    fast = _fast()
+    tree = fast.tree(text) if fast is not None else None
     try:
-        tree = _parser().parse(text)
+        if tree is None:  # (lark's parse: what the fast one does not accept, it reports)
+            tree = _parser().parse(text)
     except UnexpectedInput as e:
         raise _syntax_error(e, source) from None
     _check_nesting(tree, source)
