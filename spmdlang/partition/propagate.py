@@ -73,20 +73,46 @@ class Propagation:
 TIE = "loop carry"  # a pseudo-op of propagation only: its operand and result share one sharding
 
 
+_MAX_ANSWERS = 1 << 15  # entries of each cross-compile memo below; emptied when full
+
+
+def _signature(op: Op):
+    """What an op's factor rule and proposals read of the op itself (kind, attributes, types), or
+    None where an attribute is unhashable."""
+    key = (op.kind, tuple(sorted(op.attrs.items())), tuple(v.type for v in op.operands),
+           tuple(r.type for r in op.results))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 # op -> its factor rule: a rule is a pure function of the (immutable) op, and propagation, the
 # partitioner's plans and its second plans ask for the same op's many times; held weakly, so an
 # entry lives as long as its op
 _rules: WeakKeyDictionary[Op, FactorRule] = WeakKeyDictionary()
 
 
+# and across compiles by what a rule reads of its op (_signature: kind, attributes, types)
+_RULES: dict = {}
+
+
 def op_rule(op: Op) -> FactorRule:
     rule = _rules.get(op)
     if rule is None:
-        if op.kind == TIE:
-            rule = elementwise_rule([op.operands[0].type.shape], op.results[0].type.shape)
-        else:
-            opdef = registry.get(op.kind)
-            rule = opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
+        sig = _signature(op)
+        rule = _RULES.get(sig) if sig is not None else None
+        if rule is None:
+            if op.kind == TIE:
+                rule = elementwise_rule([op.operands[0].type.shape], op.results[0].type.shape)
+            else:
+                opdef = registry.get(op.kind)
+                rule = opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
+            if sig is not None:
+                if len(_RULES) >= _MAX_ANSWERS:
+                    _RULES.clear()
+                _RULES[sig] = rule
         _rules[op] = rule
     return rule
 
@@ -230,6 +256,36 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
     return out
 
 
+# _propose's answers across compiles: a pure function of the op's kind, attributes and types (so
+# its factor rule), the phase's admitted factors, the direction, the mesh's axis sizes and its
+# tensors' current and open dims; kept with tensors by position. The fixed part of a question
+# (all but the dims, admitted factors and direction) is numbered once per op (_FIXED).
+_ANSWERS: dict = {}
+_FIXED: dict = {}
+
+
+def _proposals(op: Op, rule: FactorRule, st: _State, phase: int, forward: bool, admitted, fixed) -> list:
+    """_propose's proposals, from _ANSWERS where this question was answered before. `fixed`:
+    (the number of the op's _signature, its tensors' open dims and the mesh's axis sizes in
+    _FIXED), or None to ask _propose."""
+    if fixed is None:
+        return _propose(op, rule, st, phase, {}, forward, admitted)
+    tensors = op.operands + op.results
+    dims = st.dims
+    key = (fixed, admitted, forward, tuple(tuple(dims[t]) for t in tensors))
+    got = _ANSWERS.get(key)
+    if got is None:
+        position = {}
+        for i, t in enumerate(tensors):
+            position.setdefault(t, i)
+        got = [(position[t], d, axes, s, position[src], src_dims)
+               for t, d, axes, s, (src, src_dims) in _propose(op, rule, st, phase, {}, forward, admitted)]
+        if len(_ANSWERS) >= _MAX_ANSWERS:
+            _ANSWERS.clear()
+        _ANSWERS[key] = got
+    return [(tensors[i], d, axes, s, (tensors[j], src_dims)) for i, d, axes, s, j, src_dims in got]
+
+
 def _merge(st: _State, v: Value, props, op_of) -> bool:
     """Apply the proposals for one value; order-independent. Returns whether it changed."""
     dims = st.dims[v]
@@ -286,6 +342,16 @@ def propagate(prog: Program) -> Propagation:
         for phase in PHASES:
             admits[op, phase] = _admitted(rules[op].kinds, phase, first)
     inert = {op for op in ops if not any(st.open[t] for t in op.operands + op.results)}
+    fixed = {}
+    if len(_FIXED) >= _MAX_ANSWERS:
+        _FIXED.clear()
+        _ANSWERS.clear()
+    for op in ops:
+        sig = _signature(op) if op not in inert else None
+        if sig is not None:
+            sig = (sig, tuple(tuple(st.open[t]) for t in op.operands + op.results), st.mesh.axes)
+            sig = _FIXED.setdefault(sig, len(_FIXED))
+        fixed[op] = sig
     touched = dict.fromkeys(ops, 0)
     answers: dict[tuple, tuple[int, list]] = {}
     for phase, forward in ((p, f) for p in PHASES for f in (True, False)):
@@ -301,7 +367,7 @@ def propagate(prog: Program) -> Propagation:
                 if kept is not None and kept[0] == touched[op]:
                     got = kept[1]
                 else:
-                    got = _propose(op, rules[op], st, phase, {}, forward, key[1])
+                    got = _proposals(op, rules[op], st, phase, forward, key[1], fixed[op])
                     answers[key] = (touched[op], got)
                 for t, d, axes, s, src in got:
                     proposals[t].append((d, axes, s, src, op))

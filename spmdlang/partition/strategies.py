@@ -127,7 +127,10 @@ class Strategies:
         """What `best` reads besides the op itself: its operands' current layouts, its results'
         planned layouts, which results pass their pending sums on, and its arguments."""
         local = self.local
-        return (_signature(op), forbid, settling, tuple(local.layout(v) for v in op.operands),
+        sig = self.memo.get(op)  # (the memo's keys are questions, and ops: their signatures)
+        if sig is None:
+            sig = self.memo[op] = _signature(op)
+        return (sig, forbid, settling, tuple(local.layout(v) for v in op.operands),
                 tuple(local.target(r) for r in op.results), tuple(r in self.passing for r in op.results))
 
     def candidates(self, op: Op, rule: FactorRule, forbid) -> list[list[tuple[str, ...]]]:
