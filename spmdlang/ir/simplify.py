@@ -223,6 +223,8 @@ def hoist_invariants(ops_in) -> list[Op]:
 # ---------------------------------------------------------------------------------- algebra
 
 _FOLD = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+# every kind `_Algebra.rewrite` looks at (any other op is kept as it is)
+_REWRITES = frozenset(_FOLD) | {"pow", "neg", "cast", "reshape", "transpose", "broadcast_in_dim", "select"}
 
 
 class _Algebra:
@@ -254,7 +256,7 @@ class _Algebra:
     def rewrite(self, op: Op):
         """A value that stands for op's result, or a replacement op, or None (keep op)."""
         k, a, r = op.kind, op.operands, op.results[0] if len(op.results) == 1 else None
-        if r is None or r in self.keep:
+        if k not in _REWRITES or r is None or r in self.keep:
             return None
         same = lambda x: x.type == r.type  # noqa: E731
         if k in _FOLD and r.type.dtype in ("f32", "f64") and r.type.rank == 0 and all(
@@ -319,9 +321,10 @@ class _Algebra:
 
     def ops(self, ops_in) -> list[Op]:
         out = []
+        repl = self.repl
         for orig in ops_in:
             op = orig
-            if any(v in self.repl for v in op.operands):
+            if repl and any(v in repl for v in op.operands):
                 op = op.replace(operands=tuple(self.repl.get(v, v) for v in op.operands))
             if op.regions:
                 op = rewrite_regions(op, lambda r: (self.ops(r.ops), [self.repl.get(v, v) for v in r.results]))
