@@ -28,7 +28,7 @@ _MAX_CANDIDATES = 512
 # types, its operands' layouts, its results' planned layouts, ...) and the mesh's axis sizes, as
 # the reshard planner's cache is of its arguments. Bounded: emptied when full.
 _ANSWERS: dict = {}
-_MAX_ANSWERS = 1 << 15
+_MAX_ANSWERS = 1 << 14
 
 
 @dataclass(frozen=True, eq=False)
