@@ -134,6 +134,9 @@ def _parser() -> Lark:
     return parser
 
 
+_parser.keep_on_clear = True  # the grammar's tables: setup, not a result (memo.clear_caches)
+
+
 class _Fast:
     """lark's own tables, run by a tighter loop: the lexer's compiled regex over the whole text
     (keywords retyped as its UnlessCallback does) and the LALR table with each reduction's
@@ -260,6 +263,9 @@ def _fast() -> _Fast | None:
         return _Fast(_parser())
     except (LookupError, AttributeError):  # a lark whose internals differ: its own parse runs
         return None
+
+
+_fast.keep_on_clear = True  # (the same tables, arranged: setup)
 
 
 def _describe_terminal(name: str) -> str:

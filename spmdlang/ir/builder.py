@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from ..errors import ShapeError, Span, SpmdError
 from ..limits import check_attrs, check_type
+from ..memo import Memo
 from . import registry
 from .core import Op, Value, freeze
 
 
-# shape rules' answers across compiles: (kind, operand types, attributes) -> result types, for
-# attributes of plain values (each keyed with its type: 1, 1.0 and True are equal as keys)
-_TYPES: dict = {}
-_MAX_TYPES = 1 << 15
+# shape rules' answers: (kind, operand types, attributes) -> result types, for attributes of plain
+# values (each keyed with its type: 1, 1.0 and True are equal as keys); the partitioner's plans
+# build the same local ops, and repeated layers the same global ones
+_TYPES = Memo(1 << 15)
 _PLAIN = (str, int, float, bool, type(None))
 
 
@@ -64,9 +65,7 @@ class Builder:
             for t in types:
                 check_type(t, span)
             if key is not None:  # (checked: a question answered before passed its checks)
-                if len(_TYPES) >= _MAX_TYPES:
-                    _TYPES.clear()
-                _TYPES[key] = types
+                _TYPES.put(key, types)
         names = names or [None] * len(types)
         results = tuple(Value(t, n) for t, n in zip(types, names))
         self.ops.append(Op(kind, tuple(operands), results, attrs, span, self.backward))

@@ -21,6 +21,7 @@ Every extension remembers the op and the source value it came from, for `check` 
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from ..ir import registry
 from ..ir.core import LOOP, Loop, Op, Program, Value, walk
 from ..ir.mesh import Mesh, Sharding
 from ..ir.mesh import axes_text as _axes_text
+from ..memo import Memo
 from .factors import REDUCTION, REPLICATE, FactorRule, elementwise_rule, project, restrict, unproject_dim
 
 PHASES = (0, 1, 2)
@@ -73,7 +75,7 @@ class Propagation:
 TIE = "loop carry"  # a pseudo-op of propagation only: its operand and result share one sharding
 
 
-_MAX_ANSWERS = 1 << 15  # entries of each cross-compile memo below; emptied when full
+_MAX_ANSWERS = 1 << 15  # entries of each memo below (memo.Memo: emptied when full, and by clear_caches)
 
 
 def _signature(op: Op):
@@ -94,8 +96,9 @@ def _signature(op: Op):
 _rules: WeakKeyDictionary[Op, FactorRule] = WeakKeyDictionary()
 
 
-# and across compiles by what a rule reads of its op (_signature: kind, attributes, types)
-_RULES: dict = {}
+# and by what a rule reads of its op (_signature: kind, attributes, types), for the ops of
+# repeated layers and the ops passes rebuild
+_RULES = Memo(_MAX_ANSWERS)
 
 
 def op_rule(op: Op) -> FactorRule:
@@ -110,9 +113,7 @@ def op_rule(op: Op) -> FactorRule:
                 opdef = registry.get(op.kind)
                 rule = opdef.rule([v.type for v in op.operands], [r.type for r in op.results], op.attrs)
             if sig is not None:
-                if len(_RULES) >= _MAX_ANSWERS:
-                    _RULES.clear()
-                _RULES[sig] = rule
+                _RULES.put(sig, rule)
         _rules[op] = rule
     return rule
 
@@ -256,12 +257,14 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
     return out
 
 
-# _propose's answers across compiles: a pure function of the op's kind, attributes and types (so
-# its factor rule), the phase's admitted factors, the direction, the mesh's axis sizes and its
-# tensors' current and open dims; kept with tensors by position. The fixed part of a question
-# (all but the dims, admitted factors and direction) is numbered once per op (_FIXED).
-_ANSWERS: dict = {}
-_FIXED: dict = {}
+# _propose's answers: a pure function of the op's kind, attributes and types (so its factor
+# rule), the phase's admitted factors, the direction, the mesh's axis sizes and its tensors'
+# current and open dims, kept with tensors by position (repeated layers ask the same questions).
+# The fixed part of a question (all but the dims, admitted factors and direction) is numbered once
+# per op (_FIXED; numbers are never reused, so either memo may be emptied alone).
+_ANSWERS = Memo(_MAX_ANSWERS)
+_FIXED = Memo(_MAX_ANSWERS)
+_numbers = itertools.count()
 
 
 def _proposals(op: Op, rule: FactorRule, st: _State, phase: int, forward: bool, admitted, fixed) -> list:
@@ -280,9 +283,7 @@ def _proposals(op: Op, rule: FactorRule, st: _State, phase: int, forward: bool, 
             position.setdefault(t, i)
         got = [(position[t], d, axes, s, position[src], src_dims)
                for t, d, axes, s, (src, src_dims) in _propose(op, rule, st, phase, {}, forward, admitted)]
-        if len(_ANSWERS) >= _MAX_ANSWERS:
-            _ANSWERS.clear()
-        _ANSWERS[key] = got
+        _ANSWERS.put(key, got)
     return [(tensors[i], d, axes, s, (tensors[j], src_dims)) for i, d, axes, s, j, src_dims in got]
 
 
@@ -343,14 +344,12 @@ def propagate(prog: Program) -> Propagation:
             admits[op, phase] = _admitted(rules[op].kinds, phase, first)
     inert = {op for op in ops if not any(st.open[t] for t in op.operands + op.results)}
     fixed = {}
-    if len(_FIXED) >= _MAX_ANSWERS:
-        _FIXED.clear()
-        _ANSWERS.clear()
     for op in ops:
         sig = _signature(op) if op not in inert else None
         if sig is not None:
             sig = (sig, tuple(tuple(st.open[t]) for t in op.operands + op.results), st.mesh.axes)
-            sig = _FIXED.setdefault(sig, len(_FIXED))
+            number = _FIXED.get(sig)
+            sig = number if number is not None else _FIXED.put(sig, next(_numbers))
         fixed[op] = sig
     touched = dict.fromkeys(ops, 0)
     answers: dict[tuple, tuple[int, list]] = {}

@@ -24,12 +24,6 @@ from .reshard import Step, plan_reshard
 
 _MAX_CANDIDATES = 512
 
-# `best`'s answers across compiles: a pure function of the question (the op's kind, attributes and
-# types, its operands' layouts, its results' planned layouts, ...) and the mesh's axis sizes, as
-# the reshard planner's cache is of its arguments. Bounded: emptied when full.
-_ANSWERS: dict = {}
-_MAX_ANSWERS = 1 << 14
-
 
 @dataclass(frozen=True, eq=False)
 class FactorPlan:
@@ -159,15 +153,7 @@ class Strategies:
         key = self._question(op, forbid, settling)
         found = self.memo.get(key)
         if found is None:
-            shared = (self.mesh.axes, key) if key[0] is not op else None  # (an op itself: this compile's only)
-            found = _ANSWERS.get(shared) if shared is not None else None
-            if found is None:
-                found = self._best(op, rule, forbid, settling)
-                if shared is not None:
-                    if len(_ANSWERS) >= _MAX_ANSWERS:
-                        _ANSWERS.clear()
-                    _ANSWERS[shared] = found
-            self.memo[key] = found
+            found = self.memo[key] = self._best(op, rule, forbid, settling)
         return found
 
     def _best(self, op: Op, rule: FactorRule, forbid, settling: bool):
