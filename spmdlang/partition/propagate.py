@@ -21,7 +21,6 @@ Every extension remembers the op and the source value it came from, for `check` 
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,7 +74,7 @@ class Propagation:
 TIE = "loop carry"  # a pseudo-op of propagation only: its operand and result share one sharding
 
 
-_MAX_ANSWERS = 1 << 15  # entries of each memo below (memo.Memo: emptied when full, and by clear_caches)
+_MAX_ANSWERS = 1 << 15  # entries of the rule memo below (memo.Memo: emptied when full, and by clear_caches)
 
 
 def _signature(op: Op):
@@ -257,36 +256,6 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
     return out
 
 
-# _propose's answers: a pure function of the op's kind, attributes and types (so its factor
-# rule), the phase's admitted factors, the direction, the mesh's axis sizes and its tensors'
-# current and open dims, kept with tensors by position (repeated layers ask the same questions).
-# The fixed part of a question (all but the dims, admitted factors and direction) is numbered once
-# per op (_FIXED; numbers are never reused, so either memo may be emptied alone).
-_ANSWERS = Memo(_MAX_ANSWERS)
-_FIXED = Memo(_MAX_ANSWERS)
-_numbers = itertools.count()
-
-
-def _proposals(op: Op, rule: FactorRule, st: _State, phase: int, forward: bool, admitted, fixed) -> list:
-    """_propose's proposals, from _ANSWERS where this question was answered before. `fixed`:
-    (the number of the op's _signature, its tensors' open dims and the mesh's axis sizes in
-    _FIXED), or None to ask _propose."""
-    if fixed is None:
-        return _propose(op, rule, st, phase, {}, forward, admitted)
-    tensors = op.operands + op.results
-    dims = st.dims
-    key = (fixed, admitted, forward, tuple(tuple(dims[t]) for t in tensors))
-    got = _ANSWERS.get(key)
-    if got is None:
-        position = {}
-        for i, t in enumerate(tensors):
-            position.setdefault(t, i)
-        got = [(position[t], d, axes, s, position[src], src_dims)
-               for t, d, axes, s, (src, src_dims) in _propose(op, rule, st, phase, {}, forward, admitted)]
-        _ANSWERS.put(key, got)
-    return [(tensors[i], d, axes, s, (tensors[j], src_dims)) for i, d, axes, s, j, src_dims in got]
-
-
 def _merge(st: _State, v: Value, props, op_of) -> bool:
     """Apply the proposals for one value; order-independent. Returns whether it changed."""
     dims = st.dims[v]
@@ -343,14 +312,6 @@ def propagate(prog: Program) -> Propagation:
         for phase in PHASES:
             admits[op, phase] = _admitted(rules[op].kinds, phase, first)
     inert = {op for op in ops if not any(st.open[t] for t in op.operands + op.results)}
-    fixed = {}
-    for op in ops:
-        sig = _signature(op) if op not in inert else None
-        if sig is not None:
-            sig = (sig, tuple(tuple(st.open[t]) for t in op.operands + op.results), st.mesh.axes)
-            number = _FIXED.get(sig)
-            sig = number if number is not None else _FIXED.put(sig, next(_numbers))
-        fixed[op] = sig
     touched = dict.fromkeys(ops, 0)
     answers: dict[tuple, tuple[int, list]] = {}
     for phase, forward in ((p, f) for p in PHASES for f in (True, False)):
@@ -366,7 +327,7 @@ def propagate(prog: Program) -> Propagation:
                 if kept is not None and kept[0] == touched[op]:
                     got = kept[1]
                 else:
-                    got = _proposals(op, rules[op], st, phase, forward, key[1], fixed[op])
+                    got = _propose(op, rules[op], st, phase, {}, forward, key[1])
                     answers[key] = (touched[op], got)
                 for t, d, axes, s, src in got:
                     proposals[t].append((d, axes, s, src, op))

@@ -681,8 +681,12 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")
     if src.dims == dst.dims and set(src.partial) == set(dst.partial):
         return ()
-    plans = [_merge_moves(_Planner(shape, itemsize, mesh, src, dst).run(), shape, itemsize, mesh),
-             _gather_plan(shape, itemsize, mesh, src, dst)]
+    first = _merge_moves(_Planner(shape, itemsize, mesh, src, dst).run(), shape, itemsize, mesh)
+    if not any(st.is_collective for st in first):
+        # slices only: no bytes, no collectives, no latency, which no plan beats (_choose keeps the
+        # first of equals) and nothing to search (_improvable: no move)
+        return tuple(first)
+    plans = [first, _gather_plan(shape, itemsize, mesh, src, dst)]
     p = _permute_plan(shape, itemsize, mesh, src, dst)
     if p is not None:
         plans.append(p)
