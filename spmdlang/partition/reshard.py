@@ -660,6 +660,8 @@ class _Search:
 
 def drop_trivial_axes(s: Sharding, mesh: Mesh) -> Sharding:
     """Axes of size 1 split nothing and sum nothing: layouts that differ only in them are one."""
+    if not s.open_dims and (s.partial or s.partial_op == "sum") and all(size > 1 for _, size in mesh.axes):
+        return s  # (what the rest builds, equal: no mesh axis is trivial, and sub-axes never are)
     keep = lambda axes: tuple(a for a in axes if mesh.axis_size(a) > 1)  # noqa: E731
     partial = keep(s.partial)
     return Sharding(tuple(keep(d) for d in s.dims), partial, frozenset(), s.partial_op if partial else "sum")
