@@ -187,6 +187,14 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
              admitted: tuple[bool, ...] | None = None):
     """This op's proposals: [(value, dim, axes, strength, source value)]; only for its results
     when `forward`. `admitted`: _admitted for this op and phase, where the caller has it."""
+    n = len(op.operands) if forward else 0
+    return [p[1:] for p in _proposals(op, rule, st, phase, conflicts, admitted) if p[0] >= n]
+
+
+def _proposals(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict,
+               admitted: tuple[bool, ...] | None = None):
+    """_propose in both directions, each proposal led by its tensor's position in the op (operands,
+    then results): the forward proposals are those of the results."""
     if admitted is None:
         admitted = _admitted(rule.kinds, phase, _first(op))
     if not any(admitted):  # (phase 0 admits no factor of an op that does not propagate first)
@@ -240,8 +248,6 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
         return []
     out = []
     for i, t in enumerate(tensors):
-        if forward and i < len(op.operands):
-            continue
         factors = rule.tensors[i]
         for d in st.open[t]:
             dim = factors[d]
@@ -252,7 +258,7 @@ def _propose(op: Op, rule: FactorRule, st: _State, phase: int, conflicts: dict, 
                 f = fs[0] if len(fs) == 1 else max(fs, key=lambda f: strength[f])
                 # by position, not value: a value used twice (einsum(x, x)) has other factors each time
                 src = source[f]
-                out.append((t, d, axes, strength[f], (tensors[src], rule.factor_dims(src, f))))
+                out.append((i, t, d, axes, strength[f], (tensors[src], rule.factor_dims(src, f))))
     return out
 
 
@@ -301,9 +307,10 @@ def propagate(prog: Program) -> Propagation:
         for v in op.operands + op.results:
             adjacent[v].append(op)
     rounds = 0
-    # an op's proposals depend only on its tensors' shardings, which of its factors the phase
-    # admits and the direction: each phase starts by visiting every op, and most ask what they
-    # asked in the phase before (an elementwise op admits the same factors in all three). An
+    # an op's proposals depend only on its tensors' shardings and which of its factors the phase
+    # admits (forward: those of its results): each phase starts by visiting every op, and most ask
+    # what they asked in the pass before (an elementwise op admits the same factors in all three
+    # phases, and a phase's forward pass asks what its pass in both directions asks again). An
     # answer is kept with the round its op's tensors last changed in (`touched`), and reused
     # while none has changed since. An op none of whose tensors has an open dim proposes nothing.
     admits = {}
@@ -322,15 +329,17 @@ def propagate(prog: Program) -> Propagation:
             for op in frontier:
                 if op in inert:
                     continue
-                key = (op, admits[op, phase], forward)
+                key = (op, admits[op, phase])
                 kept = answers.get(key)
                 if kept is not None and kept[0] == touched[op]:
                     got = kept[1]
                 else:
-                    got = _propose(op, rules[op], st, phase, {}, forward, key[1])
+                    got = _proposals(op, rules[op], st, phase, {}, key[1])
                     answers[key] = (touched[op], got)
-                for t, d, axes, s, src in got:
-                    proposals[t].append((d, axes, s, src, op))
+                n = len(op.operands) if forward else 0
+                for i, t, d, axes, s, src in got:
+                    if i >= n:
+                        proposals[t].append((d, axes, s, src, op))
             changed = [v for v, props in proposals.items() if _merge(st, v, props, index)]
             frontier = {op for v in changed for op in adjacent[v]}
             for op in frontier:
