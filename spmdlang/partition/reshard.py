@@ -688,6 +688,10 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
         # slices only: no bytes, no collectives, no latency, which no plan beats (_choose keeps the
         # first of equals) and nothing to search (_improvable: no move)
         return tuple(first)
+    if _least_possible(first, shape, itemsize, mesh, src, dst):
+        # no plan beats it, and one as good ties and is not first (_choose): the gather and
+        # permute plans would only confirm it
+        return tuple(first)
     plans = [first, _gather_plan(shape, itemsize, mesh, src, dst)]
     p = _permute_plan(shape, itemsize, mesh, src, dst)
     if p is not None:
