@@ -52,7 +52,7 @@ class Builder:
         """Append an op; `blame` maps operand indices and attribute names to the spans where the
         source wrote them, so a shape-rule error points at the argument it is about."""
         attrs = freeze(attrs)
-        operand_types = tuple(v.type for v in operands)
+        operand_types = tuple([v.type for v in operands])
         key = _rule_key(kind, operand_types, attrs)
         types = _TYPES.get(key) if key is not None else None
         if types is None:
@@ -67,7 +67,7 @@ class Builder:
             if key is not None:  # (checked: a question answered before passed its checks)
                 _TYPES.put(key, types)
         names = names or [None] * len(types)
-        results = tuple(Value(t, n) for t, n in zip(types, names))
+        results = tuple([Value(t, n) for t, n in zip(types, names)])
         self.ops.append(Op(kind, tuple(operands), results, attrs, span, self.backward))
         return results
 
