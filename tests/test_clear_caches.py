@@ -21,3 +21,13 @@ def test_clear_caches_forgets_plans_and_keeps_setup():
     assert reshard._plan_reshard.cache_info().currsize == 0
     assert _parser.cache_info().currsize == 1  # lark's tables are setup, not a memo of a compile
     assert c.recompiled().jax_source == first  # a cold compile emits the same module
+
+
+def test_clear_caches_forgets_memo_dicts():
+    from spmdlang.ir import builder
+    from spmdlang.partition import propagate
+
+    spmdlang.compile(PROGRAM).jax_source  # noqa: B018
+    assert len(builder._TYPES) > 0 and len(propagate._RULES) > 0
+    clear_caches()
+    assert len(builder._TYPES) == 0 and len(propagate._RULES) == 0
