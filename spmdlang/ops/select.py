@@ -14,7 +14,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
-from .create import gathered_axes, jax_clamped_ids, shard_ids
+from .create import gathered_axes, jax_clamped_ids, jax_local_gather, shard_ids
 from .reduce import _fill
 from .registry import Family, Grad, check, no_flops, operand_flops, register, set_vjp
 
@@ -159,7 +159,8 @@ register("take_along_axis", doc="x's elements at `ids` along `axis` (numpy's tak
          example=(("f32[8, 16]", "i32[8, 3]"), {"axis": 1}), infer=_taa_infer, numpy=_taa_numpy, rule=_taa_rule,
          partition=_taa_partition, flops=no_flops, family=Family.gather,
          jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, {jax_clamped_ids(a[0], a[1], attrs['axis'])}, "
-                                    f"axis={attrs['axis']}, mode='clip')"))
+                                    f"axis={attrs['axis']}, mode='clip')"),
+         jax_local=lambda a, attrs, out: jax_local_gather(a, attrs, out, along=True))
 
 
 # ---------------------------------------------------------------------------------- sort / argsort
