@@ -5,8 +5,10 @@ Per program and round, each side starts with jax's caches cleared (`jax.clear_ca
 persistent compilation cache), so nothing compiled before is reused:
 
 - ours: `spmdlang` compiles the program afresh from its source text (parse .. the jax module's
-  source, as `spmdlang bench`'s compile_s), then the module is loaded and `build(mesh)` is lowered
-  and compiled by jax (`jit(...).lower(*args).compile()`: tracing, StableHLO, XLA's compile);
+  source, as `spmdlang bench`'s compile_s) with its memos of earlier compiles forgotten
+  (`spmdlang.api.clear_caches()`, as in a fresh process), then the module is loaded and
+  `build(mesh)` is lowered and compiled by jax (`jit(...).lower(*args).compile()`: tracing,
+  StableHLO, XLA's compile);
 - XLA: the baseline module (emitted once, outside the clock: it is the program as written) is
   loaded, lowered and compiled the same way.
 
@@ -128,6 +130,7 @@ def measure(path: Path, rounds: int) -> dict:
     for r in range(rounds):
         for side in (("ours", "xla") if r % 2 == 0 else ("xla", "ours")):
             jax.clear_caches()
+            spmdlang.api.clear_caches()
             gc.collect()
             if side == "ours":
                 total, cpu, own = ours()

@@ -13,6 +13,7 @@ from .frontend.parse import parse
 from .inputs import check_inputs, random_inputs
 from .ir.core import Program, result_names
 from .ir.printer import print_program
+from .memo import clear_caches  # noqa: F401  (spmdlang.api.clear_caches, for the benchmarks)
 
 BACKENDS = ("ref", "sim", "jax", "xla")
 

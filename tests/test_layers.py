@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent / "spmdlang"
 LAYERS = {
     "spmdlang.errors": 0,
     "spmdlang.limits": 0,  # resource limits: imports only errors, inspects the IR by duck typing
+    "spmdlang.memo": 0,  # clear_caches: finds the package's memos in sys.modules, imports nothing
     "spmdlang.ir": 1,
     "spmdlang.partition": 2,
     "spmdlang.ops": 3,

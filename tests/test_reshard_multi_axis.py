@@ -449,3 +449,24 @@ def test_sub_axis_permutes_pair_the_same_devices_in_jax(mesh):
         assert got == want, f"{text(src)} -> {text(dst)}\n{c.spmd_ir}"
         d = c.diff(inputs, backends=["ref", "sim", "jax"])
         assert d["ok"], f"{text(src)} -> {text(dst)}: {d['results']}"
+
+
+@pytest.mark.parametrize("sizes", [{"x": 2, "y": 2, "z": 2}, {"x": 4, "y": 2}, {"x": 2, "y": 3}])
+@pytest.mark.parametrize("shape", [(8, 8, 12), (7, 9, 5), (6, 10, 4)])
+def test_a_reshard_to_fewer_axes_skips_the_search_and_keeps_its_plan(monkeypatch, sizes, shape):
+    """_least_possible skips the searches where the target only drops axes: the plan must be
+    the one the searches would have kept, on every such pair (even and uneven shapes)."""
+    from spmdlang.partition import reshard
+
+    mesh = Mesh.make(sizes)
+    pairs = [(s, d) for s in two_axis_layouts(mesh.names, 3) for d in two_axis_layouts(mesh.names, 3)
+             if s != d and all(t == f[:len(t)] for t, f in zip(d.dims, s.dims))]
+    skipped = 0
+    for src, dst in pairs:
+        fast = reshard._plan_reshard.__wrapped__(shape, F32, mesh.axes, src, dst)
+        skipped += reshard._least_possible(list(fast), shape, F32, mesh, src, dst)
+        with monkeypatch.context() as m:
+            m.setattr(reshard, "_least_possible", lambda *a: False)
+            full = reshard._plan_reshard.__wrapped__(shape, F32, mesh.axes, src, dst)
+        assert fast == full, (text(src), text(dst))
+    assert skipped > 0  # (uneven shards pad: a gather's bytes then exceed the growth, no shortcut)

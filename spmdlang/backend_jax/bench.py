@@ -33,16 +33,20 @@ def _interleaved(fns, args, repeat: int, rounds: int, warmup: int = 3) -> list[l
     return times
 
 
-COMPILE_INCLUDES = ("spmdlang's compile from the source text, afresh: parse, lower, simplify, propagate, "
-                    "partition, finish (combine) and emit the jax module's source; not jax's jit of it "
-                    "(ours_jit_s)")
+COMPILE_INCLUDES = ("spmdlang's compile from the source text, afresh (no memo of an earlier compile): "
+                    "parse, lower, simplify, propagate, partition, finish (combine) and emit the jax "
+                    "module's source; not jax's jit of it (ours_jit_s)")
 
 
 def fresh_compile_s(c) -> float:
     """Seconds our compiler takes on `c`'s program from scratch, as COMPILE_INCLUDES says: a new
     compile of the same source and options (c.recompiled(); a Compiled caches every stage, so
-    timing `c` itself would time a cache). Imports are warmed first, by `c`'s own stages."""
+    timing `c` itself would time a cache), with the memos of earlier compiles in this process
+    forgotten (memo.clear_caches). Imports are warmed first, by `c`'s own stages."""
+    from ..memo import clear_caches
+
     _ = c.jax_source
+    clear_caches()
     t0 = time.perf_counter()
     _ = c.recompiled().jax_source
     return time.perf_counter() - t0

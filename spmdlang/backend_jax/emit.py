@@ -494,6 +494,9 @@ def _source(fn) -> str:
     return inspect.getsource(fn).rstrip()
 
 
+_source.keep_on_clear = True  # process setup, not a result (memo.clear_caches)
+
+
 def emit_shard_map(spmd) -> str:
     """Our per-partition program as a module: shard_map over the mesh, jax.lax collectives."""
     prog: Program = spmd.program

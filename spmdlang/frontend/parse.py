@@ -132,6 +132,9 @@ def _parser() -> Lark:
     return parser
 
 
+_parser.keep_on_clear = True  # the grammar's tables: setup, not a result (memo.clear_caches)
+
+
 def _describe_terminal(name: str) -> str:
     if name in _TERMINALS:
         return _TERMINALS[name]

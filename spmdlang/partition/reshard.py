@@ -687,6 +687,8 @@ def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> t
     if p is not None:
         plans.append(p)
     best = _choose(plans)
+    if _least_possible(best, shape, itemsize, mesh, src, dst):
+        return tuple(best)
     if _improvable(best, dst):
         for objective in (CHEAPEST, LEANEST):
             p = _Search(shape, itemsize, mesh, src, dst, objective).run()
@@ -749,6 +751,26 @@ def _improvable(steps, dst: Sharding) -> bool:
         return False
     return (len(moves) > 1 or any(s.kind == OpName.SHARD_SLICE for s in steps[moves[0]:])
             or any(steps[i].kind == CollectiveKind.ALL_GATHER and set(steps[i].axes) & wanted for i in moves))
+
+
+def _least_possible(steps, shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding) -> bool:
+    """Is `steps` a plan no search can beat? Where the target only drops axes (each of its dims a
+    prefix of the source's, no pending sum), one all_gather per dim that drops any, each sending
+    what the dim grows by: no step shrinks a shard but a slice (which sends nothing and must be
+    gathered back), so every plan sends at least the growth of the local shard, and each dim
+    dropping axes takes a collective of its own. A plan as good in bytes and collectives gathers
+    the same runs, so it ties, and ties keep the plan found first (_choose): the search (up to
+    SEARCH_STATES layouts, twice) would only confirm it. A reshard to fewer axes is most of them."""
+    if src.partial or dst.partial or any(t != f[:len(t)] for t, f in zip(dst.dims, src.dims)):
+        return False
+    dropped = sum(t != f for t, f in zip(dst.dims, src.dims))
+
+    def local(s: Sharding) -> int:
+        return prod(chunk(n, mesh.group_size(axes)) for n, axes in zip(shape, s.dims)) * itemsize
+
+    return (len(steps) == dropped and all(st.kind == CollectiveKind.ALL_GATHER and not st.block
+                                          and not st.prefix for st in steps)
+            and plan_cost(steps) == local(dst) - local(src))
 
 
 def _choose(plans):
