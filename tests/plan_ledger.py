@@ -175,17 +175,15 @@ EXCEPTIONS: dict[tuple[str, str, str], str] = {
         "(9,792 B) to our 40 permutes (9,728 B): one collective more, 64 B fewer; equal at the default "
         "and large sizes",
     ("programs/train_zero", "large", "data=8"):
-        "6 collectives (34,521,095 B) against XLA's 3 (88,080,391 B): at this size the weight-gradient "
+        "5 collectives (34,521,095 B) against XLA's 3 (88,080,391 B): at this size the weight-gradient "
         "einsums gather the batch's activations and cotangents over data (5,160,960 B) instead of "
         "reduce-scattering the two 16 MiB weight gradients (29,360,128 B): 24 MB fewer, worth far more "
-        "than the two collectives' latency in the cost model, so the combined reduce_scatter is not used; "
-        "the two new weights are all-gathered each alone, as XLA does (returned gathers are not combined)",
+        "than the two collectives' latency in the cost model, so the combined reduce_scatter is not used",
     ("programs/train_zero", "large", "data=4"):
-        "6 collectives (30,081,030 B) against XLA's 3 (75,497,478 B): at this size the weight-gradient "
+        "5 collectives (30,081,030 B) against XLA's 3 (75,497,478 B): at this size the weight-gradient "
         "einsums gather the batch's activations and cotangents over data (4,915,200 B) instead of "
         "reduce-scattering the two 16 MiB weight gradients (25,165,824 B): 20 MB fewer, worth far more "
-        "than the two collectives' latency in the cost model, so the combined reduce_scatter is not used; "
-        "the two new weights are all-gathered each alone, as XLA does (returned gathers are not combined)",
+        "than the two collectives' latency in the cost model, so the combined reduce_scatter is not used",
     ("programs/train_gpt", "tiny", "data=2,model=4"):
         "18 collectives (17,440 B) against XLA's 17 (20,014 B): the layers' weight gradients are settled "
         "once after the reverse loop (XLA: 2 all-reduces per iteration), and at a batch of 2 the step "

@@ -75,10 +75,7 @@ def test_sharded_update_reduce_scatters_the_gradient():
     # (the two weights' all_gathers combined into one, the two gradients' reduce_scatters too, as
     # XLA's combiners would)
     assert sorted(kinds) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
-    (gather,) = [op for op in c.spmd.program.ops if op.kind == "all_gather"]
-    # both 512-element shards stacked [2, 64] and gathered along dim 1 (row i: weight i's shards
-    # one after the other), which XLA's CPU backend fuses with the members' producers
-    assert gather.operands[0].type.shape == (2, 64) and gather.attrs["dim"] == 1
+    assert [op.kind for op in c.spmd.program.ops].count("all_gather") == 1
     scatters = [e for e in c.spmd.ledger if e.kind == "reduce_scatter"]
     assert [e.bytes_per_device for e in scatters] == [step_bytes("reduce_scatter", 8, 2 * 16 * 32 * F32)]
     assert "all_reduce" not in [op.kind for op in c.spmd.program.ops]
@@ -91,16 +88,14 @@ def test_sharded_adam_state_reduce_scatters_without_shard_annotation():
     src = (PATTERNS / "train_zero.spmd").read_text().replace("shard(einsum", "(einsum").replace(", {data, _})", ")")
     assert "= shard(" not in src
     c = compiled(src, consts={"B": 256, "D": 16, "F": 32})
-    # (one all_gather per new weight: the program returns them, so they are not combined)
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
     assert str(c.shardings["g1"]) == "{data, _}" and str(c.shardings["g2"]) == "{data, _}"
 
 
 def test_hand_written_weight_update_sharding_halves_the_bytes():
     c = compiled(str(PATTERNS / "train_zero.spmd"), consts={"B": 256, "D": 16, "F": 32})
-    # one reduce_scatter of both gradients (combined), an all_gather of each new weight (returned:
-    # a combined one would end in a copy kernel per weight on XLA's CPU backend, see partition.combine)
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    # one reduce_scatter of both gradients, one all_gather of both new weights (combined)
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
     whole = 16 * 32 * F32
     # reduce_scatter + all_gather of each weight: as much as ONE all_reduce of it, where XLA
     # runs an all_reduce (the same again as the all_gathers) and slices
@@ -185,7 +180,7 @@ def test_shard_weight_updates_reduce_scatters_then_all_gathers():
 def test_shard_weight_updates_same_numbers_on_every_backend():
     c = spmdlang.compile(str(PATTERNS / "train_dp_mlp.spmd"), consts={"B": 64, "D": 16, "F": 24},
                          shard_weight_updates="data")
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
     d = c.diff(backends=["ref", "sim", "jax", "xla"])
     assert d["ok"], d["results"]
 
@@ -194,7 +189,7 @@ def test_shard_weight_updates_on_megatron_adds_data_to_the_model_split():
     c = spmdlang.compile(str(PATTERNS / "train_mlp_sgd.spmd"), consts={"B": 64, "D": 16, "F": 32},
                          shard_weight_updates="data")
     assert c.diff(backends=["ref", "sim"])["ok"]
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("all_reduce", ("model",)), ("reduce_scatter", ("data",))]
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("all_reduce", ("model",)), ("reduce_scatter", ("data",))]
     assert "{_, (model, data)}" in c.pass_notes[0].message + c.pass_notes[1].message
 
 
@@ -259,17 +254,41 @@ func main(a: f32[8, 6] {data, _}, b: f32[6, 12] {_, data}, c: f32[2, 3, 16] {_, 
 """
 
 
-def test_returned_all_gathers_stay_alone():
-    # every gather here makes a returned value: combined, each member's piece would be sliced out
-    # of the combined result, a copy kernel of its own that XLA's CPU backend compiles (it has no
-    # all-gather combiner: its own module gathers each alone), so each keeps its own collective,
-    # with its own bytes ((k-1) times its local shard; d's 10 rows padded to 12 over 4 shards)
+def test_independent_all_gathers_combine_into_one():
+    # the f32 all_gathers over `data` (dims 0, 1 and 2, one padded: 10 rows over 4 shards, one after
+    # m's gather over `model`) become ONE all_gather of their concatenation (XLA's all-gather
+    # combiner); the i32 one and the one over `model` keep their own (another type, another group)
     c = compiled(GATHERS)
-    gathers = sorted((e.axes, e.bytes_per_device) for e in c.spmd.ledger if e.kind == "all_gather")
-    assert gathers == sorted([(("data",), 3 * n * F32) for n in (2 * 6, 6 * 3, 2 * 3 * 4, 3 * 4, 6 * 2)]
-                             + [(("data",), 3 * 2 * 4), (("model",), 6 * 4 * F32 // 4)])
-    assert [op.kind for op in c.spmd.program.ops].count("all_gather") == 7
-    assert "concat" not in [op.kind for op in c.spmd.program.ops]
+    gathers = [e for e in c.spmd.ledger if e.kind == "all_gather"]
+    assert sorted(e.axes for e in gathers) == [("data",), ("data",), ("model",)]
+    merged = next(e for e in gathers if e.axes == ("data",) and e.reason.count(" + ") == 4)
+    # the bytes are the members' bytes: (k-1) times each local shard
+    assert merged.bytes_per_device == 3 * (2 * 6 + 6 * 3 + 2 * 3 * 4 + 3 * 4 + 6 * 2) * F32
+    assert [op.kind for op in c.spmd.program.ops].count("all_gather") == 3
+    d = c.diff(backends=["ref", "sim", "jax"])
+    assert d["ok"], d["results"]
+
+
+STACKED_GATHERS = """
+mesh [data=4]
+func main(a: f32[8, 6] {data, _}, b: f32[6, 8] {_, data}, c: f32[2, 3, 8] {_, _, data},
+          d: f32[7, 6] {data, _})
+    -> (f32[8, 6] {_, _}, f32[6, 8] {_, _}, f32[2, 3, 8] {_, _, _}, f32[7, 6] {_, _}) {
+  return a * 2.0, b + 1.0, c * c, d - 1.0
+}
+"""
+
+
+def test_all_gathers_of_one_size_combine_stacked():
+    # members whose local shards are the same size (12 elements: dims 0, 1 and 2 gathered, d's 7
+    # rows padded to 8) are stacked [4, 12] and gathered along dim 1 (row i: member i's shards one
+    # after the other), which XLA's CPU backend fuses with the members' producers; one collective,
+    # the members' bytes, and every backend equal to the reference
+    c = compiled(STACKED_GATHERS)
+    (gather,) = [op for op in c.spmd.program.ops if op.kind == "all_gather"]
+    assert gather.operands[0].type.shape == (4, 12) and gather.attrs["dim"] == 1
+    (entry,) = c.spmd.ledger
+    assert entry.bytes_per_device == 3 * 4 * 12 * F32
     d = c.diff(backends=["ref", "sim", "jax"])
     assert d["ok"], d["results"]
 
@@ -284,16 +303,14 @@ def test_autodiff_zero_reduce_scatters_both_gradients_in_one_collective():
     # einsums over the local batch settled by ONE reduce_scatter into their shards (not by
     # gathering the batch's activations: that would send fewer bytes here, but adds collectives
     # that the combined reduce_scatter does not), the update is local, the new weights are
-    # all_gathered each alone (returned: see test_returned_all_gathers_stay_alone); the loss rides in the reduce_scatter (8 copies of its partial sum,
+    # all_gathered together; the loss rides in the reduce_scatter (8 copies of its partial sum,
     # one per shard's piece: 28 B where an all_reduce of its own sends 7 B, and 14 latency steps
     # fewer). Collectives and bytes <= XLA's (3, 172,039 B: an all_reduce of loss and both whole
     # gradients, 2 all_gathers).
     c = compiled(str(PROGRAMS / "train_zero.spmd"))
-    assert sorted(plan(c)) == [("all_gather", ("data",))] * 2 + [("reduce_scatter", ("data",))]
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
     whole = 2 * 64 * 128 * F32  # w1 [D, F] and w2 [F, D]
-    by_kind = {}
-    for e in c.spmd.ledger:
-        by_kind[e.kind] = by_kind.get(e.kind, 0) + e.bytes_per_device
+    by_kind = {e.kind: e.bytes_per_device for e in c.spmd.ledger}
     assert by_kind["reduce_scatter"] == step_bytes("reduce_scatter", 8, whole + 8 * F32)
     assert by_kind["all_gather"] == step_bytes("all_gather", 8, whole // 8)
     assert total_bytes(c) <= 172_039

@@ -6,9 +6,7 @@ equal to what XLA actually runs, and the simulator and the emitted module see th
 Independent reduce_scatters and all_gathers over the same group and element type are combined
 the same way (XLA's reduce-scatter and all-gather combiners), each as one collective of the
 members' flattened operands side by side (all_gathers of one size: stacked, see
-ir.collectives._fused_all_gather); an all_gather whose result the program returns stays alone
-(_Schedule.combinable: each member's slice out of a combined one would be a copy kernel for XLA
-to compile, and XLA's CPU backend runs its own module's gathers alone too). Which kinds combine, by what key, and how (side by
+ir.collectives._fused_all_gather). Which kinds combine, by what key, and how (side by
 side, or as one variadic op) is each kind's entry in the collective table (ir.collectives).
 A waiting group of small all_reduce sums rides in a reduce_scatter over the same group and element
 type (`rides`: each operand broadcast to the k chunks, so every shard's piece is the whole sum),
@@ -45,8 +43,7 @@ def _combine(prog: Program, ledger):
         ops, new_ledger = _combine_ops(tuple(r.ops), new_ledger)
         return ops
 
-    returned = {r.value for r in prog.results}
-    ops, new_ledger = _combine_ops(tuple(rewrite_regions(op, region) for op in prog.ops), new_ledger, returned)
+    ops, new_ledger = _combine_ops(tuple(rewrite_regions(op, region) for op in prog.ops), new_ledger)
     order = {op: i for i, op in enumerate(all_ops(ops))}
     new_ledger.sort(key=lambda c: order.get(c.local_op, -1))
     return prog.replace(ops=tuple(ops)), new_ledger
@@ -56,9 +53,8 @@ class _Schedule:
     """The list schedule of one block's ops (the module doc): ready ops run in program order,
     ready combinable collectives wait in groups by combining key until nothing else can run."""
 
-    def __init__(self, ops, returned=frozenset()):
+    def __init__(self, ops):
         self.ops = ops
-        self.returned = returned
         self.index, self.anc = ancestry(ops)
         producer = {r: op for op in ops for r in op.results}
         self.users: dict[Op, list[Op]] = {op: [] for op in ops}
@@ -70,7 +66,7 @@ class _Schedule:
                 self.users[d].append(op)
         self.by_key: dict[tuple, list[Op]] = {}
         for op in ops:
-            if self.combinable(op):
+            if _combinable(op):
                 self.by_key.setdefault(combine_key(op), []).append(op)
         self.by_id = {id(op): op for op in ops}
         self.ready: list[tuple[int, int]] = []
@@ -81,15 +77,8 @@ class _Schedule:
         self.extra = 0  # ops added by fusing side by side
         self.scanned: dict[tuple, int] = {}  # could_grow's cursor per combining key
 
-    def combinable(self, op: Op) -> bool:
-        """An all_gather whose result the program returns stays alone: a combined one ends in a
-        slice per member, and a slice that is returned is a copy kernel XLA compiles of its own
-        (on CPU, which has no all-gather combiner: XLA's own module gathers each weight alone)."""
-        return _combinable(op) and not (op.kind == CollectiveKind.ALL_GATHER
-                                        and all(r in self.returned for r in op.results))
-
     def arrive(self, op: Op) -> None:
-        if self.combinable(op):
+        if _combinable(op):
             self.pending.setdefault(combine_key(op), []).append(op)
         else:
             heapq.heappush(self.ready, (self.index[op], id(op)))
@@ -197,9 +186,9 @@ def _combinable(op: Op) -> bool:
     return s is not None and s.combinable(op.attrs)
 
 
-def _combine_ops(prog_ops, ledger, returned=frozenset()):
+def _combine_ops(prog_ops, ledger):
     """One block's ops combined, and the ledger with one entry per combined collective."""
-    schedule = _Schedule(prog_ops, returned)
+    schedule = _Schedule(prog_ops)
     ops = schedule.run()
     by_op = {c.local_op: c for c in ledger}
     members = {g for group in schedule.merged.values() for g in group}
