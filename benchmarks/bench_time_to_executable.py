@@ -78,7 +78,9 @@ def kernel_counts(hlo_text: str) -> tuple[int, int]:
         if head and line.rstrip().endswith("{"):
             name = head.group(1)
             continue
-        op = re.match(r"^\s+(?:ROOT )?%\S+ = \S+ ([a-z-]+)\(", line)
+        # the opcode: the first lower-case word before "(" after the shape, which may be a tuple
+        # with spaces (a multi-output fusion, a combined all-reduce: "(f32[], f32[8]{0}) all-reduce(")
+        op = re.match(r"^\s+(?:ROOT )?%\S+ = .*?([a-z][a-z0-9-]*)\(", line)
         if name is None or name in called or not op:
             continue
         kind = op.group(1)

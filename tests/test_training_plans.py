@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 import spmdlang
 from spmdlang.ir.verify import verify
 from spmdlang.partition.reshard import step_bytes
@@ -301,16 +303,65 @@ def test_autodiff_zero_reduce_scatters_both_gradients_in_one_collective():
     # einsums over the local batch settled by ONE reduce_scatter into their shards (not by
     # gathering the batch's activations: that would send fewer bytes here, but adds collectives
     # that the combined reduce_scatter does not), the update is local, the new weights are
-    # all_gathered together; the loss is the one all_reduce. Collectives and bytes <= XLA's (3,
-    # 172,039 B: an all_reduce of loss and both whole gradients, 2 all_gathers).
+    # all_gathered together; the loss rides in the reduce_scatter (8 copies of its partial sum,
+    # one per shard's piece: 28 B where an all_reduce of its own sends 7 B, and 14 latency steps
+    # fewer). Collectives and bytes <= XLA's (3, 172,039 B: an all_reduce of loss and both whole
+    # gradients, 2 all_gathers).
     c = compiled(str(PROGRAMS / "train_zero.spmd"))
-    assert sorted(plan(c)) == [("all_gather", ("data",)), ("all_reduce", ("data",)), ("reduce_scatter", ("data",))]
+    assert sorted(plan(c)) == [("all_gather", ("data",)), ("reduce_scatter", ("data",))]
     whole = 2 * 64 * 128 * F32  # w1 [D, F] and w2 [F, D]
     by_kind = {e.kind: e.bytes_per_device for e in c.spmd.ledger}
-    assert by_kind["reduce_scatter"] == step_bytes("reduce_scatter", 8, whole)
+    assert by_kind["reduce_scatter"] == step_bytes("reduce_scatter", 8, whole + 8 * F32)
     assert by_kind["all_gather"] == step_bytes("all_gather", 8, whole // 8)
     assert total_bytes(c) <= 172_039
     assert str(c.shardings["g1"]) == "{data, _}" and str(c.shardings["g2"]) == "{data, _}"
+    assert "all_reduce" not in [op.kind for op in c.spmd.program.ops]
+    d = c.diff(backends=["ref", "sim", "jax", "xla"])  # xla: jax's own autodiff of the step
+    assert d["ok"], d["results"]
+
+
+RIDERS = """
+mesh [data=4]
+func main(x: f32[18, 8] {data, _}, y: f32[18, 64] {data, _}, n: i32[18] {data})
+    -> (f32[8, 8] {data, _}, f32[], f32[8], i32[]) {
+  return shard(einsum("bi,bj->ij", x, x), {data, _}), sum(x), sum(x, axis=0), sum(n)
+}
+"""
+
+
+def test_small_all_reduces_ride_in_a_reduce_scatter_of_the_group():
+    # the einsum over the split batch is a pending sum settled into its shard by a reduce_scatter;
+    # the two small f32 sums (a scalar and 8 values: their 4 copies add 72 B, within the 6 latency
+    # steps an all_reduce of their own costs at 16 B a step) ride in it, each broadcast to the 4
+    # chunks so that every shard's piece is the whole sum; the i32 sum (another element type)
+    # keeps its all_reduce. 18 rows over 4 shards: uneven, padded.
+    c = compiled(RIDERS)
+    assert sorted(plan(c)) == [("all_reduce", ("data",)), ("reduce_scatter", ("data",))]
+    (rs,) = [e for e in c.spmd.ledger if e.kind == "reduce_scatter"]
+    assert rs.bytes_per_device == step_bytes("reduce_scatter", 4, (8 * 8 + 4 * 1 + 4 * 8) * F32)
+    (ar,) = [e for e in c.spmd.ledger if e.kind == "all_reduce"]
+    assert ar.bytes_per_device == step_bytes("all_reduce", 4, F32)
+    d = c.diff(backends=["ref", "sim", "jax", "xla"])
+    assert d["ok"], d["results"]
+    # hostile values: NaN and infinities in the rows stay where a sum puts them
+    x = np.arange(18 * 8, dtype=np.float32).reshape(18, 8) / 7
+    x[3, 2], x[17, 5], x[9, 0] = np.nan, np.inf, -np.inf
+    inputs = {"x": x, "y": np.ones((18, 64), np.float32), "n": np.arange(18, dtype=np.int32)}
+    d = c.diff(backends=["ref", "sim", "jax", "xla"], inputs=inputs)
+    assert d["ok"], d["results"]
+
+
+def test_an_all_reduce_rides_only_when_its_whole_group_is_small():
+    # with a 256 B sum in the same combined all_reduce, the group keeps its collective (moving
+    # only the small sums into the reduce_scatter would add their bytes and save no latency)
+    src = RIDERS.replace("-> (f32[8, 8] {data, _}, f32[], f32[8], i32[])",
+                         "-> (f32[8, 8] {data, _}, f32[], f32[8], i32[], f32[64])").replace(
+        "sum(n)\n", "sum(n), sum(y, axis=0)\n")
+    c = compiled(src)
+    assert sorted(plan(c)) == [("all_reduce", ("data",)), ("all_reduce", ("data",)), ("reduce_scatter", ("data",))]
+    (rs,) = [e for e in c.spmd.ledger if e.kind == "reduce_scatter"]
+    assert rs.bytes_per_device == step_bytes("reduce_scatter", 4, 8 * 8 * F32)
+    assert c.diff(backends=["ref", "sim", "jax"])["ok"]
 
 
 def test_autodiff_data_parallel_step_is_one_all_reduce_at_a_small_batch():

@@ -264,11 +264,13 @@ def _emit_permute(e, x, st, k, after):
 # ---------------------------------------------------------------------------------- fusers
 
 
-def _fused_reduce_scatter(group: list[Op]) -> tuple[list[Op], Op]:
+def _fused_reduce_scatter(group: list[Op], riders: tuple[Op, ...] = ()) -> tuple[list[Op], Op]:
     """Several reduce_scatters over one group as ONE (XLA's reduce-scatter combiner): each operand
     laid out as [k, m_i] (its k chunks of `dim` first), concatenated to [k, sum m_i], scattered,
-    and each member's piece reshaped back into the member's own result value. Returns the ops and
-    the collective among them."""
+    and each member's piece reshaped back into the member's own result value. `riders`: small
+    all_reduce(sum)s over the same axes carried in the same collective (combine.rides): each
+    operand broadcast to [k, m] (every chunk holds it, so every shard's piece is its sum). Returns
+    the ops and the collective among them."""
     b = Builder()
     k = group[0].attrs["group"]
     flat = []
@@ -279,15 +281,21 @@ def _fused_reduce_scatter(group: list[Op]) -> tuple[list[Op], Op]:
         if d:
             y = b.emit("transpose", y, span=g.span, perm=(d, *[i for i in range(len(shape) + 1) if i != d]))
         flat.append(b.emit("reshape", y, span=g.span, shape=(k, x.type.size // k)))
-    both = b.emit(OpName.CONCAT, *flat, span=group[0].span, axis=1)
+    outs = [(g.span, g.results) for g in group]
+    for r in riders:
+        for x, res in zip(r.operands, r.results):
+            row = b.emit("reshape", x, span=r.span, shape=(1, x.type.size))
+            flat.append(b.emit("broadcast_in_dim", row, span=r.span, shape=(k, x.type.size), dims=(0, 1)))
+            outs.append((r.span, (res,)))
+    both = b.emit(OpName.CONCAT, *flat, span=group[0].span, axis=1) if len(flat) > 1 else flat[0]
     scattered = b.emit(CollectiveKind.REDUCE_SCATTER, both, span=group[0].span, axes=group[0].attrs["axes"],
                        dim=0, group=k)
     collective = b.ops[-1]
     start = 0
-    for g, f in zip(group, flat):
+    for (span, results), f in zip(outs, flat):
         m = f.type.shape[1]
-        piece = b.emit("slice", scattered, span=g.span, starts=(0, start), stops=(1, start + m), steps=(1, 1))
-        b.ops.append(Op("reshape", (piece,), g.results, freeze({"shape": g.result.type.shape}), g.span))
+        piece = b.emit("slice", scattered, span=span, starts=(0, start), stops=(1, start + m), steps=(1, 1))
+        b.ops.append(Op("reshape", (piece,), results, freeze({"shape": results[0].type.shape}), span))
         start += m
     return b.ops, collective
 

@@ -119,6 +119,27 @@ def jax_clamped_ids(x: str, ids: str, axis: int) -> str:
     return f"jnp.clip({ids}, 0, {x}.shape[{axis}] - 1)"
 
 
+def jax_local_gather(a, attrs, out, along: bool) -> str:
+    """Our module's take (`along` False) or take_along_axis (True) as one lax.gather of the ids
+    clamped into the axis by one lax.clamp (docs/known_xla_issues.md, 7: XLA only ever sees ids in
+    range): jnp.take, jnp.take_along_axis and jnp.clip each trace as a nested jit, which jax lowers
+    as a function of its own, and normalise negative ids that the clamp has already made >= 0."""
+    (xt, it), axis = attrs["operand_types"], attrs["axis"]
+    n, rank = xt.shape[axis], len(it.shape)
+    dt = T.jnp_dtype(it.dtype)  # the bounds in the ids' own width (lax.clamp wants one dtype)
+    ids = f"jax.lax.reshape(jax.lax.clamp({dt}(0), {a[1]}, {dt}({n - 1})), {(*it.shape, 1)!r})"
+    if along:  # every other dim is a batch dim of both, the result is the ids' shape
+        batch = tuple(d for d in range(rank) if d != axis)
+        dims = (f"offset_dims=(), collapsed_slice_dims=({axis},), start_index_map=({axis},), "
+                f"operand_batching_dims={batch!r}, start_indices_batching_dims={batch!r}")
+        sizes = (1,) * rank
+    else:  # the result is x's dims before `axis`, the ids' dims, x's dims after it
+        offset = tuple(range(axis)) + tuple(range(axis + rank, len(xt.shape) - 1 + rank))
+        dims = f"offset_dims={offset!r}, collapsed_slice_dims=({axis},), start_index_map=({axis},)"
+        sizes = tuple(1 if d == axis else s for d, s in enumerate(xt.shape))
+    return f"jax.lax.gather({a[0]}, {ids}, jax.lax.GatherDimensionNumbers({dims}), {sizes!r}, mode='clip')"
+
+
 def _take_partition(ctx):
     """Table split on the gathered axis (vocab split): every shard gathers the rows it owns, zeros
     the others, and the result is a pending sum over the vocab axes (one all_reduce, or a
@@ -149,7 +170,8 @@ register("take", doc="gather: the slices of `table` along `axis` at `ids` (ids c
          flops=no_flops, infer=_take_infer, numpy=_take_numpy, rule=_take_rule, partition=_take_partition,
          partial=PartialMode.multilinear, partial_operands=(0,), family=Family.gather,
          jax=lambda a, attrs, out: f"jnp.take({a[0]}, {jax_clamped_ids(a[0], a[1], attrs['axis'])}, "
-                                   f"axis={attrs['axis']}, mode='clip')")
+                                   f"axis={attrs['axis']}, mode='clip')",
+         jax_local=lambda a, attrs, out: jax_local_gather(a, attrs, out, along=False))
 
 # ---------------------------------------------------------------------------------- shard
 

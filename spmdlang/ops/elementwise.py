@@ -182,10 +182,13 @@ def _cast_jax(args, attrs, out):
 
 
 def _cast_jax_local(args, attrs, out):
-    """Our module knows x's dtype when it emits: only the branch _cast_jax picks while tracing."""
+    """Our module knows x's dtype when it emits: only the branch _cast_jax picks while tracing, and
+    its select as jax.lax.select of two filled arrays (jnp.where traces as a nested jit, which jax
+    lowers as a function of its own)."""
     x, dt = args[0], T.jnp_dtype(attrs["dtype"])
     if T.is_float(attrs["dtype"]) and attrs["operand_types"][0].dtype == "bool":
-        return f"jnp.where({x}, jnp.ones((), {dt}), jnp.zeros((), {dt}))"
+        shape = tuple(out[0].shape)
+        return f"jax.lax.select({x}, jax.lax.full({shape!r}, 1, {dt}), jax.lax.full({shape!r}, 0, {dt}))"
     return f"{x}.astype({dt})"
 
 

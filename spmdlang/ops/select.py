@@ -14,7 +14,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
-from .create import gathered_axes, jax_clamped_ids, shard_ids
+from .create import gathered_axes, jax_clamped_ids, jax_local_gather, shard_ids
 from .reduce import _fill
 from .registry import Family, Grad, check, no_flops, operand_flops, register, set_vjp
 
@@ -159,7 +159,8 @@ register("take_along_axis", doc="x's elements at `ids` along `axis` (numpy's tak
          example=(("f32[8, 16]", "i32[8, 3]"), {"axis": 1}), infer=_taa_infer, numpy=_taa_numpy, rule=_taa_rule,
          partition=_taa_partition, flops=no_flops, family=Family.gather,
          jax=lambda a, attrs, out: (f"jnp.take_along_axis({a[0]}, {jax_clamped_ids(a[0], a[1], attrs['axis'])}, "
-                                    f"axis={attrs['axis']}, mode='clip')"))
+                                    f"axis={attrs['axis']}, mode='clip')"),
+         jax_local=lambda a, attrs, out: jax_local_gather(a, attrs, out, along=True))
 
 
 # ---------------------------------------------------------------------------------- sort / argsort
@@ -264,6 +265,30 @@ def _scatter_jax(args, attrs, out):
     return f"jnp.moveaxis(jnp.moveaxis({x}, {axis}, 0).at[{at}].add({u}), 0, {axis})"
 
 
+def _scatter_jax_local(args, attrs, out):
+    """Our module's scatter_add as one jax.lax.scatter_add into x itself (no moveaxis), of the
+    updates zeroed where the id is out of range (jax.lax.select) at the ids clamped in range
+    (jax.lax.clamp, in the ids' own width): _scatter_jax's answer without its nested jits
+    (jnp.clip, jnp.where) and jnp's indexed-update tracing."""
+    x, ids, upd = args
+    (_, it, _), axis, t = attrs["operand_types"], attrs["axis"], out[0]
+    n, rank = t.shape[axis], len(t.shape)
+    if n == 0:
+        return x  # nothing to add to
+    m, dt = it.size, T.jnp_dtype(it.dtype)
+    pre, post = tuple(t.shape[:axis]), tuple(t.shape[axis + 1:])
+    flat = f"jax.lax.reshape({ids}, ({m},))"
+    keep = (f"jax.lax.broadcast_in_dim(jax.lax.bitwise_and(jax.lax.ge({flat}, {dt}(0)), jax.lax.lt({flat}, {dt}({n}))), "
+            f"{pre + (m,) + post!r}, ({axis},))")
+    u = f"jax.lax.reshape({upd}, {pre + (m,) + post!r})"
+    u = f"jax.lax.select({keep}, {u}, jax.lax.full({pre + (m,) + post!r}, 0, {T.jnp_dtype(t.dtype)}))"
+    at = f"jax.lax.reshape(jax.lax.clamp({dt}(0), {flat}, {dt}({n - 1})), ({m}, 1))"
+    window = tuple(d for d in range(rank) if d != axis)
+    dims = (f"jax.lax.ScatterDimensionNumbers(update_window_dims={window!r}, inserted_window_dims=({axis},), "
+            f"scatter_dims_to_operand_dims=({axis},))")
+    return f"jax.lax.scatter_add({x}, {at}, {u}, {dims}, mode='drop')"
+
+
 def _scatter_plans(ctx):
     """The layouts scatter_add can run in without gathering everything: (x dims, ids dims, pending
     axes). "table": the table keeps its splits, the scattered axis included (each shard adds the
@@ -337,7 +362,7 @@ def _scatter_partition(ctx):
 register("scatter_add", doc="x with `updates` added at `ids` along `axis` (ids outside the axis are dropped)",
          example=(("f32[10, 4]", "i32[3, 2]", "f32[3, 2, 4]"), {"axis": 0}), infer=_scatter_infer,
          numpy=_scatter_numpy, rule=_scatter_rule, partition=_scatter_partition, family=Family.gather,
-         flops=lambda ops, res, attrs: ops[2].size, jax=_scatter_jax)
+         flops=lambda ops, res, attrs: ops[2].size, jax=_scatter_jax, jax_local=_scatter_jax_local)
 
 
 # ---------------------------------------------------------------------------------- derivatives

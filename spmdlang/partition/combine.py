@@ -8,6 +8,11 @@ the same way (XLA's reduce-scatter and all-gather combiners), each as one collec
 members' flattened operands side by side (all_gathers of one size: stacked, see
 ir.collectives._fused_all_gather). Which kinds combine, by what key, and how (side by
 side, or as one variadic op) is each kind's entry in the collective table (ir.collectives).
+A waiting group of small all_reduce sums rides in a reduce_scatter over the same group and element
+type (`rides`: each operand broadcast to the k chunks, so every shard's piece is the whole sum),
+where the bytes that adds are within the latency steps it saves at the planner's price of a step:
+a loss rides with the weight gradients' reduce_scatter, one collective fewer (XLA, which has no
+such rewrite, combines the loss with the gradients' all-reduce instead).
 
 Combining is a list schedule: ops run as soon as their operands are ready (in program order
 among the ready ones), while ready combinable collectives wait; only when nothing else can run is the
@@ -21,9 +26,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import replace
 
-from ..ir.collectives import combine_key, spec
+from ..ir.collectives import CollectiveKind, combine_key, latency_steps, spec, step_bytes
 from ..ir.core import Op, Program, all_ops, ancestry, rewrite_regions
 from ..ir.simplify import algebraic, cse, dead_code
+from .cost import LATENCY_BYTES
 from .ledger import remapped
 
 
@@ -101,15 +107,30 @@ class _Schedule:
         self.scanned[key] = i
         return i < len(cands)
 
-    def release(self, group: list[Op]) -> None:
-        """Emit a waiting group as one collective (side by side, or one variadic op)."""
+    def carrier(self, key) -> tuple[tuple, list[tuple]]:
+        """The group to release for the stalled choice `key`, and the waiting all_reduce groups that
+        ride in it (see rides): a reduce_scatter group takes every waiting group that can ride in
+        it; an all_reduce group that can ride goes with a reduce_scatter group that cannot grow."""
+        def fits(ar, rs):
+            return (ar[0] == CollectiveKind.ALL_REDUCE and rs[0] == CollectiveKind.REDUCE_SCATTER
+                    and ar[1] == rs[1] and ar[3] == rs[3] and rides(self.pending[ar], rs[2]))
+        if key[0] == CollectiveKind.ALL_REDUCE:
+            rs = next((r for r in self.pending if fits(key, r) and not self.could_grow(r, self.pending[r])), None)
+            if rs is None:
+                return key, []
+            key = rs
+        return key, [a for a in self.pending if fits(a, key)]
+
+    def release(self, group: list[Op], riders: list[Op] = ()) -> None:
+        """Emit a waiting group as one collective (side by side, or one variadic op), with the
+        all_reduces that ride in it (a reduce_scatter group: see rides)."""
         group.sort(key=lambda o: self.index[o])
         s = spec(group[0].kind)
-        if len(group) == 1:
+        if len(group) == 1 and not riders:
             self.out.append(group[0])
         elif s.fuse is not None:
-            fused, op = s.fuse(group)
-            self.merged[op] = group
+            fused, op = s.fuse(group, tuple(riders)) if riders else s.fuse(group)
+            self.merged[op] = group + list(riders)
             self.extra += len(fused) - 1
             self.out.extend(fused)
         else:
@@ -118,7 +139,8 @@ class _Schedule:
             self.merged[op] = group
             self.out.append(op)
         self.emitted.update(group)
-        for g in group:
+        self.emitted.update(riders)
+        for g in (*group, *riders):
             self.done(g)
 
     def run(self) -> list[Op]:
@@ -135,11 +157,27 @@ class _Schedule:
             # depend on it); if every group could still grow, the one the earliest waiting work needs
             key = min(self.pending, key=lambda k: (self.could_grow(k, self.pending[k]),
                                                    min(self.index[o] for o in self.pending[k])))
-            self.scanned.pop(key, None)
-            self.release(self.pending.pop(key))
+            key, riding = self.carrier(key)
+            riders = sorted((o for r in riding for o in self.pending.pop(r)), key=lambda o: self.index[o])
+            for r in (key, *riding):
+                self.scanned.pop(r, None)
+            self.release(self.pending.pop(key), riders)
         lost = len(self.out) - self.extra + sum(len(g) - 1 for g in self.merged.values()) - len(self.ops)
         assert lost == 0, "scheduling lost ops"
         return self.out
+
+
+def rides(group: list[Op], k: int) -> bool:
+    """Can these all_reduces ride in a reduce_scatter over the same group of k (each operand
+    broadcast to k chunks, so that every shard's piece is the sum: ir.collectives'
+    _fused_reduce_scatter)? When they are sums and the bytes that adds are within the latency
+    steps it saves, at the planner's price of a step (cost.LATENCY_BYTES: only small values, such
+    as a loss riding with the weight gradients' reduce_scatter, ride)."""
+    if any(op.attrs["reduce"] != "sum" for op in group):
+        return False
+    size = sum(x.type.nbytes for op in group for x in op.operands)
+    added = step_bytes(CollectiveKind.REDUCE_SCATTER, k, k * size) - step_bytes(CollectiveKind.ALL_REDUCE, k, size)
+    return added <= latency_steps(CollectiveKind.ALL_REDUCE, k) * LATENCY_BYTES
 
 
 def _combinable(op: Op) -> bool:
@@ -156,7 +194,15 @@ def _combine_ops(prog_ops, ledger):
     members = {g for group in schedule.merged.values() for g in group}
     new_ledger = [c for c in ledger if c.local_op not in members]
     for op, group in schedule.merged.items():
-        entries = [by_op[g] for g in group if g in by_op]
+        # the combined collective's own kind first; an all_reduce riding in a reduce_scatter sends
+        # its operand's k copies' share instead (rides)
+        entries = sorted(([by_op[g], g] for g in group if g in by_op), key=lambda e: e[0].kind != op.kind)
+        for e in entries:
+            if e[0].kind != op.kind:
+                k = op.attrs["group"]
+                size = sum(x.type.nbytes for x in e[1].operands)
+                e[0] = replace(e[0], kind=op.kind, bytes_per_device=step_bytes(op.kind, k, k * size))
+        entries = [e for e, _ in entries]
         if entries:
             new_ledger.append(replace(entries[0], bytes_per_device=sum(e.bytes_per_device for e in entries),
                                       reason=" + ".join(e.reason for e in entries), local_op=op,
