@@ -509,18 +509,18 @@ def emit_shard_map(spmd) -> str:
                           "jax.shard_map. run(*arrays) takes global arrays and returns global numpy arrays.")
     lines += _imports(prog)
     lines += ["", ""] + _mesh_code(mesh)
-    lines += ["", "", "# ---- helpers the per-partition program uses"]
-    lines.append(_source(permute.permute_pairs))
-    lines += ["", ""]
-    lines.append(_source(permute.mesh_order_pairs))
-    lines.append("")
-    used = {op.kind for op in all_ops(prog.ops)}  # the helpers this program calls
-    lines += [""] + "\n\n\n".join(op.jax_helper.strip("\n") for op in _helper_ops() if op.name in used).splitlines()
     _, out_trees = _trees(gprog)
     args, unpack = _signature(gprog, namer, params)
-    lines += ["", "", f"def body({', '.join(args)}):", '    """The per-partition program: local shapes."""']
-    lines += unpack
-    lines += _body(prog, namer)
+    body = [f"def body({', '.join(args)}):", '    """The per-partition program: local shapes."""', *unpack,
+            *_body(prog, namer)]
+    # only the helpers the body calls: the module's load is Python compiling its source
+    helpers = [_source(permute.permute_pairs), _source(permute.mesh_order_pairs)]
+    helpers += [op.jax_helper.strip("\n") for op in _helper_ops()]
+    text = "\n".join(body)
+    helpers = [h for h in helpers if re.search(r"\b%s\(" % re.match(r"def (\w+)", h).group(1), text)]
+    if helpers:
+        lines += ["", "", "# ---- helpers the per-partition program uses"] + "\n\n\n".join(helpers).splitlines()
+    lines += ["", ""] + body
     results = _grouped([pyname(namer, r.value) for r in prog.results], out_trees)
     return _module_tail(lines, prog, results, _tables(gprog, spmd.in_shardings, spmd.out_shardings),
                         "PAD = True  # uneven dims travel padded to a multiple of their shard count", [

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ir.collectives import CollectiveKind
 from ..ir.types import TensorType, widen
-from ..partition.permute import permute_pairs
+from ..partition.permute import mesh_order_pairs, permute_pairs
 from .registry import Family, Stage, check, no_flops, py_literal, register
 
 
@@ -242,17 +242,30 @@ def _mesh_ordered(attrs) -> tuple:
     return axes if order is None else tuple(sorted(axes, key=list(order).index))
 
 
+# a permute's (source, destination) pairs up to this many are written out in the module; more are
+# computed there by its permute_pairs helper (a line of a few hundred characters at most)
+LITERAL_PAIRS = 16
+
+
 def _permute_jax(a, attrs, out):
     """jax.lax.ppermute numbers a group by its axes in mesh order (see partition.permute), and
     jax >= 0.11 wants the axis names in that order too: the names are emitted in mesh order, and
-    pairs computed over the axes as the rule writes them are renumbered in the emitted module
-    (AXES: the mesh's), so the same devices exchange the same blocks."""
+    pairs computed over the axes as the rule writes them are renumbered (mesh_order_pairs), so the
+    same devices exchange the same blocks. The pairs are written out (`perm=[(0, 1), (1, 2)]`), or
+    for a large group computed by the module's permute_pairs (and mesh_order_pairs, over AXES: the
+    mesh's) from the rule."""
     axes, sizes = tuple(attrs["axes"]), tuple(attrs["sizes"])
-    pairs = f"permute_pairs({attrs['rule']!r}, {sizes!r})"
     ordered = _mesh_ordered(attrs)
-    if len(axes) > 1 and (ordered != axes or "mesh_axes" not in attrs):
-        pairs = f"mesh_order_pairs({pairs}, {axes!r}, {sizes!r}, AXES)"
-    return f"jax.lax.ppermute({a[0]}, {ordered!r}, perm={pairs})"
+    renumber = len(axes) > 1 and (ordered != axes or "mesh_axes" not in attrs)
+    pairs = permute_pairs(attrs["rule"], sizes)
+    if len(pairs) <= LITERAL_PAIRS and (not renumber or "mesh_axes" in attrs):
+        if renumber:
+            pairs = mesh_order_pairs(pairs, axes, sizes, attrs["mesh_axes"])
+        return f"jax.lax.ppermute({a[0]}, {ordered!r}, perm={pairs!r})"
+    text = f"permute_pairs({attrs['rule']!r}, {sizes!r})"
+    if renumber:
+        text = f"mesh_order_pairs({text}, {axes!r}, {sizes!r}, AXES)"
+    return f"jax.lax.ppermute({a[0]}, {ordered!r}, perm={text})"
 
 
 register(CollectiveKind.COLLECTIVE_PERMUTE,
