@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.collectives import CollectiveKind
-from ..ir.types import TensorType, widen
+from ..ir.types import TensorType, is_float, widen
 from ..partition.permute import mesh_order_pairs, permute_pairs
 from .registry import Family, Stage, check, no_flops, py_literal, register
 
@@ -42,6 +42,13 @@ def _with_dim(t: TensorType, dim: int, n: int) -> TensorType:
 # ---------------------------------------------------------------------------------- axis_index
 
 
+def _axis_names(axes):
+    """A collective's axes as jax takes them: one axis by its name (jax.lax.axis_index of a 1-tuple
+    binds two more ops, index * 1 + 0), several as a tuple."""
+    axes = tuple(axes)
+    return axes[0] if len(axes) == 1 else axes
+
+
 def _sim_axis_index(arrays, attrs, mesh):
     return [[np.asarray(mesh.group_index(pos, attrs["axes"]), dtype=np.int32) for pos in range(mesh.size)]]
 
@@ -50,7 +57,8 @@ register("axis_index", doc="this partition's linear index over `axes` (first axi
          family=Family.local, stage=Stage.local,
          flops=no_flops, infer=lambda ops, attrs: TensorType("i32", ()), numpy=None,
          simulate=_sim_axis_index,
-         jax=lambda a, attrs, out: f"jax.lax.axis_index({tuple(attrs['axes'])!r})")
+         jax=lambda a, attrs, out: f"jax.lax.axis_index({_axis_names(attrs['axes'])!r})")
+
 
 # ---------------------------------------------------------------------------------- all_gather
 
@@ -105,42 +113,44 @@ def _all_reduce_jax(a, attrs, out):
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
     if kind == "sum":
         return f"jax.lax.psum({arg}, {axes!r})"
-    parts = [f"all_reduce({x}, {axes!r}, {str(kind)!r})" for x in a]
+    # integers and bools: jax.lax's pmax / pmin (exact, and carrying no tangent under jax.grad);
+    # floats: the module's all_reduce helper (NaN kept, a derivative)
+    parts = [f"all_reduce({x}, {axes!r}, {str(kind)!r})" if is_float(t.dtype)
+             else f"jax.lax.p{kind}({x}, {axes!r})" for x, t in zip(a, out)]
     return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
 
 _ALL_REDUCE_HELPER = '''
 def all_reduce(x, axes, reduce):
-    """jax.lax.pmax / pmin ("max" / "min") with a derivative, so that jax.grad of this module
-    works (jax has no differentiation rule for pmax): as jax differentiates a max reduction, the
-    tangent is that of the elements holding the result, averaged over the ties in the group."""
+    """jax.lax.pmax / pmin ("max" / "min") of floats, NaN kept and with a derivative.
+
+    XLA's all-reduce max/min on CPU drops NaN (docs/known_xla_issues.md #8), jnp.max keeps it: the
+    collective reduces integer keys that order the floats totally instead, NaN made the winner (the
+    largest for max, the smallest for min), and the floats are read back. jax has no
+    differentiation rule for pmax: as jax differentiates a max reduction, the tangent is that of
+    the elements holding the result, averaged over the ties in the group."""
     collective = jax.lax.pmax if reduce == "max" else jax.lax.pmin
 
     @jax.custom_jvp
     def extreme(x):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            return collective(x, axes)
-        # XLA's all-reduce max/min on CPU drops NaN (docs/known_xla_issues.md #8), jnp.max keeps it:
-        # reduce integer keys that order floats totally instead, NaN made the winner (the largest
-        # for max, the smallest for min), and read the floats back.
-        wide = x.astype(jnp.float32) if x.dtype.itemsize < 4 else x
-        ints = jnp.int32 if wide.dtype.itemsize == 4 else jnp.int64
-        top = jnp.iinfo(ints).max
-        wide = jnp.where(jnp.isnan(wide), jnp.nan if reduce == "max" else -jnp.nan, wide)
-        bits = jax.lax.bitcast_convert_type(wide, ints)
-        key = jnp.where(bits < 0, bits ^ top, bits)  # sign-magnitude -> two's complement order
-        key = collective(key, axes)
-        out = jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ top, key), wide.dtype)
-        return out.astype(x.dtype)
+        wide = x if x.dtype.itemsize >= 4 else jax.lax.convert_element_type(x, np.float32)
+        ints = np.int32 if wide.dtype.itemsize == 4 else np.int64
+        top = np.array(np.iinfo(ints).max, ints)
+        nan = jax.lax.full_like(wide, np.nan if reduce == "max" else -np.nan)
+        bits = jax.lax.bitcast_convert_type(jax.lax.select(jax.lax.ne(wide, wide), nan, wide), ints)
+
+        def order(k):  # sign-magnitude <-> two's complement order (its own inverse)
+            return jax.lax.select(jax.lax.lt(k, ints(0)), jax.lax.bitwise_xor(k, top), k)
+
+        key = collective(order(bits), axes)
+        return jax.lax.convert_element_type(jax.lax.bitcast_convert_type(order(key), wide.dtype), x.dtype)
 
     @extreme.defjvp
     def extreme_jvp(primals, tangents):
         (x,), (t,) = primals, tangents
         y = extreme(x)
-        if not jnp.issubdtype(x.dtype, jnp.inexact):
-            return y, t  # integers carry no tangent (float0 zeros)
-        hit = (x == y).astype(t.dtype)
-        return y, jax.lax.psum(t * hit, axes) / jax.lax.psum(hit, axes)
+        hit = jax.lax.convert_element_type(jax.lax.eq(x, y), t.dtype)
+        return y, jax.lax.div(jax.lax.psum(jax.lax.mul(t, hit), axes), jax.lax.psum(hit, axes))
 
     return extreme(x)
 '''
@@ -306,10 +316,10 @@ _SHARD_SLICE_HELPER = '''
 def shard_slice(x, idx, *, dim, size, group):
     """This partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first."""
     if x.shape[dim] < size * group:
-        widths = [(0, 0)] * x.ndim
-        widths[dim] = (0, size * group - x.shape[dim])
-        x = jnp.pad(x, widths)
-    return jax.lax.dynamic_slice_in_dim(x, idx * size, size, axis=dim)
+        widths = [(0, 0, 0)] * x.ndim
+        widths[dim] = (0, size * group - x.shape[dim], 0)
+        x = jax.lax.pad(x, np.zeros((), x.dtype), widths)
+    return jax.lax.dynamic_slice_in_dim(x, idx * size, size, dim, allow_negative_indices=False)  # idx >= 0
 '''
 
 register("shard_slice", doc="this partition's chunk (index idx, `size` elements) of dim `dim`, padding the dim first",
