@@ -517,7 +517,12 @@ def emit_shard_map(spmd) -> str:
     helpers = [_source(permute.permute_pairs), _source(permute.mesh_order_pairs)]
     helpers += [op.jax_helper.strip("\n") for op in _helper_ops()]
     text = "\n".join(body)
-    helpers = [h for h in helpers if re.search(r"\b%s\(" % re.match(r"def (\w+)", h).group(1), text)]
+
+    def called(helper: str) -> bool:
+        name = re.match(r"def (\w+)", helper).group(1)
+        return re.search(rf"\b{name}\(", text) is not None
+
+    helpers = [h for h in helpers if called(h)]
     if helpers:
         lines += ["", "", "# ---- helpers the per-partition program uses"] + "\n\n\n".join(helpers).splitlines()
     lines += ["", ""] + body
