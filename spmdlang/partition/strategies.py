@@ -89,9 +89,17 @@ def local_work(op: Op, reqs, outs, mesh: Mesh) -> float:
     return _local_work(op, [s.dims for s in reqs], [s.dims for s in outs], mesh)
 
 
-def _local_work(op: Op, in_dims, out_dims, mesh: Mesh) -> float:
-    """local_work from the tensors' dims' axes alone (all a local shape reads of a layout)."""
-    local = lambda t, dims: t.with_shape(local_shape(t.shape, dims, mesh))  # noqa: E731
+def _local_work(op: Op, in_dims, out_dims, mesh: Mesh, local_types: dict | None = None) -> float:
+    """local_work from the tensors' dims' axes alone (all a local shape reads of a layout);
+    `local_types`: (global type, dims) -> local type, answers kept between calls."""
+    def local(t, dims):
+        if local_types is None:
+            return t.with_shape(local_shape(t.shape, dims, mesh))
+        got = local_types.get((t, dims))
+        if got is None:
+            got = local_types[t, dims] = t.with_shape(local_shape(t.shape, dims, mesh))
+        return got
+
     out_types = [local(r.type, d) for r, d in zip(op.results, out_dims)]
     work = registry.get(op.kind).count_flops([local(v.type, d) for v, d in zip(op.operands, in_dims)], out_types,
                                              op.attrs)
@@ -121,6 +129,9 @@ class Strategies:
         # partition() call, shared by its plans (a second plan asks most of the first's questions
         # again, and a loop body partitioned twice asks all of them)
         self.memo = {} if memo is None else memo
+        # the local types _local_work weighs: the splits of an op, and the ops of a layer, ask for
+        # the same few (train_mlp: 216 asked, 9 different)
+        self.local_types: dict = {}
 
     def _question(self, op: Op, forbid, settling: bool) -> tuple:
         """What `best` reads besides the op itself: its operands' current layouts, its results'
@@ -189,7 +200,7 @@ class Strategies:
             dims = layouts(rule, fa, self.mesh)
             if dims is None:
                 continue
-            work = _local_work(op, dims[:n], dims[n:], self.mesh)
+            work = _local_work(op, dims[:n], dims[n:], self.mesh, self.local_types)
             splits.append((work / FLOPS_PER_BYTE, work, len(splits), fa, dims))
         splits.sort(key=lambda s: (s[0], s[1], s[2]))
         reduced = [f for f, kind in enumerate(rule.kinds) if kind == REDUCTION]
