@@ -115,11 +115,12 @@ class Compiled:
     def jax_source(self) -> str:
         """Our per-partition program as a standalone Python module (shard_map + jax.lax)."""
         from .backend_jax.emit import emit_shard_map
-        from .limits import check_jax_loops, check_jax_mesh
+        from .limits import check_jax_loops, check_jax_mesh, gc_paused
 
         check_jax_mesh(self.program, "jax")
         check_jax_loops(self.program, "jax")
-        return emit_shard_map(self.spmd)
+        with gc_paused():
+            return emit_shard_map(self.spmd)
 
     @cached_property
     def xla_source(self) -> str:
@@ -357,9 +358,12 @@ def compile(program: str, mesh: dict[str, int] | None = None, consts: dict[str, 
 
 def _compile_text(text, filename, mesh, consts, entry, verify, shard_weight_updates=None, parsed=None) -> Compiled:
     """`parsed`: (module, source) of `text` when the caller parsed it already (lowering leaves it as is)."""
-    module, source = parsed or parse(text, filename)
-    _check_overrides(module, source, mesh, consts, shard_weight_updates)
-    c = Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
+    from .limits import gc_paused
+
+    with gc_paused():
+        module, source = parsed or parse(text, filename)
+        _check_overrides(module, source, mesh, consts, shard_weight_updates)
+        c = Compiled(lower(module, source, mesh, consts, entry), verify, shard_weight_updates)
     c.compile_args = (text, filename, mesh, consts, entry, verify, shard_weight_updates)  # to compile afresh (bench)
     return c
 

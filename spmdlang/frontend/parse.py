@@ -7,13 +7,14 @@ what could have come there instead.
 from __future__ import annotations
 
 import re
-from functools import cache
+from functools import cache, partial
 from importlib import resources
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lexer import PatternStr, UnlessCallback
-from lark.parse_tree_builder import ExpandSingleChild, PropagatePositions
+from lark.parse_tree_builder import (ChildFilterLALR, ChildFilterLALR_NoPlaceholders, ExpandSingleChild,
+                                     PropagatePositions)
 from lark.parsers.lalr_analysis import Shift
 from lark.visitors import Transformer_NonRecursive
 
@@ -167,7 +168,8 @@ class _Fast:
         self.start, self.end = table.start_states["start"], table.end_states["start"]
         # (symbol names as plain str: lark's are Tokens, whose __eq__ every lookup would call)
         self.states = {state: {str(term): (True, arg) if action is Shift else
-                               (False, (len(arg.expansion), _unit(arg, callbacks[arg]), str(arg.origin.name)))
+                               (False, (len(arg.expansion), _fused(_unit(arg, callbacks[arg])),
+                                        str(arg.origin.name)))
                                for term, (action, arg) in acts.items()}
                        for state, acts in table.states.items()}
 
@@ -255,6 +257,53 @@ def _unit(rule, callback):
             and type(callback.node_builder) is ExpandSingleChild):
         return None
     return callback
+
+
+def _fused(callback):
+    """A reduction's callback as one function: _Positions over lark's child filter (which drops
+    filtered tokens, splices `_rule` children and fills placeholders) over a Tree constructor, as
+    they run in turn, without the two calls in between (lark builds a chain per rule). The same
+    tree and positions; any other chain is left as lark built it."""
+    if type(callback) is not _Positions:
+        return callback
+    build = callback.node_builder
+    include, append_none = None, 0
+    if type(build) is ChildFilterLALR:
+        include, append_none, build = build.to_include, build.append_none, build.node_builder
+    elif type(build) is ChildFilterLALR_NoPlaceholders:
+        include, build = [(i, expand, 0) for i, expand in build.to_include], build.node_builder
+    if type(build) is not partial or build.func is not Tree or build.keywords or len(build.args) != 1:
+        return callback
+    name = build.args[0]
+
+    def reduce(children):
+        filtered = children
+        if include is not None:
+            filtered = []
+            for i, to_expand, add_none in include:  # (lark's ChildFilterLALR, as it is)
+                if add_none:
+                    filtered += [None] * add_none
+                if to_expand:
+                    if filtered:
+                        filtered += children[i].children
+                    else:
+                        filtered = children[i].children
+                else:
+                    filtered.append(children[i])
+            if append_none:
+                filtered += [None] * append_none
+        res = Tree(name, filtered)
+        first = _edge(children)  # (_Positions, as it is: a new tree's own edges, then its container's)
+        if first is not None:
+            last = _edge(reversed(children))
+            d = res.__dict__
+            d["_first"] = first
+            d["_last"] = last
+            d["_cfirst"] = first
+            d["_clast"] = last
+        return res
+
+    return reduce
 
 
 @cache

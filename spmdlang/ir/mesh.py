@@ -139,14 +139,7 @@ class Sharding:
 
     def local_shape(self, shape, mesh: Mesh) -> tuple[int, ...]:
         """Static per-partition shape: a dim of n split k ways holds ceil(n/k)."""
-        dims, sizes = self.dims, mesh.shape
-        out = []
-        for i, n in enumerate(shape):
-            k = 1
-            for a in dims[i]:
-                k *= sizes[a] if a in sizes else mesh.axis_size(a)  # a reshard plan's sub-axis
-            out.append(-(-n // k))
-        return tuple(out)
+        return local_shape(shape, self.dims, mesh)
 
     def with_partial(self, partial, op: str = "sum") -> Sharding:
         return Sharding(self.dims, tuple(partial), self.open_dims, op if partial else "sum")
@@ -166,3 +159,15 @@ class Sharding:
 
     def __repr__(self) -> str:  # what a user sees at the prompt: the spec, as written in programs
         return f"Sharding {self}"
+
+
+def local_shape(shape, dims, mesh: Mesh) -> tuple[int, ...]:
+    """Sharding.local_shape of a layout's per-dim axes `dims` (all it reads of the layout)."""
+    sizes = mesh.shape
+    out = []
+    for i, n in enumerate(shape):
+        k = 1
+        for a in dims[i]:
+            k *= sizes[a] if a in sizes else mesh.axis_size(a)  # a reshard plan's sub-axis
+        out.append(-(-n // k))
+    return tuple(out)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ..ir import simplify as simplify_
 from ..ir import verify as V
 from ..ir.core import Program
+from ..limits import gc_paused
 from . import combine, propagate, weight_update
 from .propagate import Propagation
 from .spmd import SpmdProgram, partition
@@ -91,11 +92,12 @@ class Pipeline:
     def stage(self, name: str):
         """Stage `name`, after every pass up to the last one that writes it."""
         last = max(i for i, p in enumerate(self.passes) if p.stage == name)
-        while self.done <= last:
-            p = self.passes[self.done]
-            self.done += 1
-            if p.applies(self.stages):
-                p.run(self.stages)
-                if self.verify:
-                    p.check(self.stages)
+        with gc_paused():
+            while self.done <= last:
+                p = self.passes[self.done]
+                self.done += 1
+                if p.applies(self.stages):
+                    p.run(self.stages)
+                    if self.verify:
+                        p.check(self.stages)
         return getattr(self.stages, name)

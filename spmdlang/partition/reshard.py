@@ -343,7 +343,10 @@ class _Planner:
         return None
 
     def run(self) -> list[Step]:
+        want = [list(d) for d in self.dst.dims]
         for _ in range(4 * (len(self.cur) + 1) * (len(self.mesh.names) + 1)):
+            if self.cur == want and not self.resolve:  # there (what the last round below would find)
+                return self.steps
             if self.append():
                 continue
             # pending sums over axes the wanted layout does not split: settle them on the small data
@@ -675,9 +678,16 @@ def plan_reshard(shape, itemsize: int, mesh: Mesh, src: Sharding, dst: Sharding)
     return _plan_reshard(tuple(shape), itemsize, mesh.axes, src.closed(), dst.closed())
 
 
+@lru_cache(maxsize=64)
+def _sizes_mesh(axes) -> Mesh:
+    """One deviceless Mesh per axis sizes, its cached properties (names, shape) worked out once,
+    not on every plan."""
+    return Mesh(axes, ())
+
+
 @lru_cache(maxsize=65536)
 def _plan_reshard(shape, itemsize: int, axes, src: Sharding, dst: Sharding) -> tuple[Step, ...]:
-    mesh = Mesh(axes, ())  # the planner reads axis sizes only
+    mesh = _sizes_mesh(axes)  # the planner reads axis sizes only
     src, dst = drop_trivial_axes(src, mesh), drop_trivial_axes(dst, mesh)
     if not set(dst.partial) <= set(src.partial):
         raise AssertionError(f"cannot create a pending sum: {src} -> {dst}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..ir import registry
 from ..ir.collectives import spec
 from ..ir.core import Op
-from ..ir.mesh import Mesh, Sharding
+from ..ir.mesh import Mesh, Sharding, local_shape
 from ..ir.types import itemsize
 from .cost import FLOPS_PER_BYTE, comm_cost, step_cost
 from .emitter import LocalState
@@ -86,9 +86,22 @@ def local_work(op: Op, reqs, outs, mesh: Mesh) -> float:
     """The local work of running `op` on operands laid out as `reqs`, its results as `outs`: its
     FLOPs plus the elements it writes (so that even data movement prefers running on shards to
     running replicated and slicing afterwards). The partitioner and autoshard weigh it alike."""
-    local = lambda t, s: t.with_shape(s.local_shape(t.shape, mesh))  # noqa: E731
-    out_types = [local(r.type, s) for r, s in zip(op.results, outs)]
-    work = registry.get(op.kind).count_flops([local(v.type, s) for v, s in zip(op.operands, reqs)], out_types,
+    return _local_work(op, [s.dims for s in reqs], [s.dims for s in outs], mesh)
+
+
+def _local_work(op: Op, in_dims, out_dims, mesh: Mesh, local_types: dict | None = None) -> float:
+    """local_work from the tensors' dims' axes alone (all a local shape reads of a layout);
+    `local_types`: (global type, dims) -> local type, answers kept between calls."""
+    def local(t, dims):
+        if local_types is None:
+            return t.with_shape(local_shape(t.shape, dims, mesh))
+        got = local_types.get((t, dims))
+        if got is None:
+            got = local_types[t, dims] = t.with_shape(local_shape(t.shape, dims, mesh))
+        return got
+
+    out_types = [local(r.type, d) for r, d in zip(op.results, out_dims)]
+    work = registry.get(op.kind).count_flops([local(v.type, d) for v, d in zip(op.operands, in_dims)], out_types,
                                              op.attrs)
     return work + sum(t.size for t in out_types)
 
@@ -116,6 +129,9 @@ class Strategies:
         # partition() call, shared by its plans (a second plan asks most of the first's questions
         # again, and a loop body partitioned twice asks all of them)
         self.memo = {} if memo is None else memo
+        # the local types _local_work weighs: the splits of an op, and the ops of a layer, ask for
+        # the same few (train_mlp: 216 asked, 9 different)
+        self.local_types: dict = {}
 
     def _question(self, op: Op, forbid, settling: bool) -> tuple:
         """What `best` reads besides the op itself: its operands' current layouts, its results'
@@ -166,7 +182,16 @@ class Strategies:
         mode = registry.get(op.kind).partial_mode(op.attrs)
         partials = [self.local.layout(v) for v in op.operands]
         keep_options = [False, True] if mode is not None and any(s.partial for s in partials) else [False]
-        best = settle = None
+        # The plans rank by (score, work), the first of equals kept (in the order of the splits,
+        # then of keep_options); with `settling`, the settling ones by (whole_step, that order).
+        # A plan's local work is known before its reshards are planned, and bounds both from
+        # below (score and whole_step are its work / FLOPS_PER_BYTE plus a cost of collectives,
+        # never negative): the splits are weighed least work first, and one whose bound already
+        # ranks behind the plan found (and cannot settle, or ranks behind the settling one too)
+        # is not planned. The same plans are chosen; what is skipped is planning the reshards of
+        # splits that cannot win (gathers to replicated, mostly), most of the partitioner's time.
+        splits = []
+        n = len(rule.operands)
         for combo in itertools.product(*cands):
             used = [a for axes in combo for a in axes]
             if len(used) != len(set(used)):
@@ -175,14 +200,30 @@ class Strategies:
             dims = layouts(rule, fa, self.mesh)
             if dims is None:
                 continue
+            work = _local_work(op, dims[:n], dims[n:], self.mesh, self.local_types)
+            splits.append((work / FLOPS_PER_BYTE, work, len(splits), fa, dims))
+        splits.sort(key=lambda s: (s[0], s[1], s[2]))
+        reduced = [f for f, kind in enumerate(rule.kinds) if kind == REDUCTION]
+        best = settle = None
+        best_rank = settle_rank = None  # (score, work, order) of best; (whole_step, order) of settle
+        for bound, work, i, fa, dims in splits:
             for keep in keep_options:
-                plan = self.plan(op, rule, fa, keep, mode, partials, dims)
+                order = 2 * i + keep
+                # (a plan settles only a pending sum: of a split reduction factor, or one kept)
+                can_settle = settling and (keep or any(f in fa for f in reduced))
+                if best_rank is not None and (bound, work, order) > best_rank and not (
+                        can_settle and (settle_rank is None or (bound, order) < settle_rank)):
+                    continue
+                plan = self.plan(op, rule, fa, keep, mode, partials, dims, work)
                 if plan is None:
                     continue
-                if best is None or plan.key < best.key:
-                    best = plan
-                if settling and plan.settle is not None and (settle is None or plan.whole_step() < settle.whole_step()):
-                    settle = plan
+                rank = (plan.score, plan.work, order)
+                if best_rank is None or rank < best_rank:
+                    best, best_rank = plan, rank
+                if settling and plan.settle is not None:
+                    whole = plan.whole_step()
+                    if settle_rank is None or (whole, order) < settle_rank:
+                        settle, settle_rank = plan, (whole, order)
         assert best is not None, f"no way to partition {op.kind}"
         return (best, settle) if settling else best
 
@@ -204,9 +245,10 @@ class Strategies:
             return None
         return first.partial
 
-    def plan(self, op: Op, rule: FactorRule, fa, keep: bool, mode, partials, dims=None) -> FactorPlan | None:
-        """Cost and layouts of running `op` with factor split `fa` (`dims`: its `layouts`, where
-        the caller has them); None if not allowed."""
+    def plan(self, op: Op, rule: FactorRule, fa, keep: bool, mode, partials, dims=None,
+             work=None) -> FactorPlan | None:
+        """Cost and layouts of running `op` with factor split `fa` (`dims`: its `layouts`, and
+        `work`: its local work, where the caller has them); None if not allowed."""
         opdef = registry.get(op.kind)
         if dims is None:
             dims = [unproject(t, fa, rule.sizes, self.mesh) for t in rule.tensors]
@@ -237,5 +279,6 @@ class Strategies:
             after = plan_reshard(r.type.shape, itemsize(r.type.dtype), self.mesh, out, self.local.wanted(r))
             settle = settle or settlement(after, partial, out.partial_op)
             steps += after
-        work = local_work(op, reqs, outs, self.mesh)
+        if work is None:
+            work = local_work(op, reqs, outs, self.mesh)
         return FactorPlan(comm_cost(steps) + work / FLOPS_PER_BYTE, work, fa, reqs, outs, steps, settle)
