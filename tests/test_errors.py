@@ -183,6 +183,12 @@ def test_keyword_as_parameter():
                 "'f32' is a dtype; to convert, write cast(x, f32)",
             ),
             (M + "func main(x: f32[4]) -> f32[4] { return sum }", "sum", "'sum' is a builtin"),
+            (  # a dimless unknown type in a called function (found by test_fuzz_mutations)
+                M + "func two(a: f32[4], b: i325) -> f32[4] { return a }\n"
+                "func main(x: f32[4]) -> f32[4] { return two(x, x) }",
+                "i325",
+                "unknown type 'i325'",
+            ),
         ]
     ),
 )

@@ -284,7 +284,8 @@ class Lowerer:
                                     sp or span, call_note)
                 bound.setdefault(t.dtype, a.type.dtype)
                 origin.setdefault(t.dtype, (p.name, a.type))
-            svars = [i for i, d in enumerate(t.dims) if isinstance(d, A.ShapeVar)]
+            # a type without dims is a struct's name or an unknown type: type_of reports the latter
+            svars = [i for i, d in enumerate(t.dims or ()) if isinstance(d, A.ShapeVar)]
             if len(svars) > 1:
                 raise SpmdError("a type has at most one `..S` shape", t.dims[svars[1]].span)
             if not svars:
