@@ -14,6 +14,8 @@ the mesh, and returns one array per position (the numpy simulator's semantics of
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..ir.collectives import CollectiveKind
@@ -267,8 +269,10 @@ def _permute_jax(a, attrs, out):
     axes, sizes = tuple(attrs["axes"]), tuple(attrs["sizes"])
     ordered = _mesh_ordered(attrs)
     renumber = len(axes) > 1 and (ordered != axes or "mesh_axes" not in attrs)
-    pairs = permute_pairs(attrs["rule"], sizes)
-    if len(pairs) <= LITERAL_PAIRS and (not renumber or "mesh_axes" in attrs):
+    # the group's size bounds its pairs: only a small group's are listed here, so that emitting
+    # never loops over the devices of a large mesh
+    if math.prod(sizes) <= LITERAL_PAIRS and (not renumber or "mesh_axes" in attrs):
+        pairs = permute_pairs(attrs["rule"], sizes)
         if renumber:
             pairs = mesh_order_pairs(pairs, axes, sizes, attrs["mesh_axes"])
         return f"jax.lax.ppermute({a[0]}, {ordered!r}, perm={pairs!r})"
