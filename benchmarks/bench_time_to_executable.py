@@ -22,8 +22,11 @@ machine), then the geometric means of the ratios. The goal (issue 25) is a ratio
 
 `--kernels` prints, instead of times, what XLA's CPU backend compiles on each side: the kernels
 (fusions and unfused ops of the optimized HLO's non-fused computations, loop bodies included; XLA
-compiles each one to machine code, which is most of its compile time) and the collectives. The
-counts are deterministic, so they show a change's effect on a loaded machine, where times do not.
+compiles each one to machine code, which is most of its compile time), the lines of optimised LLVM
+IR of those kernels (XLA's dump, `--xla_dump_to`: LLVM's work grows with it, and a kernel's size
+varies far more than the count of kernels says: a fusion rooted in a concatenate of n operands is
+n vectorised loop nests) and the collectives. The counts are deterministic, so they show a change's
+effect on a loaded machine, where times do not.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ import math
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,16 +96,23 @@ def kernel_counts(hlo_text: str) -> tuple[int, int]:
     return kernels, collectives
 
 
-def kernels(path: Path) -> dict:
-    """Kernels and collectives XLA compiles for our module and for the baseline (see --kernels)."""
+def kernels(path: Path, dump: Path) -> dict:
+    """Kernels, lines of optimised LLVM IR and collectives XLA compiles for our module and for the
+    baseline (see --kernels); `dump` is XLA's dump folder (XLA_FLAGS --xla_dump_to)."""
+    import jax
+
     c = spmdlang.compile(str(path))
     ensure_devices(c.mesh.size)
     inputs = c.random_inputs(0)
     row = {"program": path.stem}
     for side, backend, source in (("ours", "jax", c.jax_source), ("xla", "xla", c.xla_source)):
+        shutil.rmtree(dump)
+        dump.mkdir()
+        jax.clear_caches()
         module = load(source, side)
         text = module.build(module.make_mesh()).lower(*_placed(c, backend, inputs)).compile().as_text()
         row[side + "_kernels"], row[side + "_collectives"] = kernel_counts(text)
+        row[side + "_llvm_lines"] = sum(f.read_text().count("\n") for f in dump.glob("*.ir-with-opt.ll"))
     return row
 
 
@@ -159,13 +171,19 @@ def main(argv=None) -> int:
                     help="print the kernels and collectives XLA compiles on each side, no timing")
     a = ap.parse_args(argv)
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    if a.kernels:  # XLA reads its flags once, when jax starts its CPU backend
+        dump = Path(tempfile.mkdtemp(prefix="spmdlang-xla-dump-"))
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)
     paths = a.programs or sorted((ROOT / "programs").glob("*.spmd"))
     ensure_devices(max(spmdlang.compile(str(p)).mesh.size for p in paths))
     if a.kernels:
-        return _print_kernels(paths, a.json)
+        try:
+            return _print_kernels(paths, a.json, dump)
+        finally:
+            shutil.rmtree(dump, ignore_errors=True)
     load0 = os.getloadavg()[0]
     rows = []
     print(f"{'program':<26} {'ours s':>7} {'(spmdlang)':>10} {'XLA s':>7} {'ratio':>6} {'spread':>12}  "
@@ -189,15 +207,18 @@ def main(argv=None) -> int:
     return 0
 
 
-def _print_kernels(paths, json_path) -> int:
+def _print_kernels(paths, json_path, dump: Path) -> int:
     rows = []
-    print(f"{'program':<26} {'ours kernels':>12} {'XLA kernels':>11} {'ours coll.':>10} {'XLA coll.':>9}")
+    print(f"{'program':<26} {'ours kernels':>12} {'XLA kernels':>11} {'ours LLVM IR':>12} {'XLA LLVM IR':>11} "
+          f"{'ours coll.':>10} {'XLA coll.':>9}")
     for p in paths:
-        r = kernels(p)
+        r = kernels(p, dump)
         rows.append(r)
-        print(f"{r['program']:<26} {r['ours_kernels']:>12} {r['xla_kernels']:>11} {r['ours_collectives']:>10} "
-              f"{r['xla_collectives']:>9}", flush=True)
-    print(f"total kernels: ours {sum(r['ours_kernels'] for r in rows)}, XLA {sum(r['xla_kernels'] for r in rows)}")
+        print(f"{r['program']:<26} {r['ours_kernels']:>12} {r['xla_kernels']:>11} {r['ours_llvm_lines']:>12} "
+              f"{r['xla_llvm_lines']:>11} {r['ours_collectives']:>10} {r['xla_collectives']:>9}", flush=True)
+    total = {k: sum(r[k] for r in rows) for k in ("ours_kernels", "xla_kernels", "ours_llvm_lines", "xla_llvm_lines")}
+    print(f"total kernels: ours {total['ours_kernels']}, XLA {total['xla_kernels']}; lines of optimised LLVM IR: "
+          f"ours {total['ours_llvm_lines']}, XLA {total['xla_llvm_lines']}")
     if json_path:
         json_path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     return 0

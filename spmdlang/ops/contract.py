@@ -771,7 +771,7 @@ def partition_conv(ctx):
         if dilated:
             xl = _dilate_dim(ctx, xl, d, lhs[i])
             n *= lhs[i]
-        xl = ctx.window(xl, d, xdims[d], out.dims[d], n, win)
+        xl = ctx.window(xl, d, xdims[d], out.dims[d], n, win, first=i == split[0])
         pads[i], lhs_local[i] = pad, dl
     g_local = groups // kf if groups > 1 and feat else groups
     attrs = conv_attrs(strides, pads, lhs_local, rhs, g_local)
@@ -845,7 +845,7 @@ def _window_contraction(ctx) -> bool:
         xl = ctx.mask(xl, 1 + nsp, chan, x.type.shape[-1], 0.0)
     pads = list(padding)
     for i, win in windows.items():
-        xl = ctx.window(xl, 1 + i, axes[i], axes[i], x.type.shape[1 + i], win)
+        xl = ctx.window(xl, 1 + i, axes[i], axes[i], x.type.shape[1 + i], win, first=i == next(iter(windows)))
         pads[i] = (0, 0)
     attrs = conv_attrs(strides, pads, lhs, rhs)
     ctx.set_result(ctx.emit("conv", xl, wl, **attrs), res)

@@ -120,7 +120,7 @@ def _single(window_of, local_attrs):
             return ctx.generic()
         local = ctx.reshard(0, Sharding(dims))
         for d, w in windows:
-            local = ctx.window(local, d, dims[d], out.dims[d], x.type.shape[d], w)
+            local = ctx.window(local, d, dims[d], out.dims[d], x.type.shape[d], w, first=d == windows[0][0])
         local = local_attrs(ctx, local, split)
         ctx.set_result(local, out)
 

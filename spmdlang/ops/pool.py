@@ -186,7 +186,7 @@ def _partition(ctx):
         if dilated:
             xl = _dilate_dim(ctx, xl, d, lhs[i], fill)
             n *= lhs[i]  # the trailing holes hold the fill too
-        xl = ctx.window(xl, d, dims[d], out.dims[d], n, win)
+        xl = ctx.window(xl, d, dims[d], out.dims[d], n, win, first=i == split[0])
         pads[i], lhs_local[i] = tuple(pad), dl
     attrs = dict(reduce=ctx.attrs["reduce"], window=tuple(window), strides=tuple(strides), padding=tuple(pads))
     if any(d > 1 for d in lhs_local):
@@ -421,7 +421,7 @@ def _sas_partition(ctx):
             if isinstance(plan, _SasPhase):
                 lv = plan.side(ctx, lv, d, dims[d], out.dims[d], v.type.shape[d], j)
             else:
-                lv = ctx.window(lv, d, dims[d], out.dims[d], v.type.shape[d], plan[j])
+                lv = ctx.window(lv, d, dims[d], out.dims[d], v.type.shape[d], plan[j], first=i == split[0])
         locals_.append(lv)
     pads = [(0, 0) if i in split else tuple(padding[i]) for i in range(nsp)]
     y = ctx.emit("select_and_scatter_add", *locals_, window=tuple(window), strides=tuple(strides),

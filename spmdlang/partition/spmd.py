@@ -293,11 +293,13 @@ class OpContext(LocalOps):
         """One collective over attrs["axes"], logged in the ledger with `reason` for this op."""
         return self._em.collective(kind, x, f"{reason} for {self.op.kind}", **attrs)
 
-    def window(self, x: Value, dim: int, in_axes, out_axes, n: int, w) -> Value:
-        """See partition.halo: the input elements this device's output shard needs on `dim`."""
+    def window(self, x: Value, dim: int, in_axes, out_axes, n: int, w, first: bool = True) -> Value:
+        """See partition.halo: the input elements this device's output shard needs on `dim`
+        (`first`: `x` is not a window of another dim already)."""
         from .halo import window
 
-        return window(self, x, dim, in_axes, out_axes, n, w, f"halo of %{self.op.operands[0].name or 'operand'}")
+        return window(self, x, dim, in_axes, out_axes, n, w, f"halo of %{self.op.operands[0].name or 'operand'}",
+                      first)
 
 
 def partition(prog: Program, prop: Propagation, layouts: dict[Value, Sharding] | None = None,
