@@ -36,6 +36,9 @@ ACTIVATIONS = [
     ("log_softmax(x)", nn.log_softmax),
     ("log_softmax(x, axis=0)", lambda x: nn.log_softmax(x, axis=0)),
     ("log_softmax(x, axis=[0, 1])", lambda x: nn.log_softmax(x, axis=(0, 1))),
+    ("softmax(x)", nn.softmax),
+    ("softmax(x, axis=0)", lambda x: nn.softmax(x, axis=0)),
+    ("softmax(x, axis=[0, 1])", lambda x: nn.softmax(x, axis=(0, 1))),
     ("standardize(x)", nn.standardize),
     ("standardize(x, axis=0, epsilon=0.1)", lambda x: nn.standardize(x, axis=0, epsilon=0.1)),
 ]

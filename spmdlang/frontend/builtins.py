@@ -427,13 +427,18 @@ def _expand_back(ctx, v, shape, axes, span):
     return ctx.b.emit("broadcast_in_dim", v, span=span, shape=tuple(shape), dims=kept)
 
 
-@builtin("softmax", "x:tensor", "axis:axes=-1", doc="exp(x - max) / sum(exp(x - max))")
+@builtin("softmax", "x:tensor", "axis:axes=-1",
+         doc="exp(x - max) / sum(exp(x - max)), the max under stop_gradient (jax.nn.softmax)")
 def _softmax(ctx, span, args):
     x = tensor(ctx, args, "x")
     if not T.is_float(x.type.dtype):
         x = ctx.cast(x, float_for(x.type.dtype), span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
-    m = _expand_back(ctx, ctx.b.emit("reduce_max", x, span=span, axes=axes), x.type.shape, axes, span)
+    # the shift under stop_gradient, as jax.nn.softmax has it: the same values, and a backward pass
+    # without the max's tangent (exactly zero: the shift cancels in the ratio), which cost a
+    # reduction, a count of the ties and, where the axis is split, more communication
+    m = ctx.b.emit("stop_gradient", ctx.b.emit("reduce_max", x, span=span, axes=axes), span=span)
+    m = _expand_back(ctx, m, x.type.shape, axes, span)
     e = ctx.b.emit("exp", ctx.b.emit("sub", x, m, span=span), span=span)
     s = _expand_back(ctx, ctx.b.emit("reduce_sum", e, span=span, axes=axes), x.type.shape, axes, span)
     return ctx.b.emit("div", e, s, span=span)
