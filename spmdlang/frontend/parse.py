@@ -13,8 +13,12 @@ from importlib import resources
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lexer import PatternStr, UnlessCallback
-from lark.parse_tree_builder import (ChildFilterLALR, ChildFilterLALR_NoPlaceholders, ExpandSingleChild,
-                                     PropagatePositions)
+from lark.parse_tree_builder import (
+    ChildFilterLALR,
+    ChildFilterLALR_NoPlaceholders,
+    ExpandSingleChild,
+    PropagatePositions,
+)
 from lark.parsers.lalr_analysis import Shift
 from lark.visitors import Transformer_NonRecursive
 

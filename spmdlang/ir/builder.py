@@ -8,7 +8,6 @@ from ..memo import Memo
 from . import registry
 from .core import Op, Value, freeze
 
-
 # shape rules' answers: (kind, operand types, attributes) -> result types, for attributes of plain
 # values (each keyed with its type: 1, 1.0 and True are equal as keys); the partitioner's plans
 # build the same local ops, and repeated layers the same global ones

@@ -278,8 +278,8 @@ def _scatter_jax_local(args, attrs, out):
     m, dt = it.size, T.jnp_dtype(it.dtype)
     pre, post = tuple(t.shape[:axis]), tuple(t.shape[axis + 1:])
     flat = f"jax.lax.reshape({ids}, ({m},))"
-    keep = (f"jax.lax.broadcast_in_dim(jax.lax.bitwise_and(jax.lax.ge({flat}, {dt}(0)), jax.lax.lt({flat}, {dt}({n}))), "
-            f"{pre + (m,) + post!r}, ({axis},))")
+    keep = (f"jax.lax.broadcast_in_dim(jax.lax.bitwise_and(jax.lax.ge({flat}, {dt}(0)), "
+            f"jax.lax.lt({flat}, {dt}({n}))), {pre + (m,) + post!r}, ({axis},))")
     u = f"jax.lax.reshape({upd}, {pre + (m,) + post!r})"
     u = f"jax.lax.select({keep}, {u}, jax.lax.full({pre + (m,) + post!r}, 0, {T.jnp_dtype(t.dtype)}))"
     at = f"jax.lax.reshape(jax.lax.clamp({dt}(0), {flat}, {dt}({n - 1})), ({m}, 1))"
