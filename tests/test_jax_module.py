@@ -184,3 +184,19 @@ def test_processes_must_split_the_mesh():
     c = spmdlang.compile(MLP, consts={"B": 8, "D": 16, "F": 32})
     with pytest.raises(spmdlang.SpmdError, match="must split evenly"):
         c.run(backend="jax", processes=3)
+
+
+def test_permute_pairs_are_listed_for_small_groups_and_computed_for_large_ones():
+    """A permute's pairs are written into the module only for a group of at most LITERAL_PAIRS
+    devices: emitting never lists the devices of a large group; the module computes those."""
+    from spmdlang.ops.collective import LITERAL_PAIRS
+
+    src = ("mesh [p={p}, q={q}]\nfunc main(x: f32[64, 8] {{(p, q), _}}) -> f32[64, 8] {{(p, q), _}} {{\n"
+           "  return roll(x, 3, axis=0)\n}}\n")
+    small = spmdlang.compile(src.format(p=2, q=4)).jax_source
+    assert "perm=[(" in small and "def permute_pairs" not in small
+    large = spmdlang.compile(src.format(p=4, q=8))
+    assert 4 * 8 > LITERAL_PAIRS
+    assert "perm=[(" not in large.jax_source and "perm=permute_pairs((" in large.jax_source
+    x = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    np.testing.assert_array_equal(large.run({"x": x}, backend="jax")[0], np.roll(x, 3, axis=0))
