@@ -32,7 +32,7 @@ REASONS = {
     ("embedding", "peak"): "XLA:CPU computes the one-hot labels (1 MB) first and stores them for its library "
                            "reduction of logits x one-hot; the model fuses them into the reduction",
     ("unet3d", "peak"): "XLA's scheduler computes every layer's masked kernels and its convolutions of constants "
-                        "first and holds them: 626 KB of temporaries at once in its order, 218 KB in ours",
+                        "first and holds them at once in its order; ours holds 218 KB of temporaries at its peak",
 }
 
 
