@@ -159,3 +159,24 @@ func main(x: f32[7] {r}, y: f32[7] {r}) -> (f32[7], f32[7]) {
     for b in BACKENDS:
         prod, g = (np.asarray(o) for o in c.run({"x": x, "y": y}, backend=b))
         assert np.isnan(prod).all() and np.isnan(g).all(), (b, prod, g)
+
+
+@pytest.mark.parametrize("src, fn", [
+    ("logsumexp(x, axis=1)", lambda x: jax.nn.logsumexp(x, axis=1)),
+    ("softmax(x, axis=1)", lambda x: jax.nn.softmax(x, axis=1)),
+    ("log_softmax(x, axis=1)", lambda x: jax.nn.log_softmax(x, axis=1)),
+])
+@pytest.mark.parametrize("n, spec, mesh", [(7, "_, r", "r=3"), (5, "a, (b, r)", "a=2, b=2, r=1"), (2, "_, r", "r=3")])
+def test_a_shifts_max_alone_is_xlas_all_reduce_and_still_nan_as_jax(src, fn, n, spec, mesh):
+    """A max that only shifts (logsumexp, softmax, log_softmax: it cancels from the result) is
+    all-reduced by XLA's own pmax, which drops NaN on CPU: a row holding a NaN is NaN whatever the
+    shift, so every backend still gives jax's values, NaN and infinities included."""
+    x = _inputs(n, np.float32)
+    want = np.asarray(fn(jnp.asarray(x)))
+    c = spmdlang.compile(f"mesh [{mesh}]\nfunc main(x: f32[6, {n}] {{{spec}}}) -> f32{list(want.shape)} "
+                         f"{{ return {src} }}\n")
+    assert "def all_reduce" not in c.jax_source  # (the helper with NaN-keeping keys)
+    if n > 2:  # (2 elements over 3 shards are gathered, not reduced shard by shard)
+        assert "jax.lax.pmax(jax.lax.stop_gradient(" in c.jax_source
+    for b in BACKENDS + ("xla",):
+        _check(np.asarray(c.run({"x": x}, backend=b)[0]), want, False, f"{b}: {src} {{{spec}}}")

@@ -437,7 +437,7 @@ def _softmax(ctx, span, args):
     # the shift under stop_gradient, as jax.nn.softmax has it: the same values, and a backward pass
     # without the max's tangent (exactly zero: the shift cancels in the ratio), which cost a
     # reduction, a count of the ties and, where the axis is split, more communication
-    m = ctx.b.emit("stop_gradient", ctx.b.emit("reduce_max", x, span=span, axes=axes), span=span)
+    m = ctx.b.emit("stop_gradient", ctx.b.emit("reduce_max", x, span=span, axes=axes, shift=True), span=span)
     m = _expand_back(ctx, m, x.type.shape, axes, span)
     e = ctx.b.emit("exp", ctx.b.emit("sub", x, m, span=span), span=span)
     s = _expand_back(ctx, ctx.b.emit("reduce_sum", e, span=span, axes=axes), x.type.shape, axes, span)
@@ -451,7 +451,7 @@ def _logsumexp(ctx, span, args):
     if not T.is_float(x.type.dtype):
         x = ctx.cast(x, float_for(x.type.dtype), span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
-    m = ctx.b.emit("reduce_max", x, span=span, axes=axes)
+    m = ctx.b.emit("reduce_max", x, span=span, axes=axes, shift=True)
     # rows that are all -inf would give -inf - -inf = nan, rows holding +inf inf - inf = nan: shift
     # those by 0 instead (-inf and inf, as jax.nn.logsumexp gives)
     infinite = ctx.binary("eq", ctx.b.emit("abs", m, span=span), float("inf"), span)

@@ -114,7 +114,7 @@ def _glu(ctx, span, args):
 def _log_softmax(ctx, span, args):
     x = _float(ctx, args, span)
     axes = norm_axes(args["axis"], x.type.rank, args.span("axis"))
-    m = ctx.b.emit("stop_gradient", ctx.b.emit("reduce_max", x, span=span, axes=axes), span=span)
+    m = ctx.b.emit("stop_gradient", ctx.b.emit("reduce_max", x, span=span, axes=axes, shift=True), span=span)
     shifted = _op(ctx, span, "sub", x, _expand_back(ctx, m, x.type.shape, axes, span))
     total = ctx.b.emit("reduce_sum", _op(ctx, span, "exp", shifted), span=span, axes=axes)
     return _op(ctx, span, "sub", shifted, _expand_back(ctx, _op(ctx, span, "log", total), x.type.shape, axes, span))

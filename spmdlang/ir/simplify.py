@@ -95,8 +95,11 @@ def _padded_rotation(op: Op, producers) -> Op | None:
 
 def _key(op: Op):
     # backward ops never stand in for forward ones (nor the other way): the xla oracle replaces
-    # the backward ops of a grad call by jax's autodiff
-    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(op.attrs.items())), op.backward)
+    # the backward ops of a grad call by jax's autodiff. A max that is a cancelling shift
+    # (reduce_max's `shift`, ops.reduce) is the same max: the two merge, without the mark unless
+    # both carry it (see _cse_ops)
+    attrs = {k: v for k, v in op.attrs.items() if k != "shift"} if op.kind == "reduce_max" else op.attrs
+    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(attrs.items())), op.backward)
 
 
 def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
@@ -121,6 +124,10 @@ def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
             continue
         prev = seen.get(key)
         if prev is not None and not any(r in keep for r in op.results):
+            if prev.attrs.get("shift") and not op.attrs.get("shift"):  # the merged max is a plain one
+                plain = prev.replace(attrs={k: v for k, v in prev.attrs.items() if k != "shift"})
+                ops[ops.index(prev)] = seen[key] = repl[prev] = plain
+                prev = plain
             repl.update(zip(op.results, prev.results))
             repl[op] = prev
             continue

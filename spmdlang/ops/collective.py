@@ -116,9 +116,13 @@ def _all_reduce_jax(a, attrs, out):
     if kind == "sum":
         return f"jax.lax.psum({arg}, {axes!r})"
     # integers and bools: jax.lax's pmax / pmin (exact, and carrying no tangent under jax.grad);
-    # floats: the module's all_reduce helper (NaN kept, a derivative)
-    parts = [f"all_reduce({x}, {axes!r}, {str(kind)!r})" if is_float(t.dtype)
-             else f"jax.lax.p{kind}({x}, {axes!r})" for x, t in zip(a, out)]
+    # floats: the module's all_reduce helper (NaN kept, a derivative), except a cancelling shift's
+    # max (ops.reduce, `shift`: a NaN makes its result NaN anyway), XLA's own under stop_gradient
+    # (the shift has no gradient, and jax none for pmax)
+    shift = attrs.get("shift_operands") or (False,) * len(a)
+    parts = [f"jax.lax.p{kind}(jax.lax.stop_gradient({x}), {axes!r})" if s and is_float(t.dtype) else
+             f"all_reduce({x}, {axes!r}, {str(kind)!r})" if is_float(t.dtype)
+             else f"jax.lax.p{kind}({x}, {axes!r})" for x, t, s in zip(a, out, shift)]
     return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
 

@@ -66,7 +66,7 @@ _REDUCE = {
 
 
 def _reduce_numpy(fn):
-    def run(x, *, axes):
+    def run(x, *, axes, shift=False):  # (shift: see _SHIFT_DOC's comment)
         acc = np.float32 if T.np_is_narrow_float(x.dtype) else None
         if fn in (np.sum, np.prod) and x.dtype.kind in "iu":
             acc = x.dtype  # numpy would widen ints to int64; keep wrap-around semantics of i32
@@ -101,8 +101,16 @@ def _reduce_jax_local(name, fn):
     return emit
 
 
+# reduce_max's `shift=True` (logsumexp, softmax, log_softmax): the max only shifts values whose result
+# it cancels from, so where x holds a NaN that result is NaN whatever the max is. Its all_reduce
+# may then be XLA's own, which drops NaN on CPU (docs/known_xla_issues.md #8), without the helper's
+# NaN-keeping integer keys (backend_jax.emit, all_reduce's `shift_operands`); ref and sim compute
+# the max as ever. (CSE merges a shift with a plain max of the same operand into the plain one.)
+_SHIFT_DOC = "; `shift=true`: a shift that cancels from its result (logsumexp, softmax)"
+
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
-    register(_name, doc=f"{_kind} over `axes`, which the result drops", example=(("f32[8, 16, 4]",), {"axes": (1,)}),
+    register(_name, doc=f"{_kind} over `axes`, which the result drops" + (_SHIFT_DOC if _kind == "max" else ""),
+             example=(("f32[8, 16, 4]",), {"axes": (1,)}),
              infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
              jax=_reduce_jax(_jax), jax_local=_reduce_jax_local(_name, _jax),
              reduce_fill=_fill(_kind), reduce_kind=_kind, flops=operand_flops,
