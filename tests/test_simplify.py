@@ -79,3 +79,20 @@ def test_backward_pass_simplified_and_named():
     assert "jnp.full((), " not in src  # scalars are written as jnp.float32(2.0)
     d = c.diff(c.random_inputs(0), backends=["ref", "sim", "jax", "xla"])
     assert d["ok"], d["results"]
+
+
+def test_cse_merges_ops_that_differ_only_in_hints_keeping_a_hint_all_share():
+    """reduce_max's `shift` hint (the op table's `hints`): logsumexp's max and a plain max of the
+    same values are one op, a plain one (the plain max's users need NaN kept); two shifts stay a
+    shift."""
+    src = ("mesh [r=2]\nfunc main(x: f32[4, 8] {_, r}) -> (f32[4], f32[4]) {\n"
+           "  return logsumexp(x, axis=1), {other}\n}\n")
+    both = spmdlang.compile(src.replace("{other}", "max(x, 1)"))
+    maxes = [op for op in all_ops(both.canonical.ops) if op.kind == "reduce_max"]
+    assert len(maxes) == 1 and not maxes[0].attrs.get("shift")
+    shifts = spmdlang.compile(src.replace("{other}", "logsumexp(x, axis=1) * 2.0"))
+    maxes = [op for op in all_ops(shifts.canonical.ops) if op.kind == "reduce_max"]
+    assert len(maxes) == 1 and maxes[0].attrs.get("shift")
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    x[1, 3] = np.nan
+    assert both.diff({"x": x}, backends=["ref", "sim", "jax"])["ok"]

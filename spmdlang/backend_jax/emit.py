@@ -387,7 +387,7 @@ def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: li
 def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: list[int], defs: tuple) -> None:
     shifts = set()  # local reduce_max results that are a cancelling shift (ops.reduce, `shift`)
     for op in ops:
-        if op.kind == "reduce_max" and op.attrs.get("shift"):
+        if op.attrs.get("shift"):
             shifts.update(op.results)
         if op.kind == LOOP:
             _loop(op, namer, constraint, indent, lines, count, defs)

@@ -31,6 +31,8 @@ An `OpDef` holds
   flops     (operand types, result types, attrs) -> floating-point operations, on whatever shapes
             it is given (global or local); None: one per result element
   constraint  a sharding constraint (shard()): its `sharding` attr fixes its result's layout
+  hints     attributes that only allow a cheaper form of the same value (reduce_max's `shift`):
+            CSE merges ops that differ in them, keeping a hint where every merged op has it
   example   (operand types as text, attrs): one instance, for `spmdlang ops` and the tests
   builtin   elementwise math ops that are also the builtin function of their name, taking their
             operands as tensors (`exp(x)`, `maximum(a, b)`): the dtypes they take, a `Takes`; the
@@ -140,6 +142,7 @@ class OpDef:
     simulate: Callable | None = None
     flops: Callable | None = None
     constraint: bool = False
+    hints: tuple[str, ...] = ()
     builtin: Takes | None = None
     vjp: Callable | Grad | None = None
     example: tuple[tuple[str, ...], dict] | None = field(default=None, compare=False)

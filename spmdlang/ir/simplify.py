@@ -93,12 +93,16 @@ def _padded_rotation(op: Op, producers) -> Op | None:
     return Op("roll", (x,), op.results, {"shift": n - a, "axis": axis}, op.span, op.backward)
 
 
+def _hints(op: Op) -> tuple[str, ...]:
+    return () if op.kind == LOOP else registry.get(op.kind).hints
+
+
 def _key(op: Op):
     # backward ops never stand in for forward ones (nor the other way): the xla oracle replaces
-    # the backward ops of a grad call by jax's autodiff. A max that is a cancelling shift
-    # (reduce_max's `shift`, ops.reduce) is the same max: the two merge, without the mark unless
-    # both carry it (see _cse_ops)
-    attrs = {k: v for k, v in op.attrs.items() if k != "shift"} if op.kind == "reduce_max" else op.attrs
+    # the backward ops of a grad call by jax's autodiff. Ops that differ only in hints (the op
+    # table's `hints`) compute the same value: they merge (see _cse_ops)
+    hints = _hints(op)
+    attrs = {k: v for k, v in op.attrs.items() if k not in hints} if hints else op.attrs
     return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(attrs.items())), op.backward)
 
 
@@ -124,8 +128,9 @@ def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
             continue
         prev = seen.get(key)
         if prev is not None and not any(r in keep for r in op.results):
-            if prev.attrs.get("shift") and not op.attrs.get("shift"):  # the merged max is a plain one
-                plain = prev.replace(attrs={k: v for k, v in prev.attrs.items() if k != "shift"})
+            lost = [h for h in _hints(op) if h in prev.attrs and op.attrs.get(h) != prev.attrs[h]]
+            if lost:  # a hint the merged op lacks does not hold for the merged value
+                plain = prev.replace(attrs={k: v for k, v in prev.attrs.items() if k not in lost})
                 ops[ops.index(prev)] = seen[key] = repl[prev] = plain
                 prev = plain
             repl.update(zip(op.results, prev.results))

@@ -105,7 +105,8 @@ def _reduce_jax_local(name, fn):
 # it cancels from, so where x holds a NaN that result is NaN whatever the max is. Its all_reduce
 # may then be XLA's own, which drops NaN on CPU (docs/known_xla_issues.md #8), without the helper's
 # NaN-keeping integer keys (backend_jax.emit, all_reduce's `shift_operands`); ref and sim compute
-# the max as ever. (CSE merges a shift with a plain max of the same operand into the plain one.)
+# the max as ever. A hint (the op table's `hints`): CSE merges a shift with a plain max of the
+# same operand into the plain one.
 _SHIFT_DOC = "; `shift=true`: a shift that cancels from its result (logsumexp, softmax)"
 
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
@@ -114,6 +115,7 @@ for _name, (_fn, _jax, _kind) in _REDUCE.items():
              infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
              jax=_reduce_jax(_jax), jax_local=_reduce_jax_local(_name, _jax),
              reduce_fill=_fill(_kind), reduce_kind=_kind, flops=operand_flops,
+             hints=("shift",) if _kind == "max" else (),
              partial=PartialMode.additive if _kind == "sum" else None, family=Family.reduce)
 
 
