@@ -17,7 +17,6 @@ import re
 
 from ..ir import registry
 from ..ir import types as T
-from ..ir.collectives import CollectiveKind
 from ..ir.core import LOOP, Boundary, Loop, Program, Value, all_ops
 from ..ir.mesh import Mesh, Sharding, axes_text
 from ..ir.printer import Namer
@@ -385,10 +384,10 @@ def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: li
 
 
 def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: list[int], defs: tuple) -> None:
-    shifts = set()  # local reduce_max results that are a cancelling shift (ops.reduce, `shift`)
+    hinted: dict = {}  # value -> the hints its producer carries (the op table's `hints`, e.g. shift)
     for op in ops:
-        if op.attrs.get("shift"):
-            shifts.update(op.results)
+        if op.kind != LOOP and (hints := {h for h in registry.get(op.kind).hints if op.attrs.get(h)}):
+            hinted.update((r, frozenset(hints)) for r in op.results)
         if op.kind == LOOP:
             _loop(op, namer, constraint, indent, lines, count, defs)
             continue
@@ -409,8 +408,8 @@ def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: li
                 attrs = {**attrs, "mesh_axes": namer.__dict__["mesh_axes"]}
             if emit is opdef.jax_local:  # our module's own forms may depend on the operands' types
                 attrs = {**attrs, "operand_types": tuple(v.type for v in op.operands)}
-            if constraint is None and op.kind == CollectiveKind.ALL_REDUCE and shifts.intersection(op.operands):
-                attrs = {**attrs, "shift_operands": tuple(v in shifts for v in op.operands)}
+            if constraint is None and any(v in hinted for v in op.operands):  # a form a hint allows
+                attrs = {**attrs, "operand_hints": tuple(hinted.get(v, frozenset()) for v in op.operands)}
             expr = emit(args, attrs, [r.type for r in op.results])
         line = f"{indent}{', '.join(outs)} = {expr}"
         if op.span is not None:

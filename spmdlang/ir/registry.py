@@ -13,7 +13,8 @@ An `OpDef` holds
   jax       jax emission: (operand expressions, attrs, result types) -> expression text
   jax_local  the emission in our per-partition (shard_map) module where it must differ from `jax`,
             which the XLA baseline module keeps (conv: zero padding that multiplies; jax.lax forms
-            that trace faster than jnp's); its attrs also hold "operand_types"; None: `jax`
+            that trace faster than jnp's); its attrs also hold "operand_types", and "operand_hints"
+            where an operand's producer carries a hint (see `hints`); None: `jax`
   jax_helper  per-partition ops only: source of a function named as the op that the emitted module
             defines (its `jax` text calls it)
   partition custom partitioning step for ops whose dims do not line up (None: generic, by factors);

@@ -119,7 +119,7 @@ def _all_reduce_jax(a, attrs, out):
     # floats: the module's all_reduce helper (NaN kept, a derivative), except a cancelling shift's
     # max (ops.reduce, `shift`: a NaN makes its result NaN anyway), XLA's own under stop_gradient
     # (the shift has no gradient, and jax none for pmax)
-    shift = attrs.get("shift_operands") or (False,) * len(a)
+    shift = [("shift" in h) for h in attrs.get("operand_hints") or ((),) * len(a)]
     parts = [f"jax.lax.p{kind}(jax.lax.stop_gradient({x}), {axes!r})" if s and is_float(t.dtype) else
              f"all_reduce({x}, {axes!r}, {str(kind)!r})" if is_float(t.dtype)
              else f"jax.lax.p{kind}({x}, {axes!r})" for x, t, s in zip(a, out, shift)]
