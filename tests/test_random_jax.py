@@ -270,3 +270,38 @@ def test_training_step_with_dropout_is_the_jax_step():
     for backend in ("ref", "sim", "jax", "xla"):
         for g, w in zip(c.run(inputs, backend=backend), want):
             np.testing.assert_allclose(g, np.asarray(w), rtol=2e-5, atol=2e-5, err_msg=backend)
+
+
+ARGMAX_OF_DRAWS = """mesh [p=1, q={q}]
+func main(key: u32[2], x: f32[5] {{q}}) -> (i32[7], i32[7], i32[8], f32[5]) {{
+  a = argmax(relu(uniform(fold_in(prng_key(7), 5), f32[7, 8], minval=-1.0, maxval=2.0)), axis=1)
+  b = argmin(uniform(key, f32[7, 16]), axis=1)
+  c = argmax(bitwise_xor(random_bits(key, u32[8, 8]), 12345), axis=0)
+  return a, b, c, x
+}}
+"""
+
+
+@pytest.mark.parametrize("q", [1, 3])
+def test_argmax_of_a_draw_compiles_in_seconds(q):
+    """argmax/argmin fused with a draw's hash: jax.lax.argmax's variadic reduce is a conditional
+    recurrence, which LLVM's loop idiom pass (HashRecognize, looking for CRC loops) explores for many
+    minutes through the hash's xors and shifts (argmax(uniform(key, f32[7, 8])) did not compile in
+    300 s; found by the campaign, seed 70188). Our module takes the index from plain reductions;
+    run in a child process so that a regression fails here instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    code = f"""
+import numpy as np, spmdlang
+c = spmdlang.compile({ARGMAX_OF_DRAWS.format(q=q)!r})
+inputs = c.random_inputs(0)
+d = c.diff(inputs, backends=["sim", "jax"])
+assert d["ok"], d["results"]
+print("ok")
+"""
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("compiling an argmax of a random draw took over 240 s (LLVM's CRC recognition)")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

@@ -15,8 +15,9 @@ An `OpDef` holds
             which the XLA baseline module keeps (conv: zero padding that multiplies; jax.lax forms
             that trace faster than jnp's); its attrs also hold "operand_types", and "operand_hints"
             where an operand's producer carries a hint (see `hints`); None: `jax`
-  jax_helper  per-partition ops only: source of a function named as the op that the emitted module
-            defines (its `jax` text calls it)
+  jax_helper  source of a function named as the op that our per-partition module defines, called
+            by the op's emission there (a per-partition op's `jax`, a global op's `jax_local`; the
+            XLA baseline module never has it)
   partition custom partitioning step for ops whose dims do not line up (None: generic, by factors);
             it gets a partition.spmd.OpContext
   partial   how pending sums pass through: a `PartialMode` (additive: all operands partial alike;
@@ -198,14 +199,14 @@ def _validate(op: OpDef) -> None:
     if op.stage == Stage.local:
         need(op.numpy is not None or op.simulate is not None, "needs a numpy implementation or a simulation")
         need(op.rule is None and op.partition is None, "a per-partition op is never partitioned")
-        need(not op.jax_helper or f"def {op.name}(" in op.jax_helper,
-             f"jax_helper must define a function named {op.name}")
     else:
         need(op.rule is not None, "a global op needs a factor rule")
         need(op.numpy is not None, "a global op needs a numpy implementation")
         need(op.simulate is None, "only per-partition ops have a simulation")
-        need(not op.jax_helper, "only per-partition ops bring jax helpers")
+        need(not op.jax_helper or op.jax_local is not None,
+             "a global op's jax helper is called by its jax_local (the baseline module has none)")
         need(op.example is not None, "a global op needs an example instance (for `spmdlang ops`)")
+    need(not op.jax_helper or f"def {op.name}(" in op.jax_helper, f"jax_helper must define a function named {op.name}")
     need(not op.constraint or op.stage == Stage.global_, "a constraint lives in global programs only")
     need(op.builtin is None or (isinstance(op.builtin, Takes) and op.family == Family.elementwise
                                 and op.example is not None and not op.example[1]),

@@ -170,13 +170,35 @@ def _arg_partition(kind):
     return partition
 
 
-for _name, _which, _fn in (("argmax", "largest", np.argmax), ("argmin", "smallest", np.argmin)):
+# Our module's arg-reductions: jnp.argmax's values (the first extreme; the first NaN where there is
+# one) from two plain reductions, not jax.lax.argmax's variadic reduce. XLA's CPU backend fuses an
+# elementwise producer into the reduce, and with a variadic one and a long producer (a random
+# draw's ~100-op hash: argmax(uniform(key, f32[7, 8]))) LLVM runs for many minutes; a max then a
+# min of indices compile in milliseconds. The max is the one a softmax beside it computes (CSE).
+_ARG_HELPER = '''
+def {name}(x, axis):
+    """jnp.{name}(x, axis) as int32: the index of the first {which} element, or of the first NaN."""
+    n = x.shape[axis]
+    kt = np.float32 if n <= 2 ** 24 else np.int32  # (float keys: XLA reduces them in one kernel)
+    kept = [d for d in range(x.ndim) if d != axis]
+    extreme = jax.lax.broadcast_in_dim(jax.lax.{reduce}(x, (axis,)), x.shape, kept)
+    at = jax.lax.broadcasted_iota(kt, x.shape, axis)
+    key = jax.lax.select(jax.lax.eq(x, extreme), at, jax.lax.full(x.shape, n, kt))
+    if jnp.issubdtype(x.dtype, jnp.inexact):  # a NaN ranks first: its key is below every other
+        key = jax.lax.select(jax.lax.ne(x, x), jax.lax.sub(at, kt(n)), key)
+    first = jax.lax.convert_element_type(jax.lax.reduce_min(key, (axis,)), np.int32)
+    return jax.lax.select(jax.lax.lt(first, np.int32(0)), jax.lax.add(first, np.int32(n)), first)
+'''
+
+for _name, _which, _fn, _reduce in (("argmax", "largest", np.argmax, "reduce_max"),
+                                    ("argmin", "smallest", np.argmin, "reduce_min")):
     register(_name, doc=f"index of the first {_which} element along `axis` (i32)",
              example=(("f32[8, 16]",), {"axis": 1}), infer=_arg_infer(_name), partition=_arg_partition(_name),
              flops=operand_flops,
              numpy=lambda x, *, axis, _fn=_fn: _fn(x, axis=axis).astype(np.int32), rule=_arg_rule,
              jax=lambda a, attrs, out, _name=_name: f"jnp.{_name}({a[0]}, axis={attrs['axis']}).astype(jnp.int32)",
-             jax_local=lambda a, attrs, out, _name=_name: f"jax.lax.{_name}({a[0]}, {attrs['axis']}, jnp.int32)",
+             jax_local=lambda a, attrs, out, _name=_name: f"{_name}({a[0]}, {attrs['axis']})",
+             jax_helper=_ARG_HELPER.format(name=_name, which=_which, reduce=_reduce),
              family=Family.reduce)
 
 
