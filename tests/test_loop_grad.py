@@ -280,3 +280,39 @@ def test_random_programs_with_loops_match_finite_differences():
 def test_random_programs_with_loops_match_finite_differences_more(seed):
     if not _random_fd(seed):
         pytest.skip("the drawn program has no loop")
+
+
+# the stacked gradient's carry is a pending sum over data (its terms are batch sums), and the
+# shard() laying v over model pulls the gradient's stacked dim onto model: the body's second
+# attempt settles each iteration's new value, which the carry keeps pending. Was an internal error
+# ("cannot create a pending sum"), found by autoshard on a struct training step.
+SETTLED_IN_THE_BODY = """mesh [data=3, model=2]
+const B = 7
+const F = 13
+const L = 2
+
+func loss(b: f32[L, F], x: f32[B, F]) -> f32[] {
+  h = x
+  loop l in range(L) {
+    h = tanh(h + b[l])
+  }
+  return mean(h)
+}
+
+func main(b: f32[L, F], v: f32[L, F], x: f32[B, F] {data, _}) -> (f32[L, F], f32[L, F]) {
+  v2 = shard(v, {model, _})
+  g = grad(loss, b, x)
+  return g, v2 * g
+}
+"""
+
+
+@pytest.mark.parametrize("mesh", [None, {"data": 2, "model": 4}, {"data": 4, "model": 3}])
+def test_a_pending_carry_whose_body_settles_its_value(mesh):
+    """At the back edge a carry kept as a pending sum takes a value its body settled as the first
+    device's share (zeros elsewhere), as the carry's initial value enters: every backend equals
+    the reference and jax's own grad (the xla backend)."""
+    pytest.importorskip("jax")
+    c = spmdlang.compile(SETTLED_IN_THE_BODY, mesh=mesh)
+    d = c.diff()
+    assert d["ok"], d["results"]

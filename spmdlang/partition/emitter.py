@@ -351,11 +351,22 @@ class Emitter(LocalOps):
     def enter_pending(self, v: Value, s: Sharding) -> Value:
         """The initial value of a carry that is a pending sum over s.partial: held by the first
         device of each group over those axes, zeros elsewhere (a zero constant already is one)."""
-        x = self.reshard(v, s.with_partial(()), "into the loop")
         producer = self.local.producer.get(v)
         if producer is not None and producer.kind == OpName.FULL and producer.attrs["value"] == 0:
+            return self.reshard(v, s.with_partial(()), "into the loop")
+        return self.pending(v, s, "into the loop")
+
+    def pending(self, v: Value, s: Sharding, why: str) -> Value:
+        """`v` in layout `s`, whose pending sum may be over axes that v's is not: the sum v keeps
+        over axes s keeps stays pending; over the others the value is held by the first device of
+        each group and zeros elsewhere, whose sum it is. No communication beyond settling what s
+        does not keep. (A loop's carry kept as a pending sum whose body settled the new value.)"""
+        keep = tuple(a for a in s.partial if a in self.local.layout(v).partial)
+        missing = tuple(a for a in s.partial if a not in keep)
+        x = self.reshard(v, s.with_partial(keep), why)
+        if not missing:
             return x
-        first = self.emit("eq", self.axis_index(s.partial), self.constant(0, "i32"))
+        first = self.emit("eq", self.axis_index(missing), self.constant(0, "i32"))
         return self.emit("select", first, x, self.constant(zero(x.type.dtype), x.type.dtype))
 
 
