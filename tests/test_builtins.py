@@ -846,22 +846,13 @@ def _random_cases():
     ]
 
 
-def _no_x64(f, *xs):
-    import jax
-
-    with jax.enable_x64(False):
-        return np.asarray(f(*xs))
-
-
 def _jax_random_cases():
     """Version 3's builtins against the jax.random function of the same name (jax itself)."""
     import jax
 
     r = jax.random
     k = {"k": lambda rng: rng.integers(0, 2**32, size=2)}
-    # jax's own draws without x64, as the language defines them (a module of an f64 program run
-    # earlier in the process turns x64 on; PRNGKey of a negative seed differs with it)
-    a = lambda f: lambda *xs: _no_x64(f, *xs)  # noqa: E731
+    a = lambda f: lambda *xs: np.asarray(f(*xs))  # noqa: E731
     return [
         Case("prng_key", "s: i32[]", "prng_key(s)", a(lambda s: r.key_data(r.PRNGKey(int(s)))), {"s": lambda rng: -5}),
         Case("random_split", "k: u32[2]", "random_split(k, 3)", a(lambda k: r.split(k, 3)), k),
@@ -920,6 +911,7 @@ def test_threefry_known_answer():
 
 
 @cases(*_random_cases())
+@pytest.mark.usefixtures("jax_without_x64")  # jax.random's references (PRNGKey(-5) differs under x64)
 def test_random(case):
     check_case(case)
 

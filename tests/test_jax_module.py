@@ -200,3 +200,23 @@ def test_permute_pairs_are_listed_for_small_groups_and_computed_for_large_ones()
     assert "perm=[(" not in large.jax_source and "perm=permute_pairs((" in large.jax_source
     x = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
     np.testing.assert_array_equal(large.run({"x": x}, backend="jax")[0], np.roll(x, 3, axis=0))
+
+
+def test_an_int_product_over_a_split_dim_wraps_as_int32_under_x64():
+    """prod over a split i32 dim: the shards' products are gathered and multiplied with jnp.prod,
+    which widens small ints to the default int once x64 is on (as any module of a 64-bit program
+    turns it on for the process): the dtype stays i32, wrapping as the reference does (the
+    campaign's seed 71668 got the unwrapped int64 product)."""
+    import jax
+
+    c = spmdlang.compile("""mesh [p=2, q=3]
+func main(x: i32[4, 5] {(q, p), _}) -> i32[] {
+  return prod(x)
+}
+""")
+    x = np.arange(1, 21, dtype=np.int32).reshape(4, 5) % 14 + 1
+    want = c.run({"x": x}, backend="ref")[0]
+    assert int(want) != int(np.prod(x.astype(np.int64)))  # (it wraps)
+    with jax.enable_x64(True):
+        got = c.run({"x": x}, backend="jax")[0]
+    assert got.dtype == np.int32 and int(got) == int(want)

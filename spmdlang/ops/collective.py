@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ..ir.collectives import CollectiveKind
+from ..ir import types as T
 from ..ir.types import TensorType, is_float, widen
 from ..partition.permute import mesh_order_pairs, permute_pairs
 from .registry import Family, Stage, check, no_flops, py_literal, register
@@ -111,7 +112,10 @@ def _all_reduce_jax(a, attrs, out):
     kind = attrs["reduce"]
     arg = a[0] if len(a) == 1 else "(" + ", ".join(a) + ")"
     if kind == "prod":
-        parts = [f"jnp.prod(jax.lax.all_gather({x}, {axes!r}, axis=0), axis=0)" for x in a]
+        # (jnp.prod widens small ints to the default int, int64 once a module enables x64: keep
+        # the dtype, wrapping as the reference does)
+        keep = [f", dtype={T.jnp_dtype(t.dtype)}" if T.is_int(t.dtype) else "" for t in out]
+        parts = [f"jnp.prod(jax.lax.all_gather({x}, {axes!r}, axis=0), axis=0{k})" for x, k in zip(a, keep)]
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
     if kind == "sum":
         return f"jax.lax.psum({arg}, {axes!r})"
