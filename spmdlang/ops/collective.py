@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from ..ir.collectives import CollectiveKind
 from ..ir import types as T
+from ..ir.collectives import CollectiveKind
 from ..ir.types import TensorType, is_float, widen
 from ..partition.permute import mesh_order_pairs, permute_pairs
 from .registry import Family, Stage, check, no_flops, py_literal, register
