@@ -350,6 +350,12 @@ ERRORS = [
      "struct 'N' has the name of a const"),
     ("mesh [x=2]\nfunc f(w: f32[..S] {x}) -> f32[..S] { return w }\nfunc main(a: f32[4]) -> f32[4] { return a }",
      "{x})", "a generic function's parameters carry no specs"),
+    # a struct where a generic function takes a tensor: its variables bound by nothing (was "unknown
+    # dtype 'T'" at the function's declaration)
+    (M + "func f[T](w: T[..Q]) -> T[..Q] { return w }\nfunc main(p: P) -> f32[3] { return f(p).a }", "p).a",
+     "argument 'w' of 'f' must be a tensor T[..Q], got a struct P; tree_map calls a function on each leaf"),
+    (M + "func f(w: f32[..Q]) -> f32[..Q] { return w }\nfunc main(p: P) -> f32[3] { return f(p).a }", "p).a",
+     "argument 'w' of 'f' must be a tensor f32[..Q], got a struct P"),
 ]
 
 

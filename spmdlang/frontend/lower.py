@@ -274,6 +274,10 @@ class Lowerer:
         call_note = f"in the call to '{f.name}' at line {span.line}, column {span.col}" if span else None
         for p, a, sp in zip(f.params, args, spans):
             t = p.type
+            generic = t.dtype in f.type_params or any(isinstance(d, A.ShapeVar) for d in t.dims or ())
+            if isinstance(a, StructValue) and generic:  # (else its type's variables go unbound)
+                raise SpmdError(f"argument '{p.name}' of '{f.name}' must be a tensor {_type_text(t)}, got "
+                                f"{describe(a)}; tree_map calls a function on each leaf", sp or span, call_note)
             if not isinstance(a, Value) or self._names_struct(t):
                 continue
             if t.dtype in f.type_params:
