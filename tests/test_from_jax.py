@@ -422,6 +422,25 @@ def test_cli_import_errors_write_nothing(tmp_path):
     assert r.returncode == 1 and "defines no function 'g'" in r.stderr and not out.exists()
     r = _cli("import", "nofile.py:f")
     assert r.returncode == 2 and "no such file" in r.stderr
+    # a file that is not Python (was an internal error: importlib finds no loader without .py), and
+    # a syntax error, each at its line and column
+    spmd = tmp_path / "prog.spmd"
+    spmd.write_text("mesh [x=2]\nfunc f(a: f32[2]) -> f32[2] { return a }\n")
+    r = _cli("import", f"{spmd}:f", "-o", str(out))
+    assert r.returncode == 1 and f"{spmd}:1:7: error: loading prog.spmd raised SyntaxError" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr and not out.exists()
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(x):\n    return x +\n")
+    r = _cli("import", f"{broken}:f", "-o", str(out))
+    assert r.returncode == 1 and f"{broken}:2:15: error: loading broken.py raised SyntaxError" in r.stderr, r.stderr
+
+
+def test_cli_import_of_a_script_without_a_suffix(tmp_path):
+    script = tmp_path / "step"
+    script.write_text("import jax.numpy as jnp\n\n\ndef f(x):\n    return jnp.sin(x)\n\n\n"
+                      "def f_args():\n    return (jnp.ones(3),)\n")
+    r = _cli("import", f"{script}:f")
+    assert r.returncode == 0 and "func main(x: f32[3]) -> f32[3]" in r.stdout, r.stderr
 
 
 # ------------------------------------------------------------------ programs/*.spmd round trip

@@ -9,6 +9,7 @@ import importlib.util
 import os
 import sys
 import traceback
+from importlib.machinery import SourceFileLoader
 
 from ..errors import Source, Span, SpmdError
 
@@ -27,8 +28,11 @@ def split_target(target: str) -> tuple[str, str]:
 
 
 def _user_span(exc: BaseException, path: str) -> Span | None:
-    """The innermost frame of the traceback that lies in the user's file."""
+    """The innermost frame of the traceback that lies in the user's file (a syntax error's own
+    position, which no frame holds)."""
     real = os.path.realpath(path)
+    if isinstance(exc, SyntaxError) and exc.filename and os.path.realpath(exc.filename) == real and exc.lineno:
+        return Span(Source(path, _read(path)), exc.lineno, exc.offset or 1)
     found = None
     for fr in traceback.extract_tb(exc.__traceback__):
         if os.path.realpath(fr.filename) == real:
@@ -55,7 +59,9 @@ def import_target(target: str, mesh: dict | None = None):
     name = f"_spmdlang_import_{os.path.splitext(os.path.basename(path))[0]}"
     sys.path.insert(0, directory)
     try:
-        spec = importlib.util.spec_from_file_location(name, path)
+        # Python's source loader whatever the file's suffix (importlib finds none for a name without
+        # .py: a script, or a file named by mistake, whose syntax error is then reported at its line)
+        spec = importlib.util.spec_from_file_location(name, path, loader=SourceFileLoader(name, path))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses (flax's modules) look their module up while it loads
         try:
