@@ -185,6 +185,30 @@ def test_shard_weight_updates_same_numbers_on_every_backend():
     assert d["ok"], d["results"]
 
 
+def test_shard_weight_updates_of_a_step_with_a_loop():
+    """A loop's results are leaves of an update's region, as parameters are (the pass looked the
+    loop up in the op table: an internal error, found with a struct step over stacked layers)."""
+    src = """mesh [data=2, model=2]
+const L = 3
+func loss(w: f32[L, 8, 8], x: f32[6, 8]) -> f32[] {
+  h = x
+  loop l in range(L) {
+    h = tanh(h @ w[l])
+  }
+  return mean(h * h)
+}
+func main(w: f32[L, 8, 8], m: f32[L, 8, 8], x: f32[6, 8] {data, _}) -> (f32[L, 8, 8], f32[L, 8, 8]) {
+  g = grad(loss, w, x)
+  m = 0.9 * m + g
+  return w - 0.1 * m, m
+}
+"""
+    c = spmdlang.compile(src, shard_weight_updates="data")
+    assert c.pass_notes and "weight-update sharding over data" in c.pass_notes[0].message
+    d = c.diff(backends=["ref", "sim", "jax"])
+    assert d["ok"], d["results"]
+
+
 def test_shard_weight_updates_on_megatron_adds_data_to_the_model_split():
     c = spmdlang.compile(str(PATTERNS / "train_mlp_sgd.spmd"), consts={"B": 64, "D": 16, "F": 32},
                          shard_weight_updates="data")

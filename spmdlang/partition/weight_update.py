@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..ir import registry
 from ..ir.builder import Builder
-from ..ir.core import Op, Program, Result, Value
+from ..ir.core import LOOP, Op, Program, Result, Value
 from ..ir.mesh import Mesh, Sharding
 from ..ir.registry import Family
 
@@ -98,14 +98,24 @@ def shard_weight_updates(prog: Program, axis: str) -> tuple[Program, list[Note]]
     return _constrain(prog, targets), notes
 
 
+def _family(op: Op | None) -> Family | None:
+    """The op table's family of a producer; None for a parameter and for a loop (no table entry:
+    its results are leaves of a weight update's region, as a parameter is)."""
+    return None if op is None or op.kind == LOOP else registry.get(op.kind).family
+
+
+def _is_constraint(op: Op | None) -> bool:
+    return op is not None and op.kind != LOOP and registry.get(op.kind).constraint
+
+
 def _constrained_over(v: Value, producer, axis: str) -> bool:
     op = producer.get(v)
-    return op is not None and registry.get(op.kind).constraint and axis in op.attrs["sharding"].used_axes()
+    return _is_constraint(op) and axis in op.attrs["sharding"].used_axes()
 
 
 def _through_constraints(v: Value, producer) -> Value:
     op = producer.get(v)
-    while op is not None and registry.get(op.kind).constraint:
+    while _is_constraint(op):
         v = op.operands[0]
         op = producer.get(v)
     return v
@@ -124,9 +134,10 @@ def _region(value: Value, producer) -> tuple[list[Op], list[Value]]:
             continue
         seen.add(v)
         op = producer.get(v)
-        if op is not None and registry.get(op.kind).family == Family.create and v.type.rank == 0:
+        family = _family(op)
+        if family == Family.create and v.type.rank == 0:
             continue  # a scalar constant
-        if (op is None or registry.get(op.kind).family != Family.elementwise or len(op.results) != 1
+        if (family != Family.elementwise or len(op.results) != 1
                 or v.type.shape != shape or not v.type.dtype.startswith(("f", "bf"))):
             leaves[v] = None
             continue
