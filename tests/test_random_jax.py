@@ -305,3 +305,24 @@ print("ok")
     except subprocess.TimeoutExpired:
         pytest.fail("compiling an argmax of a random draw took over 240 s (LLVM's CRC recognition)")
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_keys_laid_out_over_an_axis():
+    """A key (u32[2]) is a tensor like any: shard() may split its two words (autoshard wrote
+    `shard(fold_in(key, ...), {model})` for an imported flax step; fold_in's partitioning then set
+    a whole key as a half: an internal error). The draw makes the words whole, and the layout asked
+    for is a slice of them; the draws read the whole key again."""
+    src = """mesh [data=2, model=2]
+func main(key: u32[2], x: f32[4, 6] {data, model}) -> (u32[2] {model}, u32[3, 2] {data, model}, f32[4, 6]) {
+  k = shard(fold_in(key, 7), {model})
+  ks = shard(random_split(k, 3), {data, model})
+  return k, ks, dropout(k, x, 0.5) + uniform(ks[1], f32[4, 6])
+}
+"""
+    c = spmdlang.compile(src)
+    d = c.diff(backends=["sim", "jax"])
+    assert d["ok"], d["results"]
+    key = np.array([3, 4000000000], np.uint32)
+    got = c.run({**c.random_inputs(0), "key": key}, backend="jax")
+    k = jax.random.fold_in(key, 7)
+    assert np.array_equal(got[0], np.asarray(k)) and np.array_equal(got[1], np.asarray(jax.random.split(k, 3)))

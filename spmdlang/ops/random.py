@@ -279,8 +279,8 @@ def _draw_partition(ctx):
     attrs = ctx.attrs
     shape = tuple(attrs["shape"])
     dims = list(ctx.target().dims)
-    if attrs["dist"] == "split":
-        dims[-1] = ()
+    for d in range(len(shape), len(dims)):  # a key's two words (split, fold_in) are drawn whole
+        dims[d] = ()
     s = Sharding(tuple(dims))
     local = s.local_shape(ctx.op.result.type.shape, ctx.mesh)
     key = ctx.reshard(0, Sharding.replicated(1), "every shard hashes with the whole key")
