@@ -135,6 +135,12 @@ def check_inputs(prog: Program, inputs: dict, origin: str = "inputs") -> dict[st
     return out
 
 
+def _raw_bf16(dtype: np.dtype, want: np.dtype) -> bool:
+    """A bf16 array as numpy saves it: bfloat16 is no numpy dtype of its own (ml_dtypes'), so
+    np.save writes its two bytes per element as void ('|V2'), and reads them back so."""
+    return want.name == "bfloat16" and dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None
+
+
 def _native(a: np.ndarray, want: np.dtype) -> np.ndarray:
     """A non-native byte order of the wanted dtype (e.g. big-endian '>f4' for f32) is converted."""
     if a.dtype != want and a.dtype.byteorder not in ("=", "|") and a.dtype.newbyteorder("=") == want:
@@ -208,11 +214,13 @@ def load_npz(path: str, prog: Program | None = None) -> dict[str, np.ndarray]:
                         raise _fail(path, f"{path}: '{name}' has shape {list(shape)}, but the parameter is {t}",
                                     span)
                     want = T.np_dtype(t.dtype)
-                    if dtype != want and dtype.newbyteorder("=") != want:
+                    if dtype != want and dtype.newbyteorder("=") != want and not _raw_bf16(dtype, want):
                         raise _fail(path, f"{path}: '{name}' has dtype {dtype}, but the parameter is {t} ({want})",
                                     span)
                 with zf.open(info) as f:
                     a = np.lib.format.read_array(f, allow_pickle=False)
+                if p is not None and _raw_bf16(a.dtype, T.np_dtype(p.value.type.dtype)):
+                    a = a.view(T.np_dtype(p.value.type.dtype))
                 out[name] = _native(a, T.np_dtype(p.value.type.dtype)) if p is not None else a
             return out
     except SpmdError:

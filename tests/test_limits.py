@@ -334,6 +334,32 @@ def test_npz_big_endian_is_accepted_and_converted(capsys, tmp_path):
     assert out[0].dtype == np.float32 and out[0].sum() == 2 * 28 + 8 * 6
 
 
+def test_npz_bf16_as_numpy_saves_it_travels_both_ways(capsys, tmp_path):
+    """bfloat16 is ml_dtypes', not numpy's: np.savez writes a bf16 array as two raw bytes per
+    element ('|V2'), and so does `run -o` for a bf16 result. Such a member is read as the bf16
+    parameter it is for (it was refused as 'has dtype |V2'), so a run's outputs are inputs again."""
+    import ml_dtypes
+
+    prog = "mesh [p=2]\nfunc main(x: bf16[4, 3] {p, _}, y: f32[3]) -> bf16[4, 3] {\n  return x * cast(y, bf16)\n}\n"
+    path = write(tmp_path, prog)
+    x = (np.arange(12, dtype=np.float32).reshape(4, 3) / 7).astype(ml_dtypes.bfloat16)
+    y = np.array([1.5, -2.0, 0.25], np.float32)
+    src, out = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(src, x=x, y=y)
+    assert np.load(src)["x"].dtype == np.dtype("V2")  # (what numpy writes)
+    code, _, err = cli(capsys, "run", path, "--backend", "sim", "--inputs", src, "-o", out)
+    assert code == 0, err
+    want = spmdlang.compile(prog).run({"x": x, "y": y}, backend="ref")[0]
+    got = np.load(out)["out0"]
+    assert got.dtype == np.dtype("V2") and np.array_equal(got.view(ml_dtypes.bfloat16), want)
+    np.savez(src, x=got, y=y)  # the result, as written, is an input again
+    code, _, err = cli(capsys, "run", path, "--backend", "ref", "--inputs", src)
+    assert code == 0, err
+    np.savez(src, x=np.zeros((4, 3), "V4"), y=y)  # other raw bytes stay refused
+    code, _, err = cli(capsys, "run", path, "--backend", "ref", "--inputs", src)
+    assert code == 1 and "has dtype |V4" in err
+
+
 def test_npz_member_that_is_not_npy_says_what_it_is(capsys, tmp_path):
     src = tmp_path / "in.npz"
     _npz(src, {"x.npy": b"hello, this is text", "y.npy": np.arange(4, dtype=np.int32)})
