@@ -574,3 +574,20 @@ def test_readme_example_is_the_docs_example():
     section = readme.split("## From your jax model", 1)[1].split("\n## ", 1)[0]
     assert re.findall(r"```python\n(.*?)```", section, flags=re.S) == [docs]
     assert len(docs.strip().splitlines()) < 30
+
+
+def test_python_number_arguments_flatten_as_jax_traced_them():
+    """A hyperparameter passed as a Python float (an SGD step's lr) is an f32 parameter, as jax
+    traces it; imp.flatten gave numpy's f64, which run() refused ("'lr' has dtype float64")."""
+    def step(w, x, lr, n):
+        g = jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+        return w - lr * g, n + 1
+
+    w, x = np.ones((4, 3), np.float32) / 3, np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    imp = spmdlang.from_jax(step, w, x, 0.5, 7)
+    flat = imp.flatten(w, x, 0.5, 7)
+    assert {a.dtype for a in flat.values()} == {np.dtype(np.float32), np.dtype(np.int32)}
+    got = imp.unflatten(imp.compile().run(flat, backend="ref"))
+    want = step(w, x, 0.5, 7)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    assert int(got[1]) == 8

@@ -62,11 +62,14 @@ class Imported:
 
 
 def _raw(leaf) -> np.ndarray:
-    """An argument leaf as the program takes it: a typed PRNG key as its raw u32 words."""
+    """An argument leaf as the program takes it: a typed PRNG key as its raw u32 words; a Python
+    number in the dtype jax traced it as (a float is f32 without x64, where numpy would make f64)."""
     import jax
 
     if is_key(getattr(leaf, "dtype", None)):
         return np.asarray(jax.random.key_data(leaf))
+    if isinstance(leaf, (bool, int, float)):
+        return np.asarray(jax.numpy.asarray(leaf))
     return np.asarray(leaf)
 
 
