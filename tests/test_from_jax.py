@@ -591,3 +591,27 @@ def test_python_number_arguments_flatten_as_jax_traced_them():
     want = step(w, x, 0.5, 7)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     assert int(got[1]) == 8
+
+
+@pytest.mark.parametrize("groups", [3, 6])
+def test_grad_of_a_grouped_conv(groups):
+    """jax differentiates a grouped (depthwise: groups = channels) conv for its kernel with a
+    conv whose batch_group_count is the groups, and reshapes with `dimensions`: both imported (a
+    batch group is a feature group over the image blocks side by side in the channels; a reshape's
+    dimensions a transpose first). Was "no spmdlang equivalent" for a flax nn.Conv with
+    feature_group_count under jax.grad."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 7, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 6 // groups, 12)).astype(np.float32) / 3
+
+    def f(w, x):
+        def loss(w, x):
+            y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                             feature_group_count=groups)
+            return jnp.sum(jnp.tanh(y) ** 2)
+        return jax.grad(loss, argnums=(0, 1))(w, x)
+
+    imp = check(f, w, x, backends=("ref", "sim", "jax"), mesh={"data": 2}, in_specs=(None, P("data")))
+    assert "groups=" in imp.source
+    r = jax.lax.reshape(jnp.arange(24.0).reshape(2, 3, 4), (4, 6), dimensions=(2, 0, 1))
+    check(lambda a: jax.lax.reshape(a * 2.0, (4, 6), dimensions=(2, 0, 1)) + r, jnp.ones((2, 3, 4)))

@@ -618,9 +618,11 @@ def _broadcast_in_dim(t, eqn, ins):
 
 @prim("reshape")
 def _reshape(t, eqn, ins):
-    if eqn.params.get("dimensions") not in (None, ()):
-        t.fail("jax primitive 'reshape' with `dimensions` has no spmdlang equivalent")
-    return t.put(eqn, f"reshape({t.value(ins[0])}, {_ints(t.out(eqn).shape)})")
+    v = t.value(ins[0])
+    dims = eqn.params.get("dimensions")
+    if dims not in (None, ()) and list(dims) != list(range(len(dims))):  # lax.reshape's transpose first
+        v = t.emit(f"transpose({v}, {_ints(dims)})")
+    return t.put(eqn, f"reshape({v}, {_ints(t.out(eqn).shape)})")
 
 
 def _slice_text(x: str, starts, stops, steps) -> str:
@@ -965,8 +967,7 @@ def _dot_general(t, eqn, ins):
 def _conv(t, eqn, ins):
     x, w = ins
     p = eqn.params
-    if int(p.get("batch_group_count", 1)) != 1:
-        t.fail("jax primitive 'conv_general_dilated' with batch_group_count > 1 has no spmdlang equivalent")
+    batch_groups = int(p.get("batch_group_count", 1))
     dn = p["dimension_numbers"]
     lhs, rhs, outs = tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)
     nsp = len(lhs) - 2
@@ -985,13 +986,23 @@ def _conv(t, eqn, ins):
     padding = [[int(lo), int(hi)] for lo, hi in p["padding"]]
     if any(lo < 0 or hi < 0 for lo, hi in padding):
         t.fail("jax primitive 'conv_general_dilated' with negative padding has no spmdlang equivalent")
+    groups = int(p["feature_group_count"])
+    if batch_groups != 1:
+        # (jax's transpose of a grouped conv for its kernel's gradient) batch group g, the g-th
+        # block of N / G images, meets output features group g: the same as a conv with g feature
+        # groups over the blocks laid side by side in the channel dim
+        n, c, sp = x.shape[lhs[0]], x.shape[lhs[1]], [x.shape[d] for d in lhs[2:]]
+        xv = t.emit(f"reshape({xv}, {_ints([batch_groups, n // batch_groups, *sp, c])})")
+        xv = t.emit(f"transpose({xv}, {_ints([1, *range(2, nsp + 2), 0, nsp + 2])})")
+        xv = f"reshape({xv}, {_ints([n // batch_groups, *sp, batch_groups * c])})"
+        groups = batch_groups
     args = [xv, wv, f"stride={_ints(p['window_strides'])}", f"padding={padding}"]
     if any(d != 1 for d in p["lhs_dilation"]):
         args.append(f"lhs_dilation={_ints(p['lhs_dilation'])}")
     if any(d != 1 for d in p["rhs_dilation"]):
         args.append(f"rhs_dilation={_ints(p['rhs_dilation'])}")
-    if int(p["feature_group_count"]) != 1:
-        args.append(f"groups={int(p['feature_group_count'])}")
+    if groups != 1:
+        args.append(f"groups={groups}")
     expr = f"conv({', '.join(args)})"
     # ours is [N, spatial..., F]; out_spec says where jax puts N, F and each spatial dim
     ours = {outs[0]: 0, outs[1]: nsp + 1, **{outs[2 + i]: 1 + i for i in range(nsp)}}
