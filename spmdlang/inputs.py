@@ -142,7 +142,10 @@ def _raw_bf16(dtype: np.dtype, want: np.dtype) -> bool:
 
 
 def _native(a: np.ndarray, want: np.dtype) -> np.ndarray:
-    """A non-native byte order of the wanted dtype (e.g. big-endian '>f4' for f32) is converted."""
+    """A non-native byte order of the wanted dtype (e.g. big-endian '>f4' for f32) is converted,
+    and a bf16 array's raw bytes (_raw_bf16) viewed as bf16."""
+    if _raw_bf16(a.dtype, want):
+        return a.view(want)
     if a.dtype != want and a.dtype.byteorder not in ("=", "|") and a.dtype.newbyteorder("=") == want:
         return a.astype(want)
     return a
@@ -219,8 +222,6 @@ def load_npz(path: str, prog: Program | None = None) -> dict[str, np.ndarray]:
                                     span)
                 with zf.open(info) as f:
                     a = np.lib.format.read_array(f, allow_pickle=False)
-                if p is not None and _raw_bf16(a.dtype, T.np_dtype(p.value.type.dtype)):
-                    a = a.view(T.np_dtype(p.value.type.dtype))
                 out[name] = _native(a, T.np_dtype(p.value.type.dtype)) if p is not None else a
             return out
     except SpmdError:

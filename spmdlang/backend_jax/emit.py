@@ -386,7 +386,8 @@ def _loop(op, namer: Namer, constraint, indent: str, lines: list[str], count: li
 def _ops(ops, namer: Namer, constraint, indent: str, lines: list[str], count: list[int], defs: tuple) -> None:
     hinted: dict = {}  # value -> the hints its producer carries (the op table's `hints`, e.g. shift)
     for op in ops:
-        if op.kind != LOOP and (hints := {h for h in registry.get(op.kind).hints if op.attrs.get(h)}):
+        e = registry.entry(op.kind)
+        if e is not None and (hints := {h for h in e.hints if op.attrs.get(h)}):
             hinted.update((r, frozenset(hints)) for r in op.results)
         if op.kind == LOOP:
             _loop(op, namer, constraint, indent, lines, count, defs)

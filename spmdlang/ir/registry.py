@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .core import LOOP
+
 
 class Named(str, Enum):
     """A str enum that prints and hashes as its value: a member can stand wherever the plain
@@ -249,3 +251,9 @@ def set_vjp(name: str, vjp) -> None:
 
 def get(name: str) -> OpDef:
     return OPS[name]
+
+
+def entry(kind: str) -> OpDef | None:
+    """The table entry of an op kind; None for a loop, the one kind without one (an op with a
+    region, whose body's ops have theirs): for passes that walk every op."""
+    return None if kind == LOOP else OPS[kind]

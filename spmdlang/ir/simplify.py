@@ -94,7 +94,8 @@ def _padded_rotation(op: Op, producers) -> Op | None:
 
 
 def _hints(op: Op) -> tuple[str, ...]:
-    return () if op.kind == LOOP else registry.get(op.kind).hints
+    e = registry.entry(op.kind)
+    return e.hints if e is not None else ()
 
 
 def _key(op: Op):

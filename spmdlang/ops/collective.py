@@ -18,9 +18,8 @@ import math
 
 import numpy as np
 
-from ..ir import types as T
 from ..ir.collectives import CollectiveKind
-from ..ir.types import TensorType, is_float, widen
+from ..ir.types import TensorType, is_float, is_int, jnp_dtype, widen
 from ..partition.permute import mesh_order_pairs, permute_pairs
 from .registry import Family, Stage, check, no_flops, py_literal, register
 
@@ -114,7 +113,7 @@ def _all_reduce_jax(a, attrs, out):
     if kind == "prod":
         # (jnp.prod widens small ints to the default int, int64 once a module enables x64: keep
         # the dtype, wrapping as the reference does)
-        keep = [f", dtype={T.jnp_dtype(t.dtype)}" if T.is_int(t.dtype) else "" for t in out]
+        keep = [f", dtype={jnp_dtype(t.dtype)}" if is_int(t.dtype) else "" for t in out]
         parts = [f"jnp.prod(jax.lax.all_gather({x}, {axes!r}, axis=0), axis=0{k})" for x, k in zip(a, keep)]
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
     if kind == "sum":

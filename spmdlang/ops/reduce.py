@@ -104,7 +104,7 @@ def _reduce_jax_local(name, fn):
 # reduce_max's `shift=True` (logsumexp, softmax, log_softmax): the max only shifts values whose result
 # it cancels from, so where x holds a NaN that result is NaN whatever the max is. Its all_reduce
 # may then be XLA's own, which drops NaN on CPU (docs/known_xla_issues.md #8), without the helper's
-# NaN-keeping integer keys (backend_jax.emit, all_reduce's `shift_operands`); ref and sim compute
+# NaN-keeping integer keys (ops.collective reads it from the all_reduce's `operand_hints`); ref and sim compute
 # the max as ever. A hint (the op table's `hints`): CSE merges a shift with a plain max of the
 # same operand into the plain one.
 _SHIFT_DOC = "; `shift=true`: a shift that cancels from its result (logsumexp, softmax)"

@@ -109,8 +109,7 @@ def _partition_body(p, op: Op, loop: Loop, accums: dict, pending: dict) -> dict:
             p.partition_op(bop)
         em.current, em.span = op, op.span
         # (a carry kept as a pending sum whose new value this attempt's body settled: pending again)
-        nexts = [em.pending(r, s, "before the back edge") if s.partial else em.reshard(r, s, "before the back edge")
-                 for r, s in zip(loop.body.results, carry_s)]
+        nexts = [em.pending(r, s, "before the back edge") for r, s in zip(loop.body.results, carry_s)]
         body_ops = em.scope.builder.ops
     finally:
         em.frames.pop()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..ir import registry
 from ..ir.builder import Builder
-from ..ir.core import LOOP, Op, Program, Result, Value
+from ..ir.core import Op, Program, Result, Value
 from ..ir.mesh import Mesh, Sharding
 from ..ir.registry import Family
 
@@ -98,14 +98,20 @@ def shard_weight_updates(prog: Program, axis: str) -> tuple[Program, list[Note]]
     return _constrain(prog, targets), notes
 
 
+def _entry(op: Op | None):
+    """A producer's op-table entry; None for a parameter and for a loop (whose results are leaves
+    of a weight update's region, as a parameter is)."""
+    return None if op is None else registry.entry(op.kind)
+
+
 def _family(op: Op | None) -> Family | None:
-    """The op table's family of a producer; None for a parameter and for a loop (no table entry:
-    its results are leaves of a weight update's region, as a parameter is)."""
-    return None if op is None or op.kind == LOOP else registry.get(op.kind).family
+    e = _entry(op)
+    return e.family if e is not None else None
 
 
 def _is_constraint(op: Op | None) -> bool:
-    return op is not None and op.kind != LOOP and registry.get(op.kind).constraint
+    e = _entry(op)
+    return e is not None and e.constraint
 
 
 def _constrained_over(v: Value, producer, axis: str) -> bool:
