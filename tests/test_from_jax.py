@@ -314,6 +314,18 @@ def test_random_bits_equal_jax_on_every_backend():
     assert "k: u32[2]" in imp.source
 
 
+def test_uniform_bounds_whichever_way_jax_passes_them():
+    """jax.random.gumbel (and categorical) call _uniform with keywords, which jit passes sorted by
+    name (maxval first); a positional call passes minval first. Both read the body's max(minval, .)
+    (with the keyword order taken positionally, gumbel was inf everywhere)."""
+    def draws(k, logits):
+        return (jax.random.gumbel(k, (2, 3)), jax.random.categorical(k, logits),
+                jax.random.uniform(k, (5,), jnp.float32, -3.0, -1.0),
+                jax.random.uniform(k, (4,), minval=2.0, maxval=5.0))
+    imp = check(draws, jax.random.PRNGKey(1), f32(3, 4), backends=("ref", "sim", "jax"), rtol=1e-5, atol=1e-6)
+    assert "minval=1.1754944e-38, maxval=1.0" in imp.source and "minval=(-3.0), maxval=(-1.0)" in imp.source
+
+
 def avg_pool_grad(x):
     """jax's gradient of an avg pool: a pad with interior padding (stride - 1 zeros between the
     cotangent's elements) read by a stride-1 window sum, over rows that split unevenly (7 over 2)."""

@@ -1286,10 +1286,34 @@ def _number(t, r: Ref) -> str | None:
 def _uniform(t, eqn, ins):
     if len(ins) != 3:
         return None
-    key, lo, hi = ins[0], _number(t, ins[1]), _number(t, ins[2])
+    order = _uniform_bounds(eqn.params.get("jaxpr"))
+    if order is None:
+        return None
+    key, lo, hi = ins[0], _number(t, ins[order[0]]), _number(t, ins[order[1]])
     if lo is None or hi is None:
         return None
     return f"uniform({key.text}, {type_text(t.out(eqn))}, minval={lo}, maxval={hi})"
+
+
+def _uniform_bounds(closed) -> tuple[int, int] | None:
+    """Which of jax's _uniform(key, a, b) arguments is minval and which maxval, read from its body
+    (its result is max(minval, ...)): a call with keywords passes them sorted by name, maxval
+    first (jax.random.gumbel's), a positional call minval first. None: not that body."""
+    jaxpr = getattr(closed, "jaxpr", closed)
+    if jaxpr is None or len(jaxpr.invars) != 3 or not jaxpr.eqns:
+        return None
+    source = {v: i for i, v in enumerate(jaxpr.invars)}
+    for e in jaxpr.eqns:  # an argument seen through its conversion and broadcasts
+        if e.primitive.name in ("convert_element_type", "broadcast_in_dim", "reshape") \
+                and e.invars and e.invars[0] in source:
+            source[e.outvars[0]] = source[e.invars[0]]
+    last = jaxpr.eqns[-1]
+    if last.primitive.name != "max" or last.outvars != list(jaxpr.outvars):
+        return None
+    lo = next((source[v] for v in last.invars if not hasattr(v, "val") and v in source), None)
+    if lo not in (1, 2):
+        return None
+    return lo, 3 - lo
 
 
 def _normal(t, eqn, ins):
