@@ -326,6 +326,35 @@ def test_uniform_bounds_whichever_way_jax_passes_them():
     assert "minval=1.1754944e-38, maxval=1.0" in imp.source and "minval=(-3.0), maxval=(-1.0)" in imp.source
 
 
+def test_what_jnp_broadcasts_imports():
+    """jnp inserts `reshard` where it broadcasts or promotes an argument under a mesh (a Python
+    scalar in where, segment_sum's scatter, nanmax, median, optax.safe_norm): on the importer's
+    Auto axes it constrains nothing (it was refused)."""
+    x, s = f32(6, 5), np.array([0, 0, 2, 3, 2, 1], np.int32)
+    m = RNG.random(6) < 0.5
+    cases = [(lambda x: jnp.where(x > 0, x, 1.0), (x,)),
+             (lambda a, b, m: jnp.where(m[:, None], a, b), (x, 2 * x, m)),
+             (lambda x, s: jax.ops.segment_sum(x, s, num_segments=4), (x, s)),
+             (lambda x: (jnp.nanmax(x, 1), jnp.median(x, 1)), (x,))]
+    for fn, args in cases:
+        check(fn, *args, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3})
+
+
+def test_arguments_on_an_explicit_mesh_keep_their_specs():
+    """Arrays placed on jax.make_mesh's default (Explicit) axes: their specs are read and the
+    trace is of their shapes (jax refused the Explicit avals under the importer's Auto mesh)."""
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((2, 3), ("data", "model"), devices=jax.devices()[:6])
+    x = jax.device_put(f32(6, 7), NamedSharding(mesh, P("data")))
+    w = jax.device_put(f32(7, 9), NamedSharding(mesh, P(None, "model")))
+    fn = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    imp = spmdlang.from_jax(fn, x, w)
+    assert "x: f32[6, 7] {data, _}" in imp.source and "w: f32[7, 9] {_, model}" in imp.source
+    got = imp.unflatten(imp.compile().run(imp.flatten(x, w), backend="sim"))
+    np.testing.assert_allclose(got, np.asarray(fn(x, w)), rtol=1e-5, atol=1e-5)
+
+
 def avg_pool_grad(x):
     """jax's gradient of an avg pool: a pad with interior padding (stride - 1 zeros between the
     cotangent's elements) read by a stride-1 window sum, over rows that split unevenly (7 over 2)."""

@@ -128,18 +128,29 @@ def _arg_names(fn, n: int) -> list[str]:
 
 
 def _trace(fn, args, mesh: dict):
+    """fn's jaxpr under an abstract mesh of `mesh` with Auto axes (so bare PartitionSpecs in
+    with_sharding_constraint resolve, and jnp inserts no `reshard` as it does for Explicit axes,
+    jax.make_mesh's default). jax.Array arguments are traced as their shapes and dtypes: their
+    specs were read already, and an array on an Explicit mesh would clash with the Auto one."""
     import jax
 
     try:
-        from jax.sharding import AbstractMesh
+        from jax.sharding import AbstractMesh, AxisType
 
-        ctx = jax.sharding.use_abstract_mesh(AbstractMesh(tuple(mesh.values()), tuple(mesh)))
-    except (AttributeError, TypeError):  # an older jax: trace without a mesh in context
+        abstract = AbstractMesh(tuple(mesh.values()), tuple(mesh), axis_types=(AxisType.Auto,) * len(mesh))
+        ctx = jax.sharding.use_abstract_mesh(abstract)
+    except (AttributeError, TypeError, ImportError):  # an older jax: trace without a mesh in context
         import contextlib
 
         ctx = contextlib.nullcontext()
+
+    def shape_of(a):
+        if isinstance(a, jax.Array):
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
+        return a
+
     with ctx:
-        return jax.make_jaxpr(fn, return_shape=True)(*args)
+        return jax.make_jaxpr(fn, return_shape=True)(*jax.tree_util.tree_map(shape_of, args))
 
 
 def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Imported:

@@ -1389,6 +1389,19 @@ def _sharding_constraint(t, eqn, ins):
     return t.put(eqn, f"shard({t.value(x)}, {spec})")
 
 
+@prim("reshard")
+def _reshard(t, eqn, ins):
+    """jax.sharding.reshard, and what jnp inserts to match its operands' shardings when it
+    broadcasts: a layout on a mesh's Explicit axes (a shard()); on Auto axes it constrains nothing."""
+    x = ins[0]
+    sharding = eqn.params.get("dst_sharding")
+    types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+    if not any(getattr(a, "name", str(a)) == "Explicit" for a in types):
+        return x
+    spec = spec_text(getattr(sharding, "spec", None), len(x.shape))
+    return x if spec is None else t.put(eqn, f"shard({t.value(x)}, {spec})")
+
+
 def spec_text(spec, rank: int, open_ok: bool = False) -> str | None:
     """A PartitionSpec as the language's `{a, _, (b, c)}` (None when there is none)."""
     if spec is None or rank == 0:
