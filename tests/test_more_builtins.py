@@ -691,3 +691,32 @@ def test_where_with_a_float_condition_differentiates_as_jax():
     a = np.arange(6, dtype=f32)
     want = jax.grad(lambda c, a: jnp.sum(jnp.where(c, a * a, 2.0 * c)), argnums=(0, 1))(c, a)
     run_sharded(src, {"c": c, "a": a}, tuple(np.asarray(w) for w in want))
+
+
+def test_axis_none_is_written_as_in_jax():
+    """`axis=None` (and perm=None) as the builtin table writes them: every dim, as jax's."""
+    import jax
+    import jax.numpy as jnp
+
+    a = np.random.default_rng(3).standard_normal((5, 3)).astype(f32)
+    src = """mesh [x=2]
+func main(a: f32[5, 3] {x, _}) -> (f32[5, 3], f32[3, 5], f32[5, 3], i32[], f32[5, 3], f32[], f32[5, 3]) {
+  return softmax(a, axis=None), transpose(a, perm=None), roll(a, 2, axis=None), argmax(a, axis=None),
+    log_softmax(a, axis=None), sum(a, axis=None), squeeze(a, axis=None)
+}
+"""
+    want = (jax.nn.softmax(a, axis=None), a.T, jnp.roll(a, 2, axis=None), jnp.argmax(a, axis=None),
+            jax.nn.log_softmax(a, axis=None), a.sum(), a)
+    run_sharded(src, {"a": a}, tuple(np.asarray(w) for w in want))
+
+
+def test_pad_with_one_lo_hi_pair_pads_every_dim():
+    a = np.arange(12, dtype=f32).reshape(4, 3)
+    src = """mesh [x=3]
+func main(a: f32[4, 3] {x, _}) -> (f32[7, 6], f32[7, 6]) {
+  return pad(a, [1, 2]), pad(a, [[1, 2]], value=-1.0)
+}
+"""
+    # (XLA's baseline pads 4 rows over 3 shards with a -1 wrong: an upstream disagreement)
+    run_sharded(src, {"a": a}, (np.pad(a, (1, 2)), np.pad(a, (1, 2), constant_values=-1)),
+                backends=("ref", "sim", "jax"))

@@ -187,6 +187,8 @@ def _eval_arg(ctx, b: Builtin, kind: Kind, node, env, pname):
         if not isinstance(node, A.SpecExpr):
             raise SpmdError(f"{where} must be a sharding spec such as {{data, _}}", node.span)
         return node
+    if isinstance(node, A.Name) and node.id == "None" and _takes_none(b, pname, kind):
+        return None  # `axis=None`, `stride=None`: the argument's "all" / "same as its default"
     v = ctx.expr(node, env)
     check = _CHECKS.get(kind)
     if check is None:  # Kind.any
@@ -194,6 +196,11 @@ def _eval_arg(ctx, b: Builtin, kind: Kind, node, env, pname):
     if not check.accepts(v):
         raise SpmdError(f"{where} must be {check.must_be.format(got=describe(v))}", node.span)
     return check.convert(v)
+
+
+def _takes_none(b: Builtin, pname: str, kind: Kind) -> bool:
+    """`None` is a value of axes (every dim) and of arguments whose default is None."""
+    return kind == Kind.axes or any(p[0] == pname and p[2] is None for p in b.params)
 
 
 def tensor(ctx, args: Args, name: str, dtype: str | None = None) -> Value:
@@ -723,11 +730,14 @@ def _concat(ctx, span, args):
 def _pad(ctx, span, args):
     x = tensor(ctx, args, "x")
     w = args["widths"]
+    if isinstance(w, list) and len(w) == 2 and all(_static_int(q) for q in w):
+        w = [w]  # one [lo, hi] for every dim, as numpy.pad's (lo, hi)
     ok = isinstance(w, list) and all(
         isinstance(p, list) and len(p) == 2 and all(isinstance(q, int) and not isinstance(q, bool) for q in p)
         for p in w)
     if not ok:
-        raise SpmdError("pad: widths must be [[lo, hi], ...] of integers", args.span("widths"))
+        raise SpmdError("pad: widths must be [[lo, hi], ...] of integers, or one [lo, hi] for every dim",
+                        args.span("widths"))
     if len(w) == 1 and x.type.rank != 1:
         w = w * x.type.rank
     if len(w) != x.type.rank:
