@@ -347,3 +347,13 @@ def test_normal_is_within_3_ulp_of_jax_in_its_tails():
         for backend in ("ref", "sim"):
             got = c.run({"key": np.asarray(key)}, backend=backend)[0]
             assert _ulps(got, want).max() <= 3, (backend, _ulps(got, want).max())
+
+
+def test_dropout_with_key_by_keyword_takes_x_and_rate_positionally():
+    c = spmdlang.compile("mesh [x=2]\nfunc main(k: u32[2], a: f32[7] {x}) -> (f32[7], f32[7], f32[7]) {\n"
+                         "  return dropout(a, 0.3, key=k), dropout(a, rate=0.3, key=k), dropout(k, a, 0.3)\n}\n")
+    key, a = np.asarray(jax.random.PRNGKey(4)), np.arange(1, 8, dtype=np.float32)
+    want = np.asarray(flax_dropout(key, jnp.asarray(a), 0.3))
+    for backend in OURS:
+        for got in c.run({"k": key, "a": a}, backend=backend):
+            np.testing.assert_allclose(got, want, rtol=2e-7, err_msg=backend)

@@ -1144,8 +1144,8 @@ def _pick_dropout(ctx, node: A.Call, env) -> Builtin:
     """dropout(key, x, rate) when its first argument is a key (u32[2]) or `key=` is given;
     version 2's dropout(x, rate, seed) otherwise."""
     names = {kw.name for kw in node.kwargs}
-    if "key" in names:
-        return BUILTINS["dropout"]
+    if "key" in names:  # positional arguments are then x and rate: dropout(x, 0.1, key=k)
+        return _DROPOUT_KEYWORD
     if "seed" in names or not node.args:
         return _DROPOUT_SEED
     arg = node.args[0]
@@ -1156,6 +1156,7 @@ def _pick_dropout(ctx, node: A.Call, env) -> Builtin:
     return BUILTINS["dropout"] if isinstance(first, Value) and first.type == KEY else _DROPOUT_SEED
 
 
+_DROPOUT_KEYWORD = replace(BUILTINS["dropout"], params=tuple(BUILTINS["dropout"].params[i] for i in (1, 2, 0)))
 BUILTINS["dropout"] = replace(BUILTINS["dropout"], pick=_pick_dropout)
 
 
