@@ -357,3 +357,21 @@ def test_dropout_with_key_by_keyword_takes_x_and_rate_positionally():
     for backend in OURS:
         for got in c.run({"k": key, "a": a}, backend=backend):
             np.testing.assert_allclose(got, want, rtol=2e-7, err_msg=backend)
+
+
+def test_bernoulli_of_a_tensor_p_is_jax_bit_for_bit():
+    """p a float tensor (split, broadcast, bf16) as jax.random.bernoulli takes it."""
+    c = spmdlang.compile("""mesh [x=2, y=3]
+func main(k: u32[2], p: f32[7, 5] {x, y}, q: f32[5], r: bf16[]) -> (bool[7, 5] {x, y}, bool[3, 7, 5], bool[4]) {
+  return bernoulli(k, p, bool[7, 5]), bernoulli(fold_in(k, 1), q, bool[3, 7, 5]), bernoulli(k, r, bool[4])
+}
+""")
+    rng = np.random.default_rng(0)
+    k, p, q = np.asarray(jax.random.PRNGKey(3)), rng.random((7, 5)).astype(np.float32), rng.random(5).astype(np.float32)
+    r = np.asarray(0.6, jnp.bfloat16)
+    want = [jax.random.bernoulli(k, p, (7, 5)), jax.random.bernoulli(jax.random.fold_in(k, 1), q, (3, 7, 5)),
+            jax.random.bernoulli(k, jnp.asarray(r), (4,))]
+    for backend in OURS:
+        check_equal(c.run({"k": k, "p": p, "q": q, "r": r}, backend=backend), want, backend)
+    with pytest.raises(SpmdError, match="must be a number or a float tensor"):
+        spmdlang.compile("mesh [x=2]\nfunc main(k: u32[2], p: i32[]) -> bool[3] {\n  return bernoulli(k, p, bool[3])\n}\n")

@@ -1105,10 +1105,22 @@ def _normal(ctx, span, args):
     return random_draw(ctx, span, _key(ctx, args), "normal", t.shape, t.dtype)
 
 
-@builtin("bernoulli", "key:tensor", "p:number", "type:type", doc="jax.random.bernoulli(key, p, shape): bool")
+@builtin("bernoulli", "key:tensor", "p:tensor", "type:type", doc="jax.random.bernoulli(key, p, shape): bool")
 def _bernoulli(ctx, span, args):
     t = _draw_type(args, ("bool",), "bernoulli")
-    return random_draw(ctx, span, _key(ctx, args), "bernoulli", t.shape, "f32", p=args["p"])
+    p = args["p"]
+    if not isinstance(p, Value):
+        if isinstance(p, StructValue) or isinstance(p, bool):
+            raise SpmdError(f"argument 'p' of bernoulli() must be a number or a float tensor, got {describe(p)}",
+                            args.span("p"))
+        return random_draw(ctx, span, _key(ctx, args), "bernoulli", t.shape, "f32", p=p)
+    # a tensor p, as jax: uniform(key, shape, p's dtype) < p, p broadcast to the shape
+    if not T.is_float(p.type.dtype):
+        raise SpmdError(f"argument 'p' of bernoulli() must be a number or a float tensor, got {p.type}", args.span("p"))
+    draw = random_draw(ctx, span, _key(ctx, args), "uniform", t.shape, p.type.dtype, minval=0.0, maxval=1.0)
+    if p.type.shape != t.shape:
+        p = ctx.broadcast_to(p, t.shape, args.span("p"))
+    return ctx.b.emit("lt", draw, p, span=span)
 
 
 def _dropout_key(ctx, span, args):
