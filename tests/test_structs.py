@@ -450,3 +450,12 @@ def test_autoshard_writes_struct_layouts():
     c = spmdlang.compile(r.source)
     assert c.explain_report()["totals"]["bytes_per_device"] == r.chosen.totals()["bytes_per_device"]
     assert c.diff(backends=["ref", "sim"])["ok"]
+
+
+def test_a_leafwise_error_names_the_leaf():
+    src = "mesh [x=2]\nstruct P { w: f32[4], b: f32[2] }\nfunc main(p: P, v: f32[4]) -> P { return p + v }\n"
+    with pytest.raises(SpmdError) as info:
+        spmdlang.compile(src)
+    e = info.value
+    assert "do not broadcast" in e.message and (e.line, e.col) == _where(src, "+ v")
+    assert e.note == "in '+' on the leaf 'b' (f32[2]) of the struct P", e.render()

@@ -269,7 +269,12 @@ def leafwise(ctx, fn, operands: list, spans: list, span, what: str) -> StructVal
             if isinstance(leaf, StructValue):
                 fields.append((name, go(p2, sub)))
                 continue
-            out = fn(sub)
+            try:
+                out = fn(sub)
+            except SpmdError as e:
+                if e.note is None:  # which leaf: the message speaks of its tensors only
+                    e.note = f"in {what} on the leaf '{p2}' ({leaf.type}) of the struct {first.type}"
+                raise
             if not isinstance(out, Value) or out.type != leaf.type:
                 raise SpmdError(f"{what} on a struct {first.type} gives {describe(out)} for its leaf '{p2}', which "
                                 f"is {leaf.type}; leafwise operations keep every leaf's type (use tree_map, or "
