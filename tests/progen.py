@@ -240,7 +240,7 @@ class Generator:
         if self.grad:
             forms.append("stop_gradient({})")
         if v.exact:
-            forms += ["floor({} * 2.0)", "ceil({})", "sign({})"]
+            forms += ["floor({} * 2.0)", "ceil({})", "round({} * 3.0)", "sign({})"]
         form = self.ch.choice(forms)
         return self.assign(form.format(v.name), v.shape, v.dtype, v.exact and _portable(form))
 

@@ -185,6 +185,7 @@ _UNARY_F = [
     ("cos", np.cos, None),
     ("floor", np.floor, None),
     ("ceil", np.ceil, None),
+    ("round", np.round, None),
     ("sign", np.sign, None),
     ("erf", lambda x: erf(x), None),
     ("log1p", np.log1p, (3, 5)),

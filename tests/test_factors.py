@@ -135,7 +135,7 @@ RULES = [
 ]
 # the rest of the elementwise family: the same rule as their representative above
 RULES += [(f"{op} like exp", op, [(8, 16)], {}, "([i, j]) -> ([i, j])")
-          for op in "log sqrt rsqrt tanh sigmoid gelu sin cos floor ceil neg abs sign relu".split()]
+          for op in "log sqrt rsqrt tanh sigmoid gelu sin cos floor ceil round neg abs sign relu".split()]
 RULES += [("logical_not like exp", "logical_not", [("bool", (8, 16))], {}, "([i, j]) -> ([i, j])")]
 RULES += [(f"{op} like add", op, [(8, 16), (8, 16)], {}, "([i, j], [i, j]) -> ([i, j])")
           for op in "div maximum minimum pow lt le gt ge eq ne".split()]

@@ -355,6 +355,40 @@ def test_arguments_on_an_explicit_mesh_keep_their_specs():
     np.testing.assert_allclose(got, np.asarray(fn(x, w)), rtol=1e-5, atol=1e-5)
 
 
+def test_indexing_by_arrays_scatters_stack_tile_round():
+    """numpy indexing with arrays of ids (the NLL loss's logp[arange(n), labels], an outer index,
+    ids out of range in fill, clip and drop modes) and its gradient, .at[...] at one index per dim
+    (set, add, mul, min, max; a KV-cache write; a window that does not fit is dropped),
+    jnp.stack, jnp.tile and both of lax.round's methods, on uneven splits."""
+    J = jnp.asarray
+    lg, x3 = f32(6, 5), f32(6, 5, 3)
+    lab, r, c = np.array([0, 1, 2, 3, 4, 0], np.int32), np.array([4, 1], np.int32), np.array([0, 2, 1], np.int32)
+    bad_i, bad_j = np.array([0, -1, 7, 2], np.int32), np.array([4, 0, 1, 9], np.int32)
+
+    def nll(lg, lab):
+        return -jax.nn.log_softmax(lg)[jnp.arange(6), lab].mean()
+
+    def points(lg, x3, lab, r, c, i, j):
+        return (nll(lg, lab), jax.grad(nll)(lg, lab), lg[r[:, None], c[None, :]], x3[r, :, c[:2]],
+                J(lg).at[i, j].get(mode="fill", fill_value=-7.0), J(lg).at[i, j].get(mode="clip"),
+                J(lg).at[i, j].add(1.0), J(lg).at[i, j].add(1.0, mode="clip"), J(x3).at[r, :, c[:2]].add(2.0),
+                jax.grad(lambda x: (x[r[:, None], c[None, :]] ** 2).sum())(lg))
+
+    check(points, lg, x3, lab, r, c, bad_i, bad_j, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3})
+
+    def windows(x3, kv, p, q):
+        return (J(x3).at[1].set(5.0), J(x3).at[p].set(5.0), J(x3).at[q].set(5.0), J(x3).at[q].set(5.0, mode="clip"),
+                J(x3).at[:, p].set(kv), J(x3).at[:, p].mul(2.0), J(x3).at[p, 2].max(0.3),
+                J(x3).at[:, p, 1:3].min(0.0), J(x3).at[p, 1].add(1.0), jax.grad(lambda x: (J(x).at[p].set(0.0) ** 2).sum())(x3),
+                jnp.stack([x3, 2 * x3], 1), jnp.tile(x3, (2, 1, 3)), jnp.round(x3 * 3),
+                jax.lax.round(x3 * 3 + 0.5, jax.lax.RoundingMethod.AWAY_FROM_ZERO))
+
+    check(windows, x3, f32(6, 3), np.int32(3), np.int32(9), backends=("ref", "sim", "jax"),
+          mesh={"data": 2, "model": 3})
+    halves = np.array([0.5, 1.5, -0.5, -2.5, 0.49999997, 2.4], np.float32)
+    check(lambda x: (jnp.round(x), jax.lax.round(x, jax.lax.RoundingMethod.AWAY_FROM_ZERO)), halves)
+
+
 def avg_pool_grad(x):
     """jax's gradient of an avg pool: a pad with interior padding (stride - 1 zeros between the
     cotangent's elements) read by a stride-1 window sum, over rows that split unevenly (7 over 2)."""

@@ -97,7 +97,7 @@ def _shapes_with_scalars(rng, k: int, max_rank: int = 3):
 # Each generator: rng -> (arrays, attrs, ties). `ties`: values were drawn on the integer grid.
 
 _POSITIVE = {"log", "sqrt", "rsqrt", "log1p"}
-_GRID_OK = {"abs", "relu", "relu6", "softplus", "square", "neg", "sign", "floor", "ceil", "stop_gradient",
+_GRID_OK = {"abs", "relu", "relu6", "softplus", "square", "neg", "sign", "floor", "ceil", "round", "stop_gradient",
             "maximum", "minimum", "add", "sub", "mul", "select"}
 
 

@@ -666,6 +666,42 @@ def _concatenate(t, eqn, ins):
     return t.put(eqn, f"concat([{', '.join(t.value(r) for r in ins)}], axis={int(eqn.params['dimension'])})")
 
 
+@prim("stack")
+def _stack(t, eqn, ins):
+    """jnp.stack's primitive: each operand given a new dim at `axis`, concatenated along it."""
+    axis = int(eqn.params["axis"])
+    parts = [t.emit(f"expand_dims({t.value(r)}, {axis})") for r in ins]
+    return t.put(eqn, f"concat([{', '.join(parts)}], axis={axis})" if len(parts) > 1 else parts[0])
+
+
+@prim("tile")
+def _tile(t, eqn, ins):
+    """jnp.tile's primitive: x (dims n_i) repeated reps_i times along each dim, as the broadcast
+    of x under a new leading dim of reps_i per dim, merged with it."""
+    (x,) = ins
+    reps = [int(r) for r in eqn.params["reps"]]
+    if len(reps) != len(x.shape):
+        t.fail("jax primitive 'tile' with reps of another rank than its operand has no spmdlang equivalent")
+    inner, outer = [], []
+    for r, n in zip(reps, x.shape):
+        inner += [1, n]
+        outer += [r, n]
+    spread = t.emit(f"broadcast_to({t.emit(f'reshape({t.value(x)}, {_ints(inner)})')}, {_ints(outer)})")
+    return t.put(eqn, f"reshape({spread}, {_ints([r * n for r, n in zip(reps, x.shape)])})")
+
+
+@prim("round")
+def _round(t, eqn, ins):
+    """lax.round: halves to even (jnp.round's, the language's round), or away from zero (lax's
+    default): x's integer part, one further out where the rest is at least a half."""
+    x = t.value(ins[0])
+    if getattr(eqn.params.get("rounding_method"), "name", str(eqn.params.get("rounding_method"))) \
+            in ("TO_NEAREST_EVEN", "1"):
+        return t.put(eqn, f"round({x})")
+    whole = t.emit(f"sign({x}) * floor(abs({x}))")
+    return t.put(eqn, f"where(abs({x} - {whole}) >= 0.5, {whole} + sign({x}), {whole})")
+
+
 def _pool_fold(pad_eqn, pool_eqn):
     """How a pad with interior padding (zeros) read only by a reduce_window_sum (jax's transpose of
     a sum pool: `lax.pad(ct, 0, [(lo, hi, stride - 1)])`, then a stride-1 window sum) folds into one
@@ -1134,6 +1170,8 @@ def _gather(t, eqn, ins):
     rank = len(x.shape)
     idx_batch = tuple(getattr(dn, "start_indices_batching_dims", ()))
     op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    if len(dn.start_index_map) > 1 and not op_batch:
+        return t.put(eqn, _point_gather(t, eqn, x, ids, dn, sizes))
     if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map) \
             or ids.shape[-1] != 1:
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis has no spmdlang equivalent")
@@ -1163,6 +1201,142 @@ def _gather(t, eqn, ins):
     if _fills(eqn):
         expr = _filled(t, eqn, x, ids, axis, expr, list(ids.shape[:-1]))
     return t.put(eqn, expr)
+
+
+def _point_gather(t, eqn, x, ids, dn, sizes) -> str:
+    """A gather of single elements along several dims, the others whole: numpy's x[i, j] with
+    index arrays (`logp[jnp.arange(n), labels]`, x[r[:, None], c[None, :]]). The indexed dims
+    are moved to the front and merged into one, and each point's row-major position among them
+    is taken (each id clamped into its dim, as XLA clamps; in FILL_OR_DROP mode a point with an
+    id out of range reads the fill value)."""
+    rank, dims = len(x.shape), [int(d) for d in dn.start_index_map]
+    k, nb = len(dims), len(ids.shape) - 1
+    if sorted(dims) != sorted(int(d) for d in dn.collapsed_slice_dims) or ids.shape[-1] != k \
+            or any(sizes[d] != (1 if d in dims else x.shape[d]) for d in range(rank)):
+        t.fail("jax primitive 'gather' in a form other than take / take_along_axis / indexing by arrays of ids "
+               "has no spmdlang equivalent")
+    others = [d for d in range(rank) if d not in dims]
+    flat, linear = _flat_points(t, eqn, x, ids, dims, clamp=not _fills(eqn))
+    expr = f"take({flat}, {linear}, axis=0)"
+    ours = [("b", i) for i in range(nb)] + [("o", d) for d in others]
+    if _fills(eqn):  # a point with an id out of range (position -1) reads the fill value
+        inside = t.emit(f"{linear} >= 0")
+        fill = eqn.params.get("fill_value")
+        dt = _np_dtype(x.dtype)
+        if fill is None:
+            fill = (np.nan if dt.kind == "f" or x.dtype == "bf16" else True if dt.kind == "b"
+                    else np.iinfo(dt).min if dt.kind == "i" else np.iinfo(dt).max)
+        if others:
+            inside = t.emit(f"reshape({inside}, {_ints(list(ids.shape[:-1]) + [1] * len(others))})")
+        expr = f"where({inside}, {t.emit(expr)}, {t.value(t.constant(np.asarray(fill, dtype=dt), None))})"
+    jax_order = _jax_order(len(ours), dn.offset_dims, others, "o")
+    perm = [ours.index(q) for q in jax_order]
+    if perm != list(range(len(perm))):
+        expr = f"transpose({t.emit(expr)}, {_ints(perm)})"
+    return expr
+
+
+def _flat_points(t, eqn, x, ids, dims: list[int], clamp: bool) -> tuple[str, str]:
+    """x with `dims` moved to the front and merged into one, and each point's row-major position
+    in them (ids of shape batch + [len(dims)]). Each id is clamped into its dim (`clamp`), or a
+    point with an id out of range gets position -1 (out of range of the merged dim too)."""
+    rank, k, nb = len(x.shape), len(dims), len(ids.shape) - 1
+    others = [d for d in range(rank) if d not in dims]
+    xv = t.value(x)
+    if dims + others != list(range(rank)):
+        xv = t.emit(f"transpose({xv}, {_ints(dims + others)})")
+    count = int(np.prod([x.shape[d] for d in dims]))
+    flat = t.emit(f"reshape({xv}, {_ints([count] + [x.shape[d] for d in others])})")
+    idv = t.value(ids)
+    linear, inside, stride = None, None, 1
+    for j in reversed(range(k)):
+        n = x.shape[dims[j]]
+        i = t.emit(f"{idv}[{', '.join([':'] * nb + [str(j)])}]")
+        if not clamp:
+            ok = t.emit(f"logical_and({i} >= 0, {i} <= {n - 1})")
+            inside = ok if inside is None else t.emit(f"logical_and({inside}, {ok})")
+        term = t.emit(f"clip({i}, 0, {n - 1})")
+        if stride != 1:
+            term = t.emit(f"{term} * {stride}")
+        linear = term if linear is None else t.emit(f"{linear} + {term}")
+        stride *= n
+    if inside is not None:
+        linear = t.emit(f"where({inside}, {linear}, -1)")
+    return flat, linear
+
+
+def _point_scatter_add(t, eqn, x, ids, upd, dn) -> str:
+    """The transpose of _point_gather (its gradient; `.at[i, j].add(u)` with index arrays):
+    scatter_add into x's indexed dims merged into one, at each point's position there. An id out
+    of range drops its point (FILL_OR_DROP, PROMISE_IN_BOUNDS: XLA's scatter), or is clamped (CLIP)."""
+    rank, dims = len(x.shape), [int(d) for d in dn.scatter_dims_to_operand_dims]
+    nb = len(ids.shape) - 1
+    others = [d for d in range(rank) if d not in dims]
+    if sorted(dims) != sorted(int(d) for d in dn.inserted_window_dims) or ids.shape[-1] != len(dims) \
+            or len(dn.update_window_dims) != len(others) \
+            or any(upd.shape[p] != x.shape[d] for p, d in zip(dn.update_window_dims, others)):
+        t.fail("jax primitive 'scatter-add' in a form other than scatter_add / the transpose of take_along_axis "
+               "/ indexing by arrays of ids has no spmdlang equivalent")
+    flat, linear = _flat_points(t, eqn, x, ids, dims, clamp="CLIP" in _mode(eqn))
+    ours = [("b", i) for i in range(nb)] + [("w", d) for d in others]
+    jax_order = _jax_order(len(upd.shape), dn.update_window_dims, others, "w")
+    perm = [jax_order.index(q) for q in ours]
+    u = t.value(upd)
+    if perm != list(range(len(perm))):
+        u = t.emit(f"transpose({u}, {_ints(perm)})")
+    added = t.emit(f"scatter_add({flat}, {linear}, {u}, axis=0)")
+    moved = dims + others
+    out = f"reshape({added}, {_ints([x.shape[d] for d in moved])})"
+    back = [moved.index(d) for d in range(rank)]
+    if back != list(range(rank)):
+        out = f"transpose({t.emit(out)}, {_ints(back)})"
+    return out
+
+
+_SCATTER_COMBINE = {"scatter": None, "scatter-mul": "{0} * {1}", "scatter_mul": "{0} * {1}",
+                    "scatter-min": "minimum({0}, {1})", "scatter_min": "minimum({0}, {1})",
+                    "scatter-max": "maximum({0}, {1})", "scatter_max": "maximum({0}, {1})"}
+
+
+@prim(*_SCATTER_COMBINE)
+def _scatter(t, eqn, ins):
+    x, ids, upd = ins
+    dn = eqn.params["dimension_numbers"]
+    if len(ids.shape) != 1 or tuple(getattr(dn, "operand_batching_dims", ())):
+        t.fail(f"jax primitive '{eqn.primitive.name}' at arrays of ids has no spmdlang equivalent (one index "
+               "per dim: x.at[i, :, j].set(u) with integer i, j; with arrays of ids, only .at[...].add)")
+    return t.put(eqn, _window_scatter(t, eqn, x, ids, upd, dn, _SCATTER_COMBINE[eqn.primitive.name]))
+
+
+def _window_scatter(t, eqn, x, ids, upd, dn, combine: str | None) -> str:
+    """A scatter of one window at one index per scattered dim (`x.at[i].set(u)`,
+    `cache.at[:, pos].set(kv)`, `x.at[i, 2:4].max(u)`): dynamic_update_slice of the window (set),
+    or of the window read with dynamic_slice combined with the update (add, mul, min, max). XLA
+    drops a window that does not fit (FILL_OR_DROP, PROMISE_IN_BOUNDS) and clamps its start
+    (CLIP), as dynamic_update_slice does."""
+    rank = len(x.shape)
+    window_dims = [d for d in range(rank) if d not in set(dn.inserted_window_dims)]
+    if tuple(dn.update_window_dims) != tuple(range(len(upd.shape))) or len(window_dims) != len(upd.shape):
+        t.fail(f"jax primitive '{eqn.primitive.name}' in this form has no spmdlang equivalent")
+    sizes = [1] * rank
+    for p, d in zip(dn.update_window_dims, window_dims):
+        sizes[d] = upd.shape[p]
+    xv, idv = t.value(x), t.value(ids)
+    starts, inside = ["0"] * rank, None
+    for j, d in enumerate(dn.scatter_dims_to_operand_dims):
+        i = t.emit(f"{idv}[{j}]")
+        starts[d] = i
+        if "CLIP" not in _mode(eqn):
+            ok = t.emit(f"logical_and({i} >= 0, {i} <= {x.shape[d] - sizes[d]})")
+            inside = ok if inside is None else t.emit(f"logical_and({inside}, {ok})")
+    u = t.value(upd)
+    if list(upd.shape) != sizes:
+        u = t.emit(f"reshape({u}, {_ints(sizes)})")
+    where = "[" + ", ".join(starts) + "]"
+    if combine is not None:
+        u = t.emit(combine.format(t.emit(f"dynamic_slice({xv}, {where}, {_ints(sizes)})"), u))
+    new = f"dynamic_update_slice({xv}, {u}, {where})"
+    return new if inside is None else f"where({inside}, {t.emit(new)}, {xv})"
 
 
 def _mode(eqn) -> str:
@@ -1218,6 +1392,11 @@ def _scatter_add(t, eqn, ins):
     rank = len(x.shape)
     op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
     idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
+    if len(ids.shape) == 1 and not op_batch and (len(dn.scatter_dims_to_operand_dims) > 1 or
+                                                  tuple(dn.inserted_window_dims) != tuple(dn.scatter_dims_to_operand_dims)):
+        return t.put(eqn, _window_scatter(t, eqn, x, ids, upd, dn, "{0} + {1}"))
+    if len(dn.scatter_dims_to_operand_dims) > 1 and not op_batch:
+        return t.put(eqn, _point_scatter_add(t, eqn, x, ids, upd, dn))
     if len(dn.scatter_dims_to_operand_dims) != 1 or tuple(dn.inserted_window_dims) != \
             tuple(dn.scatter_dims_to_operand_dims) or ids.shape[-1] != 1:
         t.fail("jax primitive 'scatter-add' in a form other than scatter_add / the transpose of take_along_axis "

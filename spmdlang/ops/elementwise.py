@@ -57,6 +57,7 @@ _FLOAT_UNARY = {
     "cos": (np.cos, "jnp.cos({0})", "cosine"),
     "floor": (np.floor, "jnp.floor({0})", "round toward -inf"),
     "ceil": (np.ceil, "jnp.ceil({0})", "round toward +inf"),
+    "round": (np.round, "jnp.round({0})", "round to the nearest integer, halves to even (jnp.round)"),
     # jax.nn's activations whose derivatives jax defines by custom rules (the others are
     # compositions in frontend/nn.py)
     "softplus": (lambda x: np.logaddexp(x, np.zeros((), x.dtype)), "jax.nn.softplus({0})",
@@ -408,7 +409,7 @@ _UNARY_VJP = {
                                                  d.emit("lt", x, d.like(6.0, x))), ct, d.zeros(ct.type)),
     "square": lambda d, ct, x, y: d.mul(ct, d.mul(d.like(2.0, x), x)),
 }
-for _name in ("floor", "ceil", "sign", "logical_not"):
+for _name in ("floor", "ceil", "round", "sign", "logical_not"):
     set_vjp(_name, Grad.none)
 for _name, _rule in _UNARY_VJP.items():
     set_vjp(_name, _unary_vjp(_rule))
