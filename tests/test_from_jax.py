@@ -379,7 +379,8 @@ def test_indexing_by_arrays_scatters_stack_tile_round():
     def windows(x3, kv, p, q):
         return (J(x3).at[1].set(5.0), J(x3).at[p].set(5.0), J(x3).at[q].set(5.0), J(x3).at[q].set(5.0, mode="clip"),
                 J(x3).at[:, p].set(kv), J(x3).at[:, p].mul(2.0), J(x3).at[p, 2].max(0.3),
-                J(x3).at[:, p, 1:3].min(0.0), J(x3).at[p, 1].add(1.0), jax.grad(lambda x: (J(x).at[p].set(0.0) ** 2).sum())(x3),
+                J(x3).at[:, p, 1:3].min(0.0), J(x3).at[p, 1].add(1.0),
+                jax.grad(lambda x: (J(x).at[p].set(0.0) ** 2).sum())(x3),
                 jnp.stack([x3, 2 * x3], 1), jnp.tile(x3, (2, 1, 3)), jnp.round(x3 * 3),
                 jax.lax.round(x3 * 3 + 0.5, jax.lax.RoundingMethod.AWAY_FROM_ZERO))
 

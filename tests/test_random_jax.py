@@ -374,4 +374,5 @@ func main(k: u32[2], p: f32[7, 5] {x, y}, q: f32[5], r: bf16[]) -> (bool[7, 5] {
     for backend in OURS:
         check_equal(c.run({"k": k, "p": p, "q": q, "r": r}, backend=backend), want, backend)
     with pytest.raises(SpmdError, match="must be a number or a float tensor"):
-        spmdlang.compile("mesh [x=2]\nfunc main(k: u32[2], p: i32[]) -> bool[3] {\n  return bernoulli(k, p, bool[3])\n}\n")
+        spmdlang.compile("mesh [x=2]\nfunc main(k: u32[2], p: i32[]) -> bool[3] {\n"
+                         "  return bernoulli(k, p, bool[3])\n}\n")

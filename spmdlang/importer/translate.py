@@ -1392,8 +1392,8 @@ def _scatter_add(t, eqn, ins):
     rank = len(x.shape)
     op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
     idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
-    if len(ids.shape) == 1 and not op_batch and (len(dn.scatter_dims_to_operand_dims) > 1 or
-                                                  tuple(dn.inserted_window_dims) != tuple(dn.scatter_dims_to_operand_dims)):
+    scattered = tuple(dn.scatter_dims_to_operand_dims)
+    if len(ids.shape) == 1 and not op_batch and (len(scattered) > 1 or tuple(dn.inserted_window_dims) != scattered):
         return t.put(eqn, _window_scatter(t, eqn, x, ids, upd, dn, "{0} + {1}"))
     if len(dn.scatter_dims_to_operand_dims) > 1 and not op_batch:
         return t.put(eqn, _point_scatter_add(t, eqn, x, ids, upd, dn))
