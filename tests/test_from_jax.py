@@ -390,6 +390,23 @@ def test_indexing_by_arrays_scatters_stack_tile_round():
     check(lambda x: (jnp.round(x), jax.lax.round(x, jax.lax.RoundingMethod.AWAY_FROM_ZERO)), halves)
 
 
+def test_grad_through_cond_and_switch():
+    """jax's gradient of lax.cond / switch holds uninitialised residuals (`empty2`) for the
+    branches not taken: zeros (it was refused)."""
+    def cond_grad(x, p):
+        return jax.grad(lambda a: jax.lax.cond(p, lambda b: jnp.sin(b).sum(), lambda b: (b * b).sum(), a))(x)
+
+    def switch_grad(x, i):
+        branches = [lambda b: jnp.sin(b).sum(), lambda b: (b * b).sum(), lambda b: jnp.exp(b).sum()]
+        return jax.grad(lambda a: jax.lax.switch(i, branches, a))(x)
+
+    x = f32(5)
+    for p in (True, False):
+        check(cond_grad, x, np.bool_(p), backends=("ref", "sim"))
+    for i in (0, 2, 5):
+        check(switch_grad, x, np.int32(i), backends=("ref", "sim"))
+
+
 def avg_pool_grad(x):
     """jax's gradient of an avg pool: a pad with interior padding (stride - 1 zeros between the
     cotangent's elements) read by a stride-1 window sum, over rows that split unevenly (7 over 2)."""

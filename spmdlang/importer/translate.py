@@ -666,6 +666,14 @@ def _concatenate(t, eqn, ins):
     return t.put(eqn, f"concat([{', '.join(t.value(r) for r in ins)}], axis={int(eqn.params['dimension'])})")
 
 
+@prim("empty", "empty2")
+def _empty(t, eqn, ins):
+    """An uninitialised array (what a traced lax.cond's gradient holds for the residuals of the
+    branch not taken, never read): zeros."""
+    aval = eqn.outvars[0].aval
+    return t.constant(np.zeros(aval.shape, aval.dtype), None)
+
+
 @prim("stack")
 def _stack(t, eqn, ins):
     """jnp.stack's primitive: each operand given a new dim at `axis`, concatenated along it."""
