@@ -407,6 +407,23 @@ def test_grad_through_cond_and_switch():
         check(switch_grad, x, np.int32(i), backends=("ref", "sim"))
 
 
+def test_while_loops_whose_trip_count_is_known_when_traced():
+    """A counter compared with a static bound (<, <=, >, from either side, !=) and stepped by a
+    constant (up, by 2, down): as many steps as jax takes, zero included."""
+    W = jax.lax.while_loop
+    x = f32(3)
+    loops = [lambda x: W(lambda s: s[0] <= 4, lambda s: (s[0] + 1, s[1] * 1.1), (0, x)),
+             lambda x: W(lambda s: s[0] < 6, lambda s: (s[0] + 2, s[1] * 1.1), (0, x)),
+             lambda x: W(lambda s: s[0] > 0, lambda s: (s[0] - 1, s[1] * 1.1), (4, x)),
+             lambda x: W(lambda s: 0 < s[0], lambda s: (s[0] - 1, s[1] * 1.1), (3, x)),
+             lambda x: W(lambda s: s[0] < 0, lambda s: (s[0] + 1, s[1] * 1.1), (3, x)),
+             lambda x: W(lambda s: s[0] != 9, lambda s: (s[0] + 3, s[1] * 1.1), (0, x))]
+    for fn in loops:
+        check(fn, x, backends=("ref", "sim"))
+    with pytest.raises(SpmdError, match="trip count is not known when traced"):
+        spmdlang.from_jax(lambda x: W(lambda s: s[1].sum() < 10.0, lambda s: (s[0] + 1, s[1] * 2), (0, x)), x)
+
+
 def avg_pool_grad(x):
     """jax's gradient of an avg pool: a pad with interior padding (stride - 1 zeros between the
     cotangent's elements) read by a stride-1 window sum, over rows that split unevenly (7 over 2)."""
@@ -479,7 +496,7 @@ def test_errors_name_the_primitive_and_the_users_line():
     assert "'atan2' has no spmdlang equivalent" in e.value.message
     with pytest.raises(SpmdError) as e:
         spmdlang.from_jax(dynamic_count, f32(4), np.int32(3))
-    assert "'while' with a trip count only known at run time" in e.value.message
+    assert "'while' whose trip count is not known when traced" in e.value.message
     assert e.value.span.line == dynamic_count.__code__.co_firstlineno + 1
     (b,) = jax.export.symbolic_shape("b")
     with pytest.raises(SpmdError, match="shape-polymorphic"):

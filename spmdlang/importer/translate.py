@@ -1701,53 +1701,76 @@ def _scan(t, eqn, ins):
 
 @prim("while")
 def _while(t, eqn, ins):
-    """A while loop whose trip count is known when traced: fori_loop's (i < n, i += 1) form."""
+    """A while loop whose trip count is known when traced: a counter carry compared with a bound
+    known when traced (fori_loop's i < n, or <=, >, >=, !=) and stepped by a constant."""
     p = eqn.params
     cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
     cconsts, bconsts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
     cond, body = p["cond_jaxpr"], p["body_jaxpr"]
     trip = _trip_count(cond, body, cconsts, init, bn)
     if trip is None:
-        t.fail("jax primitive 'while' with a trip count only known at run time has no spmdlang equivalent "
-               "(use fori_loop or scan with static bounds)")
-    counter, start, stop = trip
+        t.fail("jax primitive 'while' whose trip count is not known when traced has no spmdlang equivalent: "
+               "its condition must compare a counter with a bound known when traced (i < n, <=, >, >=, !=), "
+               "the body step the counter by a constant, and it must stop within "
+               f"{_MAX_TRIPS:,} steps (fori_loop and scan with static bounds are)")
     carries = _carries_in(t, init)
-    _, outer = _open_loop(t, max(stop - start, 0))
+    _, outer = _open_loop(t, trip)
     outs = t.closed(body, [*bconsts, *carries])
     _close_loop(t, carries, outs, outer)
     return carries
 
 
-def _trip_count(cond, body, cconsts, init, bn):
-    """(counter index, start, stop) when cond is `carry[k] < N` with N and the start known and the
-    body adds 1 to carry[k]; else None."""
+_MAX_TRIPS = 10_000_000
+_COMPARE = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
+            "ge": lambda a, b: a >= b, "ne": lambda a, b: a != b}
+_FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "ne": "ne"}
+
+
+def _trip_count(cond, body, cconsts, init, bn) -> int | None:
+    """How many times the body runs, when cond is `carry[k] <op> N` (either side) with the start
+    and N known when traced, and the body adds a constant to carry[k]; else None."""
     cj, bj = cond.jaxpr, body.jaxpr
-    if len(cj.eqns) != 1 or cj.eqns[0].primitive.name != "lt":
+    if len(cj.eqns) != 1 or cj.eqns[0].primitive.name not in _COMPARE:
         return None
-    a, b = cj.eqns[0].invars
     cvars = list(cj.invars)
-    if a not in cvars:
+    nc = len(cconsts)
+
+    def carry_index(v):
+        return cvars.index(v) - nc if not hasattr(v, "val") and v in cvars and cvars.index(v) >= nc else None
+
+    def static(v):
+        if hasattr(v, "val"):
+            return np.asarray(v.val).item()
+        if not hasattr(v, "val") and v in cvars[:nc] and cconsts[cvars.index(v)].is_literal:
+            return cconsts[cvars.index(v)].literal
+        j = carry_index(v)
+        if j is not None and init[j].is_literal and _unchanged(bj, bn + j):
+            return init[j].literal
         return None
-    k = cvars.index(a) - len(cconsts)
-    if k < 0 or not init[k].is_literal:
+
+    name = cj.eqns[0].primitive.name
+    a, b = cj.eqns[0].invars
+    k, bound = carry_index(a), static(b)
+    if k is None or bound is None:
+        k, bound, name = carry_index(b), static(a), _FLIPPED[name]
+    if k is None or bound is None or not init[k].is_literal or not isinstance(init[k].literal, (int, np.integer)):
         return None
-    if hasattr(b, "val"):
-        stop = int(np.asarray(b.val))
-    elif b in cvars and cvars.index(b) >= len(cconsts) and init[cvars.index(b) - len(cconsts)].is_literal:
-        j = cvars.index(b) - len(cconsts)
-        stop = int(init[j].literal)
-        if not _unchanged(bj, bn + j):
-            return None
-    else:
-        return None
-    counter = bj.invars[bn + k]
-    out = bj.outvars[k]
+    counter, out, step = bj.invars[bn + k], bj.outvars[k], None
     for e in bj.eqns:
-        if e.outvars[0] is out and e.primitive.name == "add":
+        if e.outvars[0] is out and e.primitive.name in ("add", "sub"):
             x, y = e.invars
-            if (x is counter and getattr(y, "val", None) == 1) or (y is counter and getattr(x, "val", None) == 1):
-                return k, int(init[k].literal), stop
-    return None
+            if x is counter and hasattr(y, "val"):
+                step = np.asarray(y.val).item() * (1 if e.primitive.name == "add" else -1)
+            elif y is counter and hasattr(x, "val") and e.primitive.name == "add":
+                step = np.asarray(x.val).item()
+    if not isinstance(step, int) or step == 0:
+        return None
+    i, trips, holds = int(init[k].literal), 0, _COMPARE[name]
+    while holds(i, bound):
+        i, trips = i + step, trips + 1
+        if trips > _MAX_TRIPS:
+            return None
+    return trips
 
 
 def _unchanged(jaxpr, i) -> bool:
