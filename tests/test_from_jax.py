@@ -424,6 +424,23 @@ def test_while_loops_whose_trip_count_is_known_when_traced():
         spmdlang.from_jax(lambda x: W(lambda s: s[1].sum() < 10.0, lambda s: (s[0] + 1, s[1] * 2), (0, x)), x)
 
 
+def test_a_refusal_inside_a_library_points_at_the_users_call():
+    """flax's init inside the traced function draws a truncated normal (erf_inv, refused): the
+    error is at the user's line that calls flax, with flax's own line as a note."""
+    nn = pytest.importorskip("flax.linen")
+    net = nn.Dense(3)
+
+    def init_and_apply(key, x):
+        p = net.init(key, x)
+        return p, net.apply(p, x)
+
+    with pytest.raises(SpmdError) as e:
+        spmdlang.from_jax(init_and_apply, jax.random.PRNGKey(0), f32(4, 5))
+    assert e.value.span.file == __file__ and e.value.span.line == init_and_apply.__code__.co_firstlineno + 1
+    assert "'erf_inv' has no spmdlang equivalent" in e.value.message
+    assert "flax" in e.value.note and "which this line calls" in e.value.note
+
+
 def avg_pool_grad(x):
     """jax's gradient of an avg pool: a pad with interior padding (stride - 1 zeros between the
     cotangent's elements) read by a stride-1 window sum, over rows that split unevenly (7 over 2)."""

@@ -59,6 +59,22 @@ def user_frame(eqn):
         return None
 
 
+_LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def own_frame(eqn):
+    """The first frame of the user's own code that produced `eqn`: not jax's, nor an installed
+    library's (flax, optax, ...: a refusal points at the user's call into them), or None."""
+    from jax._src import source_info_util as siu
+
+    try:
+        frames = list(siu.user_frames(eqn.source_info.traceback))
+    except Exception:  # noqa: BLE001  (no traceback recorded)
+        return None
+    mine = [f for f in frames if not any(d in f.file_name for d in _LIBRARY_DIRS)]
+    return (mine or frames or [None])[0]
+
+
 def frame_span(frame) -> Span | None:
     """A Span at the frame's line, with the file's text so the error shows the line."""
     if frame is None:

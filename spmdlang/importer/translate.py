@@ -147,6 +147,7 @@ class Translator:
         self.loops = 0
         self.frame = None
         self.where = None
+        self.library = None  # the frame in an installed library (flax, optax) under self.where's line
         self.last_comment = None
         self.pending = None  # the comment naming the user's line of the next statement
         self.iotas: dict[str, int] = {}  # placeholder of an iota -> its axis (sort's argsort operand)
@@ -183,7 +184,9 @@ class Translator:
         return Ref(name, dtype_name(aval.dtype, self.where), aval_shape(aval))
 
     def fail(self, message: str):
-        raise NoEquivalentError(message, self.where)
+        lib = self.library
+        note = f"in {lib.file_name}:{lib.start_line}, which this line calls" if lib is not None else None
+        raise NoEquivalentError(message, self.where, note)
 
     def constant(self, value, aval_dtype, where=None, materialize: bool = False) -> Ref:
         """A constant array: `full(type, v)` once per distinct (type, value), or a parameter. A
@@ -240,8 +243,10 @@ class Translator:
         self.fold_pads |= _pad_pool_folds(jaxpr)
         self.pool_sums.update(_pad_sum_pools(jaxpr))
         for i, eqn in enumerate(jaxpr.eqns):
-            frame = N.user_frame(eqn)
-            self.frame, self.where = frame, N.frame_span(frame) or self.where
+            frame, own = N.user_frame(eqn), N.own_frame(eqn)
+            self.frame, self.where = frame, N.frame_span(own) or self.where
+            if own is not None:  # the library line an error names besides the user's (else as before)
+                self.library = frame if frame != own else None
             self.comment(frame)
             ins = [read(a) for a in eqn.invars]
             handler = PRIMS.get(eqn.primitive.name)
