@@ -526,6 +526,30 @@ def _cli(*args, cwd=ROOT):
                           env=env)
 
 
+def test_in_specs_that_do_not_fit_are_errors_at_the_call(tmp_path):
+    """An unknown axis, more entries than dims (a rank-0 argument too), an axis twice, a tuple of
+    the wrong length: one error naming the argument, at the from_jax call (in_specs were only
+    checked when the written program compiled, located in it), or at FUNCTION_specs() for
+    `spmdlang import`."""
+    x, n = f32(6, 7), np.float32(2)
+    line = sys._getframe().f_lineno + 7
+    for specs, fragment in [((P("rows"), None), "gives x (shape [6, 7]) the spec P('rows',): the mesh has no axis"),
+                            ((P("data", None, None), None), "of 3 entries for its 2 dims"),
+                            ((None, P("data")), "gives n (shape []) the spec P('data',), of 1 entry for its 0 dims"),
+                            ((P("data", "data"), None), "uses the axis 'data' twice"),
+                            ((P("data"), None, None), "has 3 entries for 2 arguments")]:
+        with pytest.raises(SpmdError) as e:
+            spmdlang.from_jax(lambda x, n: x * n, x, n, mesh={"data": 2}, in_specs=specs)
+        assert fragment in e.value.message, e.value.message
+        assert e.value.span.file == __file__ and e.value.span.line == line, e.value.render()
+    src = tmp_path / "m.py"
+    src.write_text("import numpy as np\nfrom jax.sharding import PartitionSpec as P\n\n\n"
+                   "def f(x):\n    return x * 2\n\n\ndef f_args():\n    return (np.ones(3, np.float32),)\n\n\ndef f_specs():\n    return (P('rows'),)\n")
+    r = _cli("import", f"{src}:f", "-o", str(tmp_path / "out.spmd"))
+    assert r.returncode == 1 and f"{src}:13:1: error: f_specs() gives x (shape [3]) the spec P('rows',)" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out.spmd").exists()
+
+
 def test_cli_import(tmp_path):
     out = tmp_path / "cnn.spmd"
     r = _cli("import", "tests/fromjax_models.py:cnn_step", "-o", str(out))

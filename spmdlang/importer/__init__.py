@@ -101,13 +101,70 @@ def _leaf_specs(args, in_specs, leaves) -> list:
         try:
             specs = broadcast_prefix(prefix, tuple(args), is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
         except ValueError as e:
-            raise SpmdError(f"from_jax: in_specs is not a pytree prefix of the arguments: {e}") from None
+            count = (f" (it has {len(in_specs)} entries for {len(args)} arguments: one per argument, each a "
+                     "PartitionSpec, None or a pytree of them)"
+                     if isinstance(in_specs, (tuple, list)) and len(in_specs) != len(args) else f": {e}")
+            raise SpmdError(f"from_jax: in_specs is not a pytree prefix of the arguments{count}",
+                            _caller_span()) from None
     out = []
     for spec, leaf in zip(specs, leaves):
         if spec is None and isinstance(getattr(leaf, "sharding", None), NamedSharding):
             spec = leaf.sharding.spec
         out.append(spec)
     return out
+
+
+def _check_specs(specs, leaves_with_paths, mesh: dict, arg_names: list[str]) -> None:
+    """Each leaf's spec fits it and the mesh (one entry per dim at most, axes of the mesh, each
+    once): an error naming the argument and pointing at the user's from_jax call, rather than
+    one in the written program."""
+    import jax
+    from jax.sharding import PartitionSpec
+
+    for spec, (path, leaf) in zip(specs, leaves_with_paths):
+        if spec is None:
+            continue
+        shape = tuple(np.shape(leaf))
+        head = getattr(path[0], "idx", None) if path else None
+        name = (arg_names[head] + jax.tree_util.keystr(tuple(path[1:])) if isinstance(head, int)
+                and head < len(arg_names) else "args" + jax.tree_util.keystr(path))
+        what = f"from_jax: in_specs gives {name} (shape {list(shape)}) the spec {spec}"
+        entries = list(spec)
+        if len(entries) > len(shape):
+            raise SpmdError(f"{what}, of {len(entries)} {'entry' if len(entries) == 1 else 'entries'} for its "
+                            f"{len(shape)} dims", _caller_span())
+        seen = []
+        for e in entries:
+            if e is PartitionSpec.UNCONSTRAINED:
+                continue
+            for a in (e if isinstance(e, (tuple, list)) else (e,) if e is not None else ()):
+                if not isinstance(a, str) or a not in mesh:
+                    raise SpmdError(f"{what}: the mesh has no axis {a!r} (its axes: {', '.join(mesh)})",
+                                    _caller_span())
+                if a in seen:
+                    raise SpmdError(f"{what}, which uses the axis {a!r} twice", _caller_span())
+                seen.append(a)
+
+
+def _caller_span():
+    """The user's line that called into spmdlang (the first frame outside the package), or None."""
+    import sysconfig
+
+    from ..errors import Source, Span
+
+    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # spmdlang's own
+            os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)  # threading's (the deep-stack thread)
+    frame = inspect.currentframe()
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    import linecache
+
+    name = frame.f_code.co_filename
+    text = "".join(linecache.getlines(name)) if os.path.exists(name) else ""
+    line = linecache.getline(name, frame.f_lineno)
+    return Span(Source(name, text), frame.f_lineno, len(line) - len(line.lstrip()) + 1)
 
 
 def _arg_names(fn, n: int) -> list[str]:
@@ -168,6 +225,7 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     leaves = [leaf for _, leaf in leaves_with_paths]
     mesh = _mesh_of(mesh, leaves)
     specs = _leaf_specs(args, in_specs, leaves)
+    _check_specs(specs, leaves_with_paths, mesh, _arg_names(fn, len(args)))
     closed, out_shape = _trace(fn, args, mesh)
     out_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     jaxpr = closed.jaxpr

@@ -86,7 +86,11 @@ def import_target(target: str, mesh: dict | None = None):
             use_mesh = mesh or getattr(module, "MESH", None)
             return from_jax(fn, *args, mesh=use_mesh, in_specs=specs,
                             name=os.path.splitext(os.path.basename(path))[0] + ".spmd")
-        except SpmdError:
+        except SpmdError as e:
+            if e.message.startswith("from_jax: in_specs") and callable(specs_fn):  # at FUNCTION_specs()
+                code = specs_fn.__code__
+                e.span = Span(Source(code.co_filename, _read(code.co_filename)), code.co_firstlineno, 1)
+                e.message = e.message.replace("from_jax: in_specs", f"{func}_specs()", 1)
             raise
         except Exception as e:  # noqa: BLE001  (tracing the user's function failed)
             raise SpmdError(f"tracing {func} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
