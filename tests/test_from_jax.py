@@ -544,7 +544,8 @@ def test_in_specs_that_do_not_fit_are_errors_at_the_call(tmp_path):
         assert e.value.span.file == __file__ and e.value.span.line == line, e.value.render()
     src = tmp_path / "m.py"
     src.write_text("import numpy as np\nfrom jax.sharding import PartitionSpec as P\n\n\n"
-                   "def f(x):\n    return x * 2\n\n\ndef f_args():\n    return (np.ones(3, np.float32),)\n\n\ndef f_specs():\n    return (P('rows'),)\n")
+                   "def f(x):\n    return x * 2\n\n\ndef f_args():\n    return (np.ones(3, np.float32),)\n\n\n"
+                   "def f_specs():\n    return (P('rows'),)\n")
     r = _cli("import", f"{src}:f", "-o", str(tmp_path / "out.spmd"))
     assert r.returncode == 1 and f"{src}:13:1: error: f_specs() gives x (shape [3]) the spec P('rows',)" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "out.spmd").exists()
