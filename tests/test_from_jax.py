@@ -441,6 +441,17 @@ def test_a_refusal_inside_a_library_points_at_the_users_call():
     assert "flax" in e.value.note and "which this line calls" in e.value.note
 
 
+def test_integer_division_by_zero_as_xla():
+    """lax.div by 0 is -1 (every bit set), lax.rem by 0 the dividend, and jnp's // and % built on
+    them follow (the language's own // and % give 0, numpy's)."""
+    def divide(a, b, u, v):
+        return jax.lax.div(a, b), jax.lax.rem(a, b), a // b, a % b, jax.lax.div(u, v), jax.lax.rem(u, v), a // 3
+
+    a, b = np.array([7, -7, 0, 5, -5], np.int32), np.array([0, 0, 0, 3, 3], np.int32)
+    u, v = np.array([7, 2**32 - 1, 5], np.uint32), np.array([0, 0, 3], np.uint32)
+    check(divide, a, b, u, v, backends=("ref", "sim", "jax"))
+
+
 def avg_pool_grad(x):
     """jax's gradient of an avg pool: a pad with interior padding (stride - 1 zeros between the
     cotangent's elements) read by a stride-1 window sum, over rows that split unevenly (7 over 2)."""

@@ -443,7 +443,15 @@ def _div(t, eqn, ins):
     av, bv = t.value(a), t.value(b)
     q = t.emit(f"{av} // {bv}")
     fix = t.emit(f"logical_and({av} % {bv} != 0, ({av} < 0) != ({bv} < 0))")
-    return t.put(eqn, f"where({fix}, {q} + 1, {q})")
+    if _nonzero(b):
+        return t.put(eqn, f"where({fix}, {q} + 1, {q})")
+    # by zero XLA gives every bit set (-1; the largest u32), where the language's // gives 0
+    ones = literal_text(2**32 - 1 if a.dtype == "u32" else -1, a.dtype)
+    return t.put(eqn, f"where({bv} == 0, {ones}, {t.emit(f'where({fix}, {q} + 1, {q})')})")
+
+
+def _nonzero(r: Ref) -> bool:
+    return r.is_literal and r.literal != 0
 
 
 @prim("rem")
@@ -452,7 +460,10 @@ def _rem(t, eqn, ins):
     av, bv = t.value(ins[0]), t.value(ins[1])
     m = t.emit(f"{av} % {bv}")
     fix = t.emit(f"logical_and({m} != 0, ({m} < 0) != ({av} < 0))")
-    return t.put(eqn, f"where({fix}, {m} - {bv}, {m})")
+    if ins[0].dtype in _FLOATS or _nonzero(ins[1]):
+        return t.put(eqn, f"where({fix}, {m} - {bv}, {m})")
+    # an integer by zero: XLA gives the dividend, where the language's % gives 0
+    return t.put(eqn, f"where({bv} == 0, {av}, {t.emit(f'where({fix}, {m} - {bv}, {m})')})")
 
 
 def _logical(fn, op):
