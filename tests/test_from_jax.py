@@ -445,6 +445,7 @@ def test_integer_division_by_zero_as_xla():
     """lax.div by 0 is -1 (every bit set), lax.rem by 0 the dividend, and jnp's // and % built on
     them follow (the language's own // and % give 0, numpy's)."""
     def divide(a, b, u, v):
+        a, b = jnp.asarray(a), jnp.asarray(b)  # jnp's // and %, also when called untraced
         return jax.lax.div(a, b), jax.lax.rem(a, b), a // b, a % b, jax.lax.div(u, v), jax.lax.rem(u, v), a // 3
 
     a, b = np.array([7, -7, 0, 5, -5], np.int32), np.array([0, 0, 0, 3, 3], np.int32)
