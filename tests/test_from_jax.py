@@ -376,6 +376,13 @@ def test_indexing_by_arrays_scatters_stack_tile_round():
 
     check(points, lg, x3, lab, r, c, bad_i, bad_j, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3})
 
+    def vmapped(x3, ids):  # jax's batched gather (operand_batching_dims) and its scatter-add gradient
+        pick = jax.vmap(lambda a, j: a[j])
+        return (pick(x3, ids), jax.vmap(lambda a, j: J(a).at[j].get(mode="fill", fill_value=0.0))(x3, ids - 2),
+                jax.grad(lambda x: (pick(x, ids) ** 2).sum())(x3))
+
+    check(vmapped, x3, np.stack([lab, lab[::-1]], 1) % 5, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3})
+
     def windows(x3, kv, p, q):
         return (J(x3).at[1].set(5.0), J(x3).at[p].set(5.0), J(x3).at[q].set(5.0), J(x3).at[q].set(5.0, mode="clip"),
                 J(x3).at[:, p].set(kv), J(x3).at[:, p].mul(2.0), J(x3).at[p, 2].max(0.3),

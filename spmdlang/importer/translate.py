@@ -1196,6 +1196,8 @@ def _gather(t, eqn, ins):
     op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
     if len(dn.start_index_map) > 1 and not op_batch:
         return t.put(eqn, _point_gather(t, eqn, x, ids, dn, sizes))
+    if op_batch and not _along_axis_form(dn, sizes, ids, rank):
+        return t.put(eqn, _point_gather(t, eqn, x, ids, dn, sizes))
     if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map) \
             or ids.shape[-1] != 1:
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis has no spmdlang equivalent")
@@ -1227,20 +1229,54 @@ def _gather(t, eqn, ins):
     return t.put(eqn, expr)
 
 
+def _batch_counters(t, ids, idx_batch: list[int]) -> str | None:
+    """The ids of a vmapped gather or scatter with its batch made explicit: batch b of the ids
+    reaches batch b of x, an index along each operand batching dim (an iota along the ids' batch
+    dim) put before the ids' own. None without batching dims."""
+    if not idx_batch:
+        return None
+    shape = ", ".join(map(str, list(ids.shape[:-1]) + [1]))
+    counters = [t.emit(f"iota({ids.dtype}[{shape}], {ib})") for ib in idx_batch]
+    return t.emit(f"concat([{', '.join(counters)}, {t.value(ids)}], axis={len(ids.shape) - 1})")
+
+
+def _along_axis_scatter_form(dn, ids, rank: int) -> bool:
+    """The transpose of take_along_axis: one scattered dim, every other dim a batching dim."""
+    if len(dn.scatter_dims_to_operand_dims) != 1 or \
+            tuple(dn.inserted_window_dims) != tuple(dn.scatter_dims_to_operand_dims):
+        return False
+    others = [d for d in range(rank) if d != int(dn.scatter_dims_to_operand_dims[0])]
+    return list(dn.operand_batching_dims) == others and list(dn.scatter_indices_batching_dims) == others \
+        and not tuple(dn.update_window_dims) and len(ids.shape) == rank + 1 and ids.shape[-1] == 1
+
+
+def _along_axis_form(dn, sizes, ids, rank: int) -> bool:
+    """take_along_axis's gather: one indexed dim, every other dim a batching dim of ids too."""
+    if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map):
+        return False
+    others = [d for d in range(rank) if d != int(dn.start_index_map[0])]
+    return list(dn.operand_batching_dims) == others and list(dn.start_indices_batching_dims) == others \
+        and not tuple(dn.offset_dims) and all(s == 1 for s in sizes) and len(ids.shape) == rank + 1 \
+        and ids.shape[-1] == 1
+
+
 def _point_gather(t, eqn, x, ids, dn, sizes) -> str:
     """A gather of single elements along several dims, the others whole: numpy's x[i, j] with
     index arrays (`logp[jnp.arange(n), labels]`, x[r[:, None], c[None, :]]). The indexed dims
     are moved to the front and merged into one, and each point's row-major position among them
     is taken (each id clamped into its dim, as XLA clamps; in FILL_OR_DROP mode a point with an
     id out of range reads the fill value)."""
-    rank, dims = len(x.shape), [int(d) for d in dn.start_index_map]
-    k, nb = len(dims), len(ids.shape) - 1
-    if sorted(dims) != sorted(int(d) for d in dn.collapsed_slice_dims) or ids.shape[-1] != k \
+    rank, indexed = len(x.shape), [int(d) for d in dn.start_index_map]
+    op_batch = [int(d) for d in getattr(dn, "operand_batching_dims", ())]
+    idx_batch = [int(d) for d in getattr(dn, "start_indices_batching_dims", ())]
+    dims, nb = op_batch + indexed, len(ids.shape) - 1
+    if sorted(indexed) != sorted(int(d) for d in dn.collapsed_slice_dims) or ids.shape[-1] != len(indexed) \
             or any(sizes[d] != (1 if d in dims else x.shape[d]) for d in range(rank)):
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis / indexing by arrays of ids "
                "has no spmdlang equivalent")
     others = [d for d in range(rank) if d not in dims]
-    flat, linear = _flat_points(t, eqn, x, ids, dims, clamp=not _fills(eqn))
+    flat, linear = _flat_points(t, eqn, x, ids, dims, clamp=not _fills(eqn),
+                                ids_text=_batch_counters(t, ids, idx_batch))
     expr = f"take({flat}, {linear}, axis=0)"
     ours = [("b", i) for i in range(nb)] + [("o", d) for d in others]
     if _fills(eqn):  # a point with an id out of range (position -1) reads the fill value
@@ -1260,7 +1296,7 @@ def _point_gather(t, eqn, x, ids, dn, sizes) -> str:
     return expr
 
 
-def _flat_points(t, eqn, x, ids, dims: list[int], clamp: bool) -> tuple[str, str]:
+def _flat_points(t, eqn, x, ids, dims: list[int], clamp: bool, ids_text: str | None = None) -> tuple[str, str]:
     """x with `dims` moved to the front and merged into one, and each point's row-major position
     in them (ids of shape batch + [len(dims)]). Each id is clamped into its dim (`clamp`), or a
     point with an id out of range gets position -1 (out of range of the merged dim too)."""
@@ -1271,7 +1307,7 @@ def _flat_points(t, eqn, x, ids, dims: list[int], clamp: bool) -> tuple[str, str
         xv = t.emit(f"transpose({xv}, {_ints(dims + others)})")
     count = int(np.prod([x.shape[d] for d in dims]))
     flat = t.emit(f"reshape({xv}, {_ints([count] + [x.shape[d] for d in others])})")
-    idv = t.value(ids)
+    idv = ids_text or t.value(ids)
     linear, inside, stride = None, None, 1
     for j in reversed(range(k)):
         n = x.shape[dims[j]]
@@ -1293,15 +1329,18 @@ def _point_scatter_add(t, eqn, x, ids, upd, dn) -> str:
     """The transpose of _point_gather (its gradient; `.at[i, j].add(u)` with index arrays):
     scatter_add into x's indexed dims merged into one, at each point's position there. An id out
     of range drops its point (FILL_OR_DROP, PROMISE_IN_BOUNDS: XLA's scatter), or is clamped (CLIP)."""
-    rank, dims = len(x.shape), [int(d) for d in dn.scatter_dims_to_operand_dims]
-    nb = len(ids.shape) - 1
+    rank, indexed = len(x.shape), [int(d) for d in dn.scatter_dims_to_operand_dims]
+    op_batch = [int(d) for d in getattr(dn, "operand_batching_dims", ())]
+    idx_batch = [int(d) for d in getattr(dn, "scatter_indices_batching_dims", ())]
+    dims, nb = op_batch + indexed, len(ids.shape) - 1
     others = [d for d in range(rank) if d not in dims]
-    if sorted(dims) != sorted(int(d) for d in dn.inserted_window_dims) or ids.shape[-1] != len(dims) \
+    if sorted(indexed) != sorted(int(d) for d in dn.inserted_window_dims) or ids.shape[-1] != len(indexed) \
             or len(dn.update_window_dims) != len(others) \
             or any(upd.shape[p] != x.shape[d] for p, d in zip(dn.update_window_dims, others)):
         t.fail("jax primitive 'scatter-add' in a form other than scatter_add / the transpose of take_along_axis "
                "/ indexing by arrays of ids has no spmdlang equivalent")
-    flat, linear = _flat_points(t, eqn, x, ids, dims, clamp="CLIP" in _mode(eqn))
+    flat, linear = _flat_points(t, eqn, x, ids, dims, clamp="CLIP" in _mode(eqn),
+                                ids_text=_batch_counters(t, ids, idx_batch))
     ours = [("b", i) for i in range(nb)] + [("w", d) for d in others]
     jax_order = _jax_order(len(upd.shape), dn.update_window_dims, others, "w")
     perm = [jax_order.index(q) for q in ours]
@@ -1420,6 +1459,8 @@ def _scatter_add(t, eqn, ins):
     if len(ids.shape) == 1 and not op_batch and (len(scattered) > 1 or tuple(dn.inserted_window_dims) != scattered):
         return t.put(eqn, _window_scatter(t, eqn, x, ids, upd, dn, "{0} + {1}"))
     if len(dn.scatter_dims_to_operand_dims) > 1 and not op_batch:
+        return t.put(eqn, _point_scatter_add(t, eqn, x, ids, upd, dn))
+    if op_batch and not _along_axis_scatter_form(dn, ids, rank):
         return t.put(eqn, _point_scatter_add(t, eqn, x, ids, upd, dn))
     if len(dn.scatter_dims_to_operand_dims) != 1 or tuple(dn.inserted_window_dims) != \
             tuple(dn.scatter_dims_to_operand_dims) or ids.shape[-1] != 1:
