@@ -112,8 +112,8 @@ class Val:
 # discrete answer (comparison, floor, argmax, cast to int) is drawn from them. Real errors there
 # still show: the values themselves are compared to a tolerance. sqrt and division are correctly
 # rounded everywhere.
-_APPROXIMATE = re.compile(r"\b(tanh|sigmoid|log_sigmoid|gelu|sin|cos|exp|log|rsqrt|pow|erf|log1p|expm1|softplus|silu|"
-                          r"swish|elu|celu|selu|softmax|log_softmax|logsumexp|standardize)\(")
+_APPROXIMATE = re.compile(r"\b(tanh|sigmoid|log_sigmoid|gelu|sin|cos|exp|log|rsqrt|pow|erf|erf_inv|log1p|expm1|"
+                          r"softplus|silu|swish|elu|celu|selu|softmax|log_softmax|logsumexp|standardize)\(")
 
 
 def _portable(expr: str) -> bool:
@@ -299,7 +299,8 @@ class Generator:
         if v.dtype == "i32":
             form = self.ch.choice(["square({})", "clip({}, -2, 3)"])
             return self.assign(form.format(v.name), v.shape, "i32", v.exact)
-        form = self.ch.choice(["erf({})", "log1p(abs({}))", "expm1(tanh({}))", "square({})",
+        form = self.ch.choice(["erf({})", "erf_inv(tanh({}) * 0.9)", "log1p(abs({}))", "expm1(tanh({}))",
+                               "square({})",
                                "gelu({}, approximate=false)", "clip({}, -0.5, 0.5)"])
         return self.assign(form.format(v.name), v.shape, v.dtype, v.exact and form.startswith("clip"))
 

@@ -242,6 +242,12 @@ def _unary_cases():
     out.append(Case("gelu-approximate-kw", "x: f32[5]", "gelu(x, approximate=true)",
                     lambda x: gelu_tanh(x).astype(f32)))
     out.append(Case("erf-i32", "x: i32[5]", "erf(x)", lambda x: erf(x).astype(f32)))
+    from scipy.special import erfinv
+
+    out.append(Case("erf_inv", "x: f32[8]", "erf_inv(x)", lambda x: erfinv(x.astype(np.float64)).astype(f32),
+                    {"x": lambda r: [-0.99, -0.5, -1e-7, 0.0, 0.3, 0.9, 0.999, 1.0]}))
+    out.append(Case("erf_inv-bf16", "x: bf16[3]", "erf_inv(x)", in_f32(lambda x: erfinv(x.astype(np.float64))),
+                    {"x": lambda r: [-0.5, 0.25, 0.75]}))
     out.append(Case("log1p-tiny", "x: f32[3]", "log1p(x)", lambda x: np.log1p(x), {"x": lambda r: [1e-10, 0, 1e-7]},
                     tol=(1e-6, 0)))
     out.append(Case("expm1-tiny", "x: f32[3]", "expm1(x)", lambda x: np.expm1(x), {"x": lambda r: [1e-10, 0, -1e-7]},

@@ -69,7 +69,7 @@ def generated_ops() -> dict[str, str]:
     names = [n for n, _ in progen.Generator.OPS]
     for name in names:
         alone = {name, "compare_where", "cast"}  # with makers of bools, which logical ops need
-        for seed in range(16 if name == "unary" else 4):  # unary draws one of 16 forms
+        for seed in range(16 if name in ("unary", "unary_more") else 4):  # these draw one of many forms
             gen = progen.Generator(progen.RandomChooser(seed), min_ops=8, max_ops=8,
                                    exclude=[n for n in names if n not in alone])
             for op in _lowered(gen.program()).ops:

@@ -145,7 +145,7 @@ RULES += [(f"{op} like reduce_sum", op, [(8, 16, 4)], {"axes": (1,)}, "([i, j, k
           for op in ("reduce_prod", "reduce_min")]
 RULES += [("argmin", "argmin", [(8, 16)], {"axis": 0}, "([i, j]) -> ([j]) reduction={i}")]
 RULES += [(f"{op} like exp", op, [(8, 16)], {}, "([i, j]) -> ([i, j])")
-          for op in "gelu_erf erf log1p expm1 square stop_gradient softplus relu6".split()]
+          for op in "gelu_erf erf erf_inv log1p expm1 square stop_gradient softplus relu6".split()]
 RULES += [(f"{op} like add", op, [(8, 16), (8, 16)], {}, "([i, j], [i, j]) -> ([i, j])") for op in ("floordiv", "mod")]
 RULES += [
     # scans: the scanned dim is a permutation factor (a local scan and a prefix of shard totals)

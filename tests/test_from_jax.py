@@ -432,10 +432,10 @@ def test_while_loops_whose_trip_count_is_known_when_traced():
 
 
 def test_a_refusal_inside_a_library_points_at_the_users_call():
-    """flax's init inside the traced function draws a truncated normal (erf_inv, refused): the
-    error is at the user's line that calls flax, with flax's own line as a note."""
+    """A primitive refused inside flax (the orthogonal initialiser's qr): the error is at the
+    user's line that calls flax, with flax's own line as a note."""
     nn = pytest.importorskip("flax.linen")
-    net = nn.Dense(3)
+    net = nn.Dense(3, kernel_init=nn.initializers.orthogonal())
 
     def init_and_apply(key, x):
         p = net.init(key, x)
@@ -444,8 +444,30 @@ def test_a_refusal_inside_a_library_points_at_the_users_call():
     with pytest.raises(SpmdError) as e:
         spmdlang.from_jax(init_and_apply, jax.random.PRNGKey(0), f32(4, 5))
     assert e.value.span.file == __file__ and e.value.span.line == init_and_apply.__code__.co_firstlineno + 1
-    assert "'erf_inv' has no spmdlang equivalent" in e.value.message
+    assert "'qr' has no spmdlang equivalent" in e.value.message
     assert "flax" in e.value.note and "which this line calls" in e.value.note
+
+
+def test_flax_init_imports_sharded_initialisation():
+    """model.init as a program (parameters drawn on the mesh): lecun_normal and truncated_normal
+    (erf, erf_inv, nextafter), LayerNorm's ones and zeros, equal to jax's on every backend."""
+    nn = pytest.importorskip("flax.linen")
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.LayerNorm()(nn.Dense(12)(x)))
+            return nn.Dense(5, kernel_init=nn.initializers.truncated_normal(0.02))(x)
+
+    net, key, x = MLP(), jax.random.PRNGKey(0), f32(4, 7)
+    imp = check(net.init, key, x, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3}, rtol=1e-5, atol=1e-6)
+    assert "erf_inv(" in imp.source
+    a, b = (np.array([1, -1, 0, 0, 2, -0.0, np.inf, np.nan, 3, 1e-45], np.float32),
+            np.array([2, 0, 1, -1, 2, 1, 0, 1, np.nan, 0], np.float32))
+    check(jnp.nextafter, a, b, backends=("ref", "sim"), rtol=0, atol=0)
+    u = np.linspace(-0.999, 0.999, 101, dtype=np.float32)
+    check(lambda u: (jax.lax.erf_inv(u), jax.grad(lambda u: jax.lax.erf_inv(u).sum())(u)), u,
+          backends=("ref", "sim", "jax"), rtol=2e-6, atol=1e-6)
 
 
 def test_integer_division_by_zero_as_xla():

@@ -364,7 +364,8 @@ def prim(*names):
 
 _UNARY = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "logistic": "sigmoid",
           "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil", "sign": "sign", "abs": "abs",
-          "erf": "erf", "log1p": "log1p", "expm1": "expm1", "square": "square", "stop_gradient": "stop_gradient"}
+          "erf": "erf", "erf_inv": "erf_inv",
+          "log1p": "log1p", "expm1": "expm1", "square": "square", "stop_gradient": "stop_gradient"}
 
 
 def _unary(name):
@@ -688,6 +689,23 @@ def _empty(t, eqn, ins):
     branch not taken, never read): zeros."""
     aval = eqn.outvars[0].aval
     return t.constant(np.zeros(aval.shape, aval.dtype), None)
+
+
+@prim("nextafter")
+def _nextafter(t, eqn, ins):
+    """The float after x1 toward x2 (jax.random.truncated_normal's bounds): x1's bits as an
+    integer, one up where that moves away from zero, else one down; from zero the least subnormal
+    of x2's side; x2 where they are equal; NaN where either is."""
+    x1, x2 = ins
+    if x1.dtype != "f32" or x2.dtype != "f32":
+        t.fail("jax primitive 'nextafter' on other than f32 has no spmdlang equivalent")
+    a, b = t.value(x1), t.value(x2)
+    bits = t.emit(f"bitcast_convert_type({a}, i32)")
+    step = t.emit(f"where(({b} > {a}) == ({a} >= 0.0), {bits} + 1, {bits} - 1)")
+    tiny = t.emit(f"bitcast_convert_type(where({b} > {a}, 1, -2147483647), f32)")
+    moved = t.emit(f"where({a} == 0.0, {tiny}, bitcast_convert_type({step}, f32))")
+    same = t.emit(f"where({a} == {b}, {b}, {moved})")
+    return t.put(eqn, f"where(logical_or({a} != {a}, {b} != {b}), {a} + {b}, {same})")
 
 
 @prim("stack")

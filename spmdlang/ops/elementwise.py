@@ -33,6 +33,18 @@ def _elementwise_rule(operands, results, attrs):
 _erf64 = np.frompyfunc(math.erf, 1, 1)
 
 
+def _erf_inv(x):
+    """XLA's f32 erf_inv polynomial (ops/random.py's, which `normal` draws with) for f32 (lower
+    precisions compute in f32, as XLA does on CPU); f64 (under x64) to f64 rounding, as XLA's."""
+    if np.asarray(x).dtype == np.float64:
+        from scipy.special import erfinv
+
+        return erfinv(x)
+    from .random import _erf_inv32
+
+    return _erf_inv32(np.asarray(x, np.float32))
+
+
 def _erf(x):
     """numpy has no erf; math.erf per element, in f64 (jax's is accurate to f32 rounding)."""
     return np.asarray(_erf64(np.asarray(x, np.float64)), np.float64)
@@ -51,6 +63,7 @@ _FLOAT_UNARY = {
     "gelu_erf": (lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))), "jax.nn.gelu({0}, approximate=False)",
                  "GELU, exact erf form: x * (1 + erf(x / sqrt 2)) / 2"),
     "erf": (_erf, "jax.lax.erf({0})", "error function"),
+    "erf_inv": (lambda x: _erf_inv(x), "jax.lax.erf_inv({0})", "inverse error function on (-1, 1) (+-inf at +-1)"),
     "log1p": (np.log1p, "jnp.log1p({0})", "log(1 + x), accurate near 0"),
     "expm1": (np.expm1, "jnp.expm1({0})", "exp(x) - 1, accurate near 0"),
     "sin": (np.sin, "jnp.sin({0})", "sine"),
@@ -395,6 +408,8 @@ _UNARY_VJP = {
     "gelu_erf": _gelu_erf,
     "erf": lambda d, ct, x, y: d.mul(ct, d.mul(d.like(2.0 / math.sqrt(math.pi), x),
                                                d.emit("exp", d.neg(d.mul(x, x))))),
+    # jax: g * sqrt(pi) / 2 * exp(ans ** 2)
+    "erf_inv": lambda d, ct, x, y: d.mul(ct, d.mul(d.like(math.sqrt(math.pi) / 2.0, y), d.emit("exp", d.mul(y, y)))),
     "log1p": lambda d, ct, x, y: d.emit("div", ct, d.emit("add", x, d.like(1.0, x))),
     "expm1": lambda d, ct, x, y: d.mul(ct, d.emit("add", y, d.like(1.0, y))),
     "sin": lambda d, ct, x, y: d.mul(ct, d.emit("cos", x)),
