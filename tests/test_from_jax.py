@@ -482,6 +482,31 @@ def test_integer_division_by_zero_as_xla():
     check(divide, a, b, u, v, backends=("ref", "sim", "jax"))
 
 
+def test_conv_gradients_with_negative_padding():
+    """jax's gradient of a strided conv whose windows miss the last rows (a ResNet 1x1 stride-2
+    shortcut on an even size, a 4x4 patch conv on 10 rows, a 3x3 stride-2 SAME conv on 7) holds
+    a conv with negative padding: a slice of its input (it was refused); batch or channels split."""
+    DN = ("NHWC", "HWIO", "NHWC")
+
+    def grads(stride, padding):
+        def loss(x, w):
+            return (jax.lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=DN) ** 2).sum()
+        return jax.grad(loss, argnums=(0, 1))
+
+    for fn, x, w, specs in [(grads(2, "SAME"), f32(2, 6, 6, 3), f32(1, 1, 3, 4), (P("data"), None)),
+                            (grads(4, "VALID"), f32(2, 10, 10, 3), f32(4, 4, 3, 5),
+                             (P(None, None, None, "model"), None)),
+                            (grads(2, "SAME"), f32(2, 7, 8, 3), f32(3, 3, 3, 4), None)]:
+        check(fn, x, w, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3}, in_specs=specs)
+    direct = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), [(-1, 0), (0, -2)], dimension_numbers=DN)  # noqa: E731
+    check(direct, f32(2, 6, 6, 3), f32(2, 2, 3, 4), backends=("ref", "sim"))
+
+
+def test_random_clone_is_the_key():
+    """flax's lifted transforms (nn.scan, nn.remat with rngs) clone keys: the key itself."""
+    check(lambda k: jax.random.uniform(jax.random.clone(k), (4,)), jax.random.key(0), backends=("ref", "sim"))
+
+
 def avg_pool_grad(x):
     """jax's gradient of an avg pool: a pad with interior padding (stride - 1 zeros between the
     cotangent's elements) read by a stride-1 window sum, over rows that split unevenly (7 over 2)."""

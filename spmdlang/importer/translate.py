@@ -1062,8 +1062,10 @@ def _conv(t, eqn, ins):
     if w.dtype != want:
         wv = f"cast({wv}, {want})"
     padding = [[int(lo), int(hi)] for lo, hi in p["padding"]]
-    if any(lo < 0 or hi < 0 for lo, hi in padding):
-        t.fail("jax primitive 'conv_general_dilated' with negative padding has no spmdlang equivalent")
+    cuts = [(max(0, -lo), max(0, -hi)) for lo, hi in padding]
+    if any(c != (0, 0) and d != 1 for c, d in zip(cuts, p["lhs_dilation"])):
+        t.fail("jax primitive 'conv_general_dilated' with negative padding of a dilated input has no "
+               "spmdlang equivalent")
     groups = int(p["feature_group_count"])
     if batch_groups != 1:
         # (jax's transpose of a grouped conv for its kernel's gradient) batch group g, the g-th
@@ -1074,6 +1076,13 @@ def _conv(t, eqn, ins):
         xv = t.emit(f"transpose({xv}, {_ints([1, *range(2, nsp + 2), 0, nsp + 2])})")
         xv = f"reshape({xv}, {_ints([n // batch_groups, *sp, batch_groups * c])})"
         groups = batch_groups
+    if any(c != (0, 0) for c in cuts):
+        # negative padding (jax's kernel gradient of a strided conv whose windows miss the last
+        # rows) cuts the input: a slice of each such spatial dim, then no padding there
+        sp = [x.shape[d] for d in lhs[2:]]
+        index = ", ".join([":"] + [f"{lo}:{n - hi}" for (lo, hi), n in zip(cuts, sp)] + [":"])
+        xv = f"{t.emit(xv)}[{index}]"
+        padding = [[max(0, lo), max(0, hi)] for lo, hi in padding]
     args = [xv, wv, f"stride={_ints(p['window_strides'])}", f"padding={padding}"]
     if any(d != 1 for d in p["lhs_dilation"]):
         args.append(f"lhs_dilation={_ints(p['lhs_dilation'])}")
@@ -1592,7 +1601,7 @@ def _bernoulli(t, eqn, ins):
 _RANDOM_CALLS = {"_uniform": _uniform, "_normal": _normal, "_bernoulli": _bernoulli}
 
 
-@prim("random_wrap", "random_unwrap")
+@prim("random_wrap", "random_unwrap", "random_clone", "random_clone_p")
 def _random_wrap(t, eqn, ins):
     return ins[0]
 
