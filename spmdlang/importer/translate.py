@@ -1067,6 +1067,10 @@ def _conv(t, eqn, ins):
         t.fail("jax primitive 'conv_general_dilated' with negative padding of a dilated input has no "
                "spmdlang equivalent")
     groups = int(p["feature_group_count"])
+    if batch_groups != 1 and groups == 1 and all(d == 1 for d in p["lhs_dilation"]):
+        expr = _batch_grouped_conv(t, eqn, x, w, xv, wv, lhs, rhs, padding, cuts, batch_groups)
+        if expr is not None:
+            return _conv_out(t, eqn, expr, outs, nsp)
     if batch_groups != 1:
         # (jax's transpose of a grouped conv for its kernel's gradient) batch group g, the g-th
         # block of N / G images, meets output features group g: the same as a conv with g feature
@@ -1090,13 +1094,60 @@ def _conv(t, eqn, ins):
         args.append(f"rhs_dilation={_ints(p['rhs_dilation'])}")
     if groups != 1:
         args.append(f"groups={groups}")
-    expr = f"conv({', '.join(args)})"
-    # ours is [N, spatial..., F]; out_spec says where jax puts N, F and each spatial dim
+    return _conv_out(t, eqn, f"conv({', '.join(args)})", outs, nsp)
+
+
+def _conv_out(t, eqn, expr: str, outs, nsp: int):
+    """A conv's result in ours, [N, spatial..., F], put where jax's out_spec has N, F and each spatial dim."""
     ours = {outs[0]: 0, outs[1]: nsp + 1, **{outs[2 + i]: 1 + i for i in range(nsp)}}
     perm = [ours[d] for d in range(nsp + 2)]
     if perm != list(range(nsp + 2)):
         expr = f"transpose({t.emit(expr)}, {_ints(perm)})"
     return t.put(eqn, expr)
+
+
+_MAX_GROUPED_POSITIONS = 64
+
+
+def _batch_grouped_conv(t, eqn, x, w, xv, wv, lhs, rhs, padding, cuts, groups: int) -> str | None:
+    """jax's kernel gradient of a grouped or depthwise conv: a conv with batch_group_count G whose
+    output positions are the kernel's taps. Each position is one contraction over its window of
+    the input (the images' rows and columns, and the batch, which jax puts in the features): a
+    slice, reshaped so that batch group g meets output feature group g, and an einsum; the
+    positions then stack. The batch stays split (each einsum a partial sum) where the other form
+    (the batch groups laid side by side in the channels) must gather it. None where the output
+    has more than _MAX_GROUPED_POSITIONS positions: that form is written instead."""
+    p = eqn.params
+    nsp = len(lhs) - 2
+    b, c_in = x.shape[lhs[0]], x.shape[lhs[1]]
+    size = [x.shape[d] - lo - hi for d, (lo, hi) in zip(lhs[2:], cuts)]
+    k = [w.shape[d] for d in rhs[2:]]
+    f = w.shape[rhs[0]]
+    strides, dil = [int(v) for v in p["window_strides"]], [int(v) for v in p["rhs_dilation"]]
+    pad = [[max(0, lo), max(0, hi)] for lo, hi in padding]
+    span = [(kk - 1) * d + 1 for kk, d in zip(k, dil)]
+    out = [(n + lo + hi - sp) // s + 1 for n, (lo, hi), sp, s in zip(size, pad, span, strides)]
+    positions = int(np.prod(out))
+    if positions > _MAX_GROUPED_POSITIONS or b % groups or f % groups or min(out) < 1:
+        return None
+    if any(cut != (0, 0) for cut in cuts):
+        kept = [f"{lo}:{x.shape[d] - hi}" for (lo, hi), d in zip(cuts, lhs[2:])]
+        xv = f"{t.emit(xv)}[{', '.join([':', *kept, ':'])}]"
+    if any(q != [0, 0] for q in pad):
+        xv = f"pad({t.emit(xv)}, {[[0, 0], *pad, [0, 0]]})"
+    xv = t.emit(xv)
+    letters = "".join(chr(ord("h") + i) for i in range(nsp))  # h, i, j: the window's dims
+    kernel = t.emit(f"reshape({wv}, {_ints([*k, c_in, groups, f // groups])})")
+    parts = []
+    for flat in range(positions):
+        o = np.unravel_index(flat, out)
+        index = ", ".join([":"] + [f"{oi * s}:{oi * s + sp}:{d}" if d != 1 else f"{oi * s}:{oi * s + sp}"
+                                   for oi, s, sp, d in zip(o, strides, span, dil)] + [":"])
+        win = t.emit(f"reshape({xv}[{index}], {_ints([groups, b // groups, *k, c_in])})")
+        r = t.emit(f'einsum("gb{letters}c,{letters}cgf->bgf", {win}, {kernel})')
+        parts.append(t.emit(f"expand_dims(reshape({r}, {_ints([b // groups, f])}), 1)"))
+    stacked = t.emit(f"concat([{', '.join(parts)}], axis=1)") if len(parts) > 1 else parts[0]
+    return f"reshape({stacked}, {_ints([b // groups, *out, f])})"
 
 
 def _pool(kind):

@@ -42,24 +42,40 @@ def partition_loop(p, op: Op) -> None:
 
 def _accumulated_terms(loop: Loop, accums: dict, users) -> set[Value]:
     """The added terms of the loop's accumulations, and the values they are linear in (through
-    ops that keep a pending sum on: reshape, add, ...), each with this one use: their pending
-    sums may flow on into the carry, which is settled once after the loop, so keeping one is
-    not charged as a settlement on every iteration (a weight gradient's einsum stays local). A
-    window written into zeros (one layer's gradient placed in a stacked buffer) passes its
-    update's pending sum on too."""
+    ops that keep a pending sum on: reshape, add, ...) whose every use leads into accumulations
+    (one slice of a gradient per carry: the halves of an LSTM's concatenated kernel): their
+    pending sums may flow on into the carries, which are settled once after the loop, so keeping
+    one is not charged as a settlement on every iteration (a weight gradient's einsum stays
+    local). A window written into zeros (one layer's gradient placed in a stacked buffer) passes
+    its update's pending sum on too."""
     producer = {r: bop for bop in loop.body.ops for r in bop.results}
+    consumers: dict[Value, list[Op]] = {}
+    for bop in loop.body.ops:
+        for v in bop.operands:
+            consumers.setdefault(v, []).append(bop)
+    adds = set(accums)
     out: set[Value] = set()
+
+    def passes(v: Value) -> bool:  # every use of v is an accumulation, or an op passing on into one
+        uses = consumers.get(v, [])
+        return (is_float(v.type.dtype) and len(uses) == users.get(v, 0) and len(uses) > 0
+                and all(c in adds or all(r in out for r in c.results) for c in uses))
+
     todo = [term for _, term in accums.values()]
     while todo:
-        v = todo.pop()
-        if v in out or users.get(v, 0) != 1 or not is_float(v.type.dtype):
-            continue
-        out.add(v)
-        bop = producer.get(v)
-        if bop is not None and not bop.regions and registry.get(bop.kind).partial_mode(bop.attrs) == "additive":
-            todo.extend(bop.operands)
-        elif bop is not None and bop.kind == OpName.DYNAMIC_UPDATE_SLICE and _is_zeros(producer.get(bop.operands[0])):
-            todo.append(bop.operands[1])  # a window written into zeros (ops.dynamic keeps its pending sum)
+        waiting, todo = todo, []
+        for v in waiting:
+            if v in out or not passes(v):
+                continue
+            out.add(v)
+            bop = producer.get(v)
+            if bop is not None and not bop.regions and registry.get(bop.kind).partial_mode(bop.attrs) == "additive":
+                todo.extend(bop.operands)
+            elif bop is not None and bop.kind == OpName.DYNAMIC_UPDATE_SLICE \
+                    and _is_zeros(producer.get(bop.operands[0])):
+                todo.append(bop.operands[1])  # a window written into zeros (ops.dynamic keeps its pending sum)
+            todo.extend(u for u in waiting if u not in out)  # one may pass now that v does
+        todo = list(dict.fromkeys(todo))
     return out
 
 

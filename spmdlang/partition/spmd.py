@@ -119,11 +119,13 @@ class Partitioner:
         self._settle_shared(op, "once for its several uses")
 
     def _settle_shared(self, op: Op, why: str) -> None:
-        """A pending sum with several consumers (an accumulated sum) is settled once, to the planned layout."""
+        """A pending sum with several consumers (an accumulated sum) is settled once, to the planned
+        layout; unless each of its uses leads into a loop's accumulation (`passing`: the slices of
+        a concatenated weight's gradient), whose carries are settled once after the loop."""
         for r in op.results:
             _, s = self.local.state[r]
             self.local.produced[r] = s
-            if s.partial and self.local.users.get(r, 0) > 1:
+            if s.partial and self.local.users.get(r, 0) > 1 and r not in self.passing:
                 want = self.local.wanted(r)
                 self.local.state[r] = (self.em.reshard(r, want, why), want)
 
