@@ -218,6 +218,32 @@ func main(w1: f32[8, 10], w2: f32[8, 10], b1: f32[10], b2: f32[10], x: f32[6, 4,
     assert c.diff(backends=["ref", "sim", "jax"])["ok"]
 
 
+def test_a_loss_accumulated_in_the_loop_settles_once():
+    """`total = total + sum(h * h)` in a differentiated loop: grad's forward loop stacked `total`
+    for a backward loop that never reads it, so the carry had two uses and was all-reduced on
+    every step. The dead stack is dropped (simplify's dead carries): `total` is an accumulation
+    again, settled once after the loop, with the weight gradient in one combined all-reduce."""
+    src = """mesh [data=2]
+func loss(w: f32[8, 10], x: f32[6, 4, 8]) -> f32[] {
+  h = zeros(f32[4, 10])
+  total = zeros(f32[])
+  loop t in range(6) {
+    h = tanh(x[t] @ w + h)
+    total = total + sum(h * h)
+  }
+  return total / 240.0
+}
+func main(w: f32[8, 10], x: f32[6, 4, 8] {_, data, _}) -> (f32[], f32[8, 10]) {
+  l, g = value_and_grad(loss, w, x)
+  return l, g
+}
+"""
+    c = spmdlang.compile(src)
+    assert [(e.kind, e.trip_count) for e in c.spmd.ledger] == [("all_reduce", 1)], c.explain_report()
+    assert "total_stack" not in c.spmd_ir and "h_stack" in c.spmd_ir
+    assert c.diff(backends=["ref", "sim", "jax"])["ok"]
+
+
 def test_scanned_stack_training_step_collectives():
     """train_stack_scan: the forward layer needs 2 all-reduces over `model` per iteration (as
     XLA's scan body); the stacked weights' gradients, written into their windows of carried

@@ -156,17 +156,46 @@ def cse(prog: Program, keep=frozenset()) -> tuple[Program, dict]:
     return prog.replace(ops=tuple(ops), params=params, results=results, names=names, grads=grads), repl
 
 
-def live_ops(ops, roots) -> list[Op]:
+def live_ops(ops, roots, carries: bool = False) -> list[Op]:
     """The ops some root value depends on, in order (every op is pure: the rest is dead code).
-    A loop body keeps what its next carries depend on."""
+    A loop body keeps what its next carries depend on; with `carries`, a loop also drops the
+    carries nothing needs (see _live_loop)."""
     live = set(roots)
     kept = []
     for op in reversed(ops):
         if any(r in live for r in op.results):
-            kept.append(rewrite_regions(op, lambda r: live_ops(r.ops, r.results)))
+            if carries and op.kind == LOOP:
+                op = _live_loop(op, live)
+            else:
+                op = rewrite_regions(op, lambda r: live_ops(r.ops, r.results, carries))
+            kept.append(op)
             live.update(op.operands)
     kept.reverse()
     return kept
+
+
+def _live_loop(op: Op, live: set) -> Op:
+    """A loop without its dead carries and captures: a carry whose result nothing after the loop
+    reads and which no needed carry's next value depends on (what grad's forward loop stacks for
+    a backward loop that never reads it: a loss accumulated in the loop), and a capture the body
+    no longer reads. Fewer carries: an accumulation read only by its own add is one again."""
+    loop = Loop(op)
+    keep = {k for k, r in enumerate(op.results) if r in live}
+    while True:
+        body_ops = live_ops(loop.body.ops, [loop.body.results[k] for k in sorted(keep)], True)
+        used = {v for b in body_ops for v in b.operands} | {loop.body.results[k] for k in keep}
+        more = {k for k, c in enumerate(loop.carries) if c in used} - keep
+        if not more:
+            break
+        keep |= more
+    ks = sorted(keep)
+    caps = [(p, c) for p, c in zip(loop.capture_params, loop.captures) if p in used]
+    if len(ks) == loop.n and len(caps) == len(loop.captures):
+        return rewrite_regions(op, lambda r: body_ops)
+    body = Region((loop.index, *(loop.carries[k] for k in ks), *(p for p, _ in caps)), tuple(body_ops),
+                  tuple(loop.body.results[k] for k in ks))
+    return op.replace(operands=(*(loop.inits[k] for k in ks), *(c for _, c in caps)),
+                      results=tuple(op.results[k] for k in ks), regions=(body,))
 
 
 def dead_code(prog: Program, keep=()) -> Program:
@@ -379,7 +408,7 @@ def algebraic(prog: Program) -> tuple[Program, dict]:
 def simplify(prog: Program) -> Program:
     prog = algebraic(prog)[0]
     ops = _rotations(hoist_invariants(prog.ops))
-    kept = live_ops(ops, {r.value for r in prog.results} | {v for _, v, _ in prog.names})
+    kept = live_ops(ops, {r.value for r in prog.results} | {v for _, v, _ in prog.names}, carries=True)
     if len(kept) == len(prog.ops) and all(a is b for a, b in zip(kept, prog.ops)):
         return prog
     return prog.replace(ops=tuple(kept))
