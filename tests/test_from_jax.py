@@ -9,6 +9,7 @@ lax primitives, every programs/*.spmd round-tripped through the XLA backend's pl
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import subprocess
 import sys
@@ -414,6 +415,17 @@ def test_grad_through_cond_and_switch():
         check(switch_grad, x, np.int32(i), backends=("ref", "sim"))
 
 
+def test_trip_counts_in_closed_form_match_stepping():
+    from spmdlang.importer.translate import _COMPARE, _trips
+
+    for name, test in _COMPARE.items():
+        for start, bound, step in itertools.product(range(-5, 6), range(-5, 6), (-3, -1, 1, 2)):
+            i, n = start, 0
+            while test(i, bound) and n < 50:
+                i, n = i + step, n + 1
+            assert _trips(name, start, bound, step) == (n if n < 50 else None), (name, start, bound, step)
+
+
 def test_while_loops_whose_trip_count_is_known_when_traced():
     """A counter compared with a static bound (<, <=, >, from either side, !=) and stepped by a
     constant (up, by 2, down): as many steps as jax takes, zero included."""
@@ -465,6 +477,9 @@ def test_flax_init_imports_sharded_initialisation():
     a, b = (np.array([1, -1, 0, 0, 2, -0.0, np.inf, np.nan, 3, 1e-45], np.float32),
             np.array([2, 0, 1, -1, 2, 1, 0, 1, np.nan, 0], np.float32))
     check(jnp.nextafter, a, b, backends=("ref", "sim"), rtol=0, atol=0)
+    tiny = np.float32(1.4e-45)  # XLA's CPU reads a subnormal operand as zero
+    check(jnp.nextafter, np.array([tiny, tiny, -tiny, -tiny], np.float32),
+          np.array([-0.0, -tiny, 0.0, tiny], np.float32), backends=("ref", "sim"), rtol=0, atol=0)
     u = np.linspace(-0.999, 0.999, 101, dtype=np.float32)
     check(lambda u: (jax.lax.erf_inv(u), jax.grad(lambda u: jax.lax.erf_inv(u).sum())(u)), u,
           backends=("ref", "sim", "jax"), rtol=2e-6, atol=1e-6)

@@ -708,6 +708,8 @@ func main(a: f32[5, 3] {x, _}) -> (f32[5, 3], f32[3, 5], f32[5, 3], i32[], f32[5
     want = (jax.nn.softmax(a, axis=None), a.T, jnp.roll(a, 2, axis=None), np.int32(np.argmax(a, axis=None)),
             jax.nn.log_softmax(a, axis=None), a.sum(), a)
     run_sharded(src, {"a": a}, tuple(np.asarray(w) for w in want))
+    with pytest.raises(spmdlang.SpmdError, match="unknown name 'None'"):  # a required axis takes none
+        spmdlang.compile("mesh [x=2]\nfunc main(a: f32[2, 3]) -> f32[1, 2, 3] { return expand_dims(a, None) }\n")
 
 
 def test_pad_with_one_lo_hi_pair_pads_every_dim():
@@ -720,3 +722,16 @@ func main(a: f32[4, 3] {x, _}) -> (f32[7, 6], f32[7, 6]) {
     # (XLA's baseline pads 4 rows over 3 shards with a -1 wrong: an upstream disagreement)
     run_sharded(src, {"a": a}, (np.pad(a, (1, 2)), np.pad(a, (1, 2), constant_values=-1)),
                 backends=("ref", "sim", "jax"))
+
+
+def test_empty_operands_over_split_dims():
+    """No rows: a concat of empty slices of a split dim (its halo window has no pieces), a take
+    of no ids and a reshape of an empty array (no factors to share) compile and run everywhere."""
+    a = np.arange(18, dtype=f32).reshape(6, 3)
+    src = """mesh [x=2]
+func main(a: f32[6, 3] {x, _}, ids: i32[0]) -> (f32[0, 3], f32[0, 3], f32[3, 0]) {
+  return take(a, ids), concat([a[0:0, :], a[3:3, :]], axis=0), reshape(a[2:2, :], [3, 0])
+}
+"""
+    run_sharded(src, {"a": a, "ids": np.zeros(0, np.int32)},
+                (np.zeros((0, 3), f32), np.zeros((0, 3), f32), np.zeros((3, 0), f32)))

@@ -199,8 +199,10 @@ def _eval_arg(ctx, b: Builtin, kind: Kind, node, env, pname):
 
 
 def _takes_none(b: Builtin, pname: str, kind: Kind) -> bool:
-    """`None` is a value of axes (every dim) and of arguments whose default is None."""
-    return kind == Kind.axes or any(p[0] == pname and p[2] is None for p in b.params)
+    """`None` is a value of optional axes (every dim: `softmax(x, axis=None)`) and of arguments
+    whose default is None; a required axis (expand_dims') takes none."""
+    default = next((p[2] for p in b.params if p[0] == pname), _REQUIRED)
+    return default is None or (kind == Kind.axes and default is not _REQUIRED)
 
 
 def tensor(ctx, args: Args, name: str, dtype: str | None = None) -> Value:

@@ -699,12 +699,15 @@ def _nextafter(t, eqn, ins):
     x1, x2 = ins
     if x1.dtype != "f32" or x2.dtype != "f32":
         t.fail("jax primitive 'nextafter' on other than f32 has no spmdlang equivalent")
-    a, b = t.value(x1), t.value(x2)
+    raw_a, b = t.value(x1), t.value(x2)
+    # XLA's CPU reads subnormal operands as zero (denormals-are-zero): so do the steps and tests
+    a = t.emit(f"where(abs({raw_a}) < 1.1754944e-38, 0.0 * {raw_a}, {raw_a})")
+    b_flat = t.emit(f"where(abs({b}) < 1.1754944e-38, 0.0 * {b}, {b})")
     bits = t.emit(f"bitcast_convert_type({a}, i32)")
-    step = t.emit(f"where(({b} > {a}) == ({a} >= 0.0), {bits} + 1, {bits} - 1)")
-    tiny = t.emit(f"bitcast_convert_type(where({b} > {a}, 1, -2147483647), f32)")
+    step = t.emit(f"where(({b_flat} > {a}) == ({a} >= 0.0), {bits} + 1, {bits} - 1)")
+    tiny = t.emit(f"bitcast_convert_type(where({b_flat} > {a}, 1, -2147483647), f32)")
     moved = t.emit(f"where({a} == 0.0, {tiny}, bitcast_convert_type({step}, f32))")
-    same = t.emit(f"where({a} == {b}, {b}, {moved})")
+    same = t.emit(f"where({a} == {b_flat}, {b}, {moved})")
     return t.put(eqn, f"where(logical_or({a} != {a}, {b} != {b}), {a} + {b}, {same})")
 
 
@@ -1900,12 +1903,22 @@ def _trip_count(cond, body, cconsts, init, bn) -> int | None:
                 step = np.asarray(x.val).item()
     if not isinstance(step, int) or step == 0:
         return None
-    i, trips, holds = int(init[k].literal), 0, _COMPARE[name]
-    while holds(i, bound):
-        i, trips = i + step, trips + 1
-        if trips > _MAX_TRIPS:
-            return None
-    return trips
+    trips = _trips(name, int(init[k].literal), int(bound), step)
+    return trips if trips is not None and trips <= _MAX_TRIPS else None
+
+
+def _trips(name: str, start: int, bound: int, step: int) -> int | None:
+    """How many steps of `step` from `start` keep `i <name> bound` true (in closed form: a loop of
+    millions counts as fast as one of three); None when it never turns false."""
+    if not _COMPARE[name](start, bound):
+        return 0
+    gap = bound - start
+    if name == "ne":
+        return gap // step if gap % step == 0 and gap // step > 0 else None
+    if (name in ("lt", "le")) != (step > 0):  # stepping away from the bound
+        return None
+    n, s = abs(gap), abs(step)
+    return -(-n // s) if name in ("lt", "gt") else n // s + 1
 
 
 def _unchanged(jaxpr, i) -> bool:

@@ -161,6 +161,14 @@ def reshape_factors(in_shape, out_shape) -> tuple[list[int], list[str], list[lis
     out_dims: list[list[int]] = [[] for _ in out_shape]
     i = j = 0
     in_shape, out_shape = list(in_shape), list(out_shape)
+    if 0 in in_shape or 0 in out_shape:  # no elements: every dim a replicate factor of its own
+        for dims, shape in ((in_dims, in_shape), (out_dims, out_shape)):
+            for d, n in enumerate(shape):
+                if n != 1:
+                    dims[d].append(len(sizes))
+                    sizes.append(n)
+                    kinds.append(REPLICATE)
+        return sizes, kinds, in_dims, out_dims
     while i < len(in_shape) or j < len(out_shape):
         if i < len(in_shape) and in_shape[i] == 1:
             i += 1

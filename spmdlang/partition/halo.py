@@ -147,6 +147,8 @@ def window(p: Emitter, x: Value, dim: int, in_axes, out_axes, n: int, w: Window,
     The input is split over `in_axes`, which are either the output's `out_axes` or none. `first`:
     `x` is not a window of another dim already (see the mask of a joined window below)."""
     in_axes, out_axes = tuple(in_axes), tuple(out_axes)
+    if w.length == 0:  # an empty window (a slice or concat operand of no rows): nothing travels
+        return p.slice_dim(x, dim, 0, 0)
     if not in_axes:
         return _local_window(p, x, dim, out_axes, n, w)
     assert in_axes == out_axes, (in_axes, out_axes)
