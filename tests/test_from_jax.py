@@ -378,9 +378,10 @@ def test_indexing_by_arrays_scatters_stack_tile_round():
     check(points, lg, x3, lab, r, c, bad_i, bad_j, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3})
 
     def vmapped(x3, ids):  # jax's batched gather (operand_batching_dims) and its scatter-add gradient
-        pick = jax.vmap(lambda a, j: a[j])
+        pick, column = jax.vmap(lambda a, j: a[j]), jax.vmap(lambda a, j: a[:, j])  # a[:, j] indexes the : too
         return (pick(x3, ids), jax.vmap(lambda a, j: J(a).at[j].get(mode="fill", fill_value=0.0))(x3, ids - 2),
-                jax.grad(lambda x: (pick(x, ids) ** 2).sum())(x3))
+                jax.grad(lambda x: (pick(x, ids) ** 2).sum())(x3), column(x3, ids[:, 0] % 3),
+                jax.grad(lambda x: (column(x, ids[:, 1] % 3) ** 2).sum())(x3))
 
     check(vmapped, x3, np.stack([lab, lab[::-1]], 1) % 5, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3})
 

@@ -1310,7 +1310,7 @@ def _gather(t, eqn, ins):
     return t.put(eqn, expr)
 
 
-def _batch_counters(t, ids, idx_batch: list[int]) -> str | None:
+def _batch_counters(t, ids, idx_batch: list[int], ids_text: str | None = None) -> str | None:
     """The ids of a vmapped gather or scatter with its batch made explicit: batch b of the ids
     reaches batch b of x, an index along each operand batching dim (an iota along the ids' batch
     dim) put before the ids' own. None without batching dims."""
@@ -1318,7 +1318,7 @@ def _batch_counters(t, ids, idx_batch: list[int]) -> str | None:
         return None
     shape = ", ".join(map(str, list(ids.shape[:-1]) + [1]))
     counters = [t.emit(f"iota({ids.dtype}[{shape}], {ib})") for ib in idx_batch]
-    return t.emit(f"concat([{', '.join(counters)}, {t.value(ids)}], axis={len(ids.shape) - 1})")
+    return t.emit(f"concat([{', '.join(counters)}, {ids_text or t.value(ids)}], axis={len(ids.shape) - 1})")
 
 
 def _along_axis_scatter_form(dn, ids, rank: int) -> bool:
@@ -1346,20 +1346,29 @@ def _point_gather(t, eqn, x, ids, dn, sizes) -> str:
     index arrays (`logp[jnp.arange(n), labels]`, x[r[:, None], c[None, :]]). The indexed dims
     are moved to the front and merged into one, and each point's row-major position among them
     is taken (each id clamped into its dim, as XLA clamps; in FILL_OR_DROP mode a point with an
-    id out of range reads the fill value)."""
-    rank, indexed = len(x.shape), [int(d) for d in dn.start_index_map]
+    id out of range reads the fill value). An indexed dim read whole (jnp's `a[:, j]` under
+    vmap indexes the `:` too) has only the start 0 once clamped: its id is dropped; one read at
+    size 1 without being collapsed is a point whose dim stays in the result, of size 1."""
+    rank, indexed_all = len(x.shape), [int(d) for d in dn.start_index_map]
+    collapsed = {int(d) for d in dn.collapsed_slice_dims}
     op_batch = [int(d) for d in getattr(dn, "operand_batching_dims", ())]
     idx_batch = [int(d) for d in getattr(dn, "start_indices_batching_dims", ())]
+    whole = {d for d in indexed_all if d not in collapsed and sizes[d] == x.shape[d] and not _fills(eqn)}
+    cols = [j for j, d in enumerate(indexed_all) if d not in whole]
+    indexed = [indexed_all[j] for j in cols]
     dims, nb = op_batch + indexed, len(ids.shape) - 1
-    if sorted(indexed) != sorted(int(d) for d in dn.collapsed_slice_dims) or ids.shape[-1] != len(indexed) \
+    if not collapsed <= set(indexed) or ids.shape[-1] != len(indexed_all) or not indexed \
             or any(sizes[d] != (1 if d in dims else x.shape[d]) for d in range(rank)):
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis / indexing by arrays of ids "
                "has no spmdlang equivalent")
+    ids_text = None
+    if len(cols) != len(indexed_all):
+        lead = "".join(":, " for _ in range(nb))
+        ids_text = t.emit(f"concat([{', '.join(f'{t.value(ids)}[{lead}{j}:{j + 1}]' for j in cols)}], axis={nb})")
     others = [d for d in range(rank) if d not in dims]
     flat, linear = _flat_points(t, eqn, x, ids, dims, clamp=not _fills(eqn),
-                                ids_text=_batch_counters(t, ids, idx_batch))
+                                ids_text=_batch_counters(t, ids, idx_batch, ids_text) or ids_text)
     expr = f"take({flat}, {linear}, axis=0)"
-    ours = [("b", i) for i in range(nb)] + [("o", d) for d in others]
     if _fills(eqn):  # a point with an id out of range (position -1) reads the fill value
         inside = t.emit(f"{linear} >= 0")
         fill = eqn.params.get("fill_value")
@@ -1370,7 +1379,12 @@ def _point_gather(t, eqn, x, ids, dn, sizes) -> str:
         if others:
             inside = t.emit(f"reshape({inside}, {_ints(list(ids.shape[:-1]) + [1] * len(others))})")
         expr = f"where({inside}, {t.emit(expr)}, {t.value(t.constant(np.asarray(fill, dtype=dt), None))})"
-    jax_order = _jax_order(len(ours), dn.offset_dims, others, "o")
+    offsets = [d for d in range(rank) if d not in collapsed and d not in op_batch]  # jax's result dims
+    if offsets != others:  # points kept as dims of size 1
+        kept = list(ids.shape[:-1]) + [1 if d in indexed else x.shape[d] for d in offsets]
+        expr = f"reshape({t.emit(expr)}, {_ints(kept)})"
+    ours = [("b", i) for i in range(nb)] + [("o", d) for d in offsets]
+    jax_order = _jax_order(len(ours), dn.offset_dims, offsets, "o")
     perm = [ours.index(q) for q in jax_order]
     if perm != list(range(len(perm))):
         expr = f"transpose({t.emit(expr)}, {_ints(perm)})"
@@ -1409,25 +1423,40 @@ def _flat_points(t, eqn, x, ids, dims: list[int], clamp: bool, ids_text: str | N
 def _point_scatter_add(t, eqn, x, ids, upd, dn) -> str:
     """The transpose of _point_gather (its gradient; `.at[i, j].add(u)` with index arrays):
     scatter_add into x's indexed dims merged into one, at each point's position there. An id out
-    of range drops its point (FILL_OR_DROP, PROMISE_IN_BOUNDS: XLA's scatter), or is clamped (CLIP)."""
-    rank, indexed = len(x.shape), [int(d) for d in dn.scatter_dims_to_operand_dims]
+    of range drops its point (FILL_OR_DROP, PROMISE_IN_BOUNDS: XLA's scatter), or is clamped (CLIP).
+    As in _point_gather, an indexed dim written whole (with CLIP: its start is 0) drops its id, and
+    a point dim the updates keep at size 1 is reshaped away."""
+    rank, indexed_all = len(x.shape), [int(d) for d in dn.scatter_dims_to_operand_dims]
+    inserted = {int(d) for d in dn.inserted_window_dims}
     op_batch = [int(d) for d in getattr(dn, "operand_batching_dims", ())]
     idx_batch = [int(d) for d in getattr(dn, "scatter_indices_batching_dims", ())]
+    windows = [d for d in range(rank) if d not in inserted and d not in op_batch]  # the updates' window dims
+    size = dict(zip(windows, (upd.shape[q] for q in dn.update_window_dims))) \
+        if len(dn.update_window_dims) == len(windows) else None
+    clip = "CLIP" in _mode(eqn)
+    whole = {d for d in indexed_all if size and d not in inserted and clip and size[d] == x.shape[d]}
+    cols = [j for j, d in enumerate(indexed_all) if d not in whole]
+    indexed = [indexed_all[j] for j in cols]
     dims, nb = op_batch + indexed, len(ids.shape) - 1
     others = [d for d in range(rank) if d not in dims]
-    if sorted(indexed) != sorted(int(d) for d in dn.inserted_window_dims) or ids.shape[-1] != len(indexed) \
-            or len(dn.update_window_dims) != len(others) \
-            or any(upd.shape[p] != x.shape[d] for p, d in zip(dn.update_window_dims, others)):
+    if size is None or not inserted <= set(indexed) or ids.shape[-1] != len(indexed_all) or not indexed \
+            or any(size[d] != (1 if d in indexed else x.shape[d]) for d in windows):
         t.fail("jax primitive 'scatter-add' in a form other than scatter_add / the transpose of take_along_axis "
                "/ indexing by arrays of ids has no spmdlang equivalent")
-    flat, linear = _flat_points(t, eqn, x, ids, dims, clamp="CLIP" in _mode(eqn),
-                                ids_text=_batch_counters(t, ids, idx_batch))
-    ours = [("b", i) for i in range(nb)] + [("w", d) for d in others]
-    jax_order = _jax_order(len(upd.shape), dn.update_window_dims, others, "w")
+    ids_text = None
+    if len(cols) != len(indexed_all):
+        lead = "".join(":, " for _ in range(nb))
+        ids_text = t.emit(f"concat([{', '.join(f'{t.value(ids)}[{lead}{j}:{j + 1}]' for j in cols)}], axis={nb})")
+    flat, linear = _flat_points(t, eqn, x, ids, dims, clamp=clip,
+                                ids_text=_batch_counters(t, ids, idx_batch, ids_text) or ids_text)
+    ours = [("b", i) for i in range(nb)] + [("w", d) for d in windows]
+    jax_order = _jax_order(len(upd.shape), dn.update_window_dims, windows, "w")
     perm = [jax_order.index(q) for q in ours]
     u = t.value(upd)
     if perm != list(range(len(perm))):
         u = t.emit(f"transpose({u}, {_ints(perm)})")
+    if windows != others:  # the point dims the updates keep at size 1
+        u = t.emit(f"reshape({u}, {_ints(list(ids.shape[:-1]) + [x.shape[d] for d in others])})")
     added = t.emit(f"scatter_add({flat}, {linear}, {u}, axis=0)")
     moved = dims + others
     out = f"reshape({added}, {_ints([x.shape[d] for d in moved])})"
