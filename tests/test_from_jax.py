@@ -399,6 +399,24 @@ def test_indexing_by_arrays_scatters_stack_tile_round():
     check(lambda x: (jnp.round(x), jax.lax.round(x, jax.lax.RoundingMethod.AWAY_FROM_ZERO)), halves)
 
 
+def test_set_min_max_of_one_value_at_arrays_of_ids():
+    """`x.at[ids].set(0.0)` (masking rows), a one-hot built with .set(1.0), .max / .min of one
+    value: the same in any order of duplicate ids, so a mask of where updates land; ids out of
+    range dropped, or clamped with mode="clip". Updates of several values stay refused."""
+    J = jnp.asarray
+    x, ids = f32(6, 5), np.array([0, 4, 4, -1, 9], np.int32)
+
+    def scatters(x, ids, labels, cols):
+        return (J(x).at[ids].set(0.0), jnp.zeros((6, 10)).at[jnp.arange(6), labels].set(1.0), J(x).at[ids].max(0.5),
+                J(x).at[ids, cols].min(-0.5), J(x).at[ids].set(3.0, mode="clip"))
+
+    check(scatters, x, ids, np.array([0, 3, 9, 3, 1, 2], np.int32), np.array([1, 2, 2, 0, 4], np.int32),
+          backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3})
+    check(lambda v, i: J(v).at[i].set(7), np.arange(12, dtype=np.int32).reshape(6, 2), ids, backends=("ref", "sim"))
+    with pytest.raises(SpmdError, match="'scatter' at arrays of ids"):
+        spmdlang.from_jax(lambda x, i, u: J(x).at[i].set(u), x, ids, f32(5, 5))
+
+
 def test_grad_through_cond_and_switch():
     """jax's gradient of lax.cond / switch holds uninitialised residuals (`empty2`) for the
     branches not taken: zeros (it was refused)."""

@@ -1476,9 +1476,28 @@ def _scatter(t, eqn, ins):
     x, ids, upd = ins
     dn = eqn.params["dimension_numbers"]
     if len(ids.shape) != 1 or tuple(getattr(dn, "operand_batching_dims", ())):
+        value = _static(t, upd)
+        if value is not None and eqn.primitive.name in ("scatter", "scatter-min", "scatter_min",
+                                                        "scatter-max", "scatter_max"):
+            return t.put(eqn, _uniform_scatter(t, eqn, x, ids, upd, dn, value))
         t.fail(f"jax primitive '{eqn.primitive.name}' at arrays of ids has no spmdlang equivalent (one index "
-               "per dim: x.at[i, :, j].set(u) with integer i, j; with arrays of ids, only .at[...].add)")
+               "per dim: x.at[i, :, j].set(u) with integer i, j; with arrays of ids, .at[...].add, or "
+               ".set/.min/.max of one value: x.at[ids].set(0.0))")
     return t.put(eqn, _window_scatter(t, eqn, x, ids, upd, dn, _SCATTER_COMBINE[eqn.primitive.name]))
+
+
+def _uniform_scatter(t, eqn, x, ids, upd, dn, value) -> str:
+    """`x.at[ids].set(v)` (or .min / .max) with arrays of ids and one value v for every update
+    (masking rows, a one-hot): the same whatever order duplicate ids are applied in. Where any
+    update lands (a scatter-add of ones into zeros, as _point_scatter_add places them), v or
+    minimum/maximum(x, v); elsewhere x."""
+    zeros = t.constant(np.zeros(x.shape, np.float32), None, materialize=True)
+    ones = t.constant(np.ones(upd.shape, np.float32), None, materialize=True)
+    hits = t.emit(_point_scatter_add(t, eqn, zeros, ids, ones, dn))
+    v = literal_text(value, x.dtype)
+    new = {"scatter": f"cast({v}, {x.dtype})"}.get(eqn.primitive.name) or \
+        f"{'minimum' if 'min' in eqn.primitive.name else 'maximum'}({t.value(x)}, {v})"
+    return f"where({hits} > 0.0, {new}, {t.value(x)})"
 
 
 def _window_scatter(t, eqn, x, ids, upd, dn, combine: str | None) -> str:
