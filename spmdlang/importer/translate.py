@@ -1361,10 +1361,7 @@ def _point_gather(t, eqn, x, ids, dn, sizes) -> str:
             or any(sizes[d] != (1 if d in dims else x.shape[d]) for d in range(rank)):
         t.fail("jax primitive 'gather' in a form other than take / take_along_axis / indexing by arrays of ids "
                "has no spmdlang equivalent")
-    ids_text = None
-    if len(cols) != len(indexed_all):
-        lead = "".join(":, " for _ in range(nb))
-        ids_text = t.emit(f"concat([{', '.join(f'{t.value(ids)}[{lead}{j}:{j + 1}]' for j in cols)}], axis={nb})")
+    ids_text = _id_columns(t, ids, cols) if len(cols) != len(indexed_all) else None
     others = [d for d in range(rank) if d not in dims]
     flat, linear = _flat_points(t, eqn, x, ids, dims, clamp=not _fills(eqn),
                                 ids_text=_batch_counters(t, ids, idx_batch, ids_text) or ids_text)
@@ -1389,6 +1386,12 @@ def _point_gather(t, eqn, x, ids, dn, sizes) -> str:
     if perm != list(range(len(perm))):
         expr = f"transpose({t.emit(expr)}, {_ints(perm)})"
     return expr
+
+
+def _id_columns(t, ids, cols: list[int]) -> str:
+    """The ids (batch + [k]) with only the index columns `cols` kept, in that order."""
+    lead, nb = "".join(":, " for _ in range(len(ids.shape) - 1)), len(ids.shape) - 1
+    return t.emit(f"concat([{', '.join(f'{t.value(ids)}[{lead}{j}:{j + 1}]' for j in cols)}], axis={nb})")
 
 
 def _flat_points(t, eqn, x, ids, dims: list[int], clamp: bool, ids_text: str | None = None) -> tuple[str, str]:
@@ -1443,10 +1446,7 @@ def _point_scatter_add(t, eqn, x, ids, upd, dn) -> str:
             or any(size[d] != (1 if d in indexed else x.shape[d]) for d in windows):
         t.fail("jax primitive 'scatter-add' in a form other than scatter_add / the transpose of take_along_axis "
                "/ indexing by arrays of ids has no spmdlang equivalent")
-    ids_text = None
-    if len(cols) != len(indexed_all):
-        lead = "".join(":, " for _ in range(nb))
-        ids_text = t.emit(f"concat([{', '.join(f'{t.value(ids)}[{lead}{j}:{j + 1}]' for j in cols)}], axis={nb})")
+    ids_text = _id_columns(t, ids, cols) if len(cols) != len(indexed_all) else None
     flat, linear = _flat_points(t, eqn, x, ids, dims, clamp=clip,
                                 ids_text=_batch_counters(t, ids, idx_batch, ids_text) or ids_text)
     ours = [("b", i) for i in range(nb)] + [("w", d) for d in windows]
