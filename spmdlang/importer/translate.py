@@ -1368,14 +1368,9 @@ def _point_gather(t, eqn, x, ids, dn, sizes) -> str:
     expr = f"take({flat}, {linear}, axis=0)"
     if _fills(eqn):  # a point with an id out of range (position -1) reads the fill value
         inside = t.emit(f"{linear} >= 0")
-        fill = eqn.params.get("fill_value")
-        dt = _np_dtype(x.dtype)
-        if fill is None:
-            fill = (np.nan if dt.kind == "f" or x.dtype == "bf16" else True if dt.kind == "b"
-                    else np.iinfo(dt).min if dt.kind == "i" else np.iinfo(dt).max)
         if others:
             inside = t.emit(f"reshape({inside}, {_ints(list(ids.shape[:-1]) + [1] * len(others))})")
-        expr = f"where({inside}, {t.emit(expr)}, {t.value(t.constant(np.asarray(fill, dtype=dt), None))})"
+        expr = f"where({inside}, {t.emit(expr)}, {_fill_value(t, eqn, x)})"
     offsets = [d for d in range(rank) if d not in collapsed and d not in op_batch]  # jax's result dims
     if offsets != others:  # points kept as dims of size 1
         kept = list(ids.shape[:-1]) + [1 if d in indexed else x.shape[d] for d in offsets]
@@ -1551,16 +1546,21 @@ def _filled(t, eqn, x, ids, axis: int, expr: str, mask_shape: list[int]) -> str:
     """`expr` (a take of clamped ids) where the ids are in range, jax's fill value elsewhere: the
     gather's fill_value, else NaN for floats, the least signed or the largest unsigned integer,
     true for bool (jax.lax's defaults)."""
+    mask = _in_range(t, ids, x.shape[axis])
+    if list(ids.shape[:-1]) != mask_shape:
+        mask = f"reshape({mask}, {_ints(mask_shape)})"
+    return f"where({mask}, {t.emit(expr)}, {_fill_value(t, eqn, x)})"
+
+
+def _fill_value(t, eqn, x) -> str:
+    """A FILL_OR_DROP gather's fill value as an operand: its fill_value, else jax.lax's default
+    (NaN for floats, the least signed or the largest unsigned integer, true for bool)."""
     fill = eqn.params.get("fill_value")
     dt = _np_dtype(x.dtype)
     if fill is None:
         fill = (np.nan if dt.kind == "f" or x.dtype == "bf16" else True if dt.kind == "b"
                 else np.iinfo(dt).min if dt.kind == "i" else np.iinfo(dt).max)
-    mask = _in_range(t, ids, x.shape[axis])
-    if list(ids.shape[:-1]) != mask_shape:
-        mask = f"reshape({mask}, {_ints(mask_shape)})"
-    fill_ref = t.constant(np.asarray(fill, dtype=dt), None)
-    return f"where({mask}, {t.emit(expr)}, {t.value(fill_ref)})"
+    return t.value(t.constant(np.asarray(fill, dtype=dt), None))
 
 
 def _jax_order(n: int, positions, dims, tag: str) -> list[tuple[str, int]]:
