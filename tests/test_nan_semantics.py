@@ -180,3 +180,23 @@ def test_a_shifts_max_alone_is_xlas_all_reduce_and_still_nan_as_jax(src, fn, n, 
         assert "jax.lax.pmax(jax.lax.stop_gradient(" in c.jax_source
     for b in BACKENDS + ("xla",):
         _check(np.asarray(c.run({"x": x}, backend=b)[0]), want, False, f"{b}: {src} {{{spec}}}")
+
+
+@pytest.mark.parametrize("src, fn, collective", [
+    ("argmax(x, 1)", lambda x: jnp.argmax(x, 1).astype(jnp.int32), "pmax"),
+    ("argmin(x, 1)", lambda x: jnp.argmin(x, 1).astype(jnp.int32), "pmin"),
+])
+@pytest.mark.parametrize("n, spec, mesh", [(7, "_, r", "r=3"), (5, "a, (b, r)", "a=2, b=2, r=1"), (9, "_, r", "r=4")])
+def test_a_split_argmax_alone_is_xlas_all_reduce_and_still_the_first_nan(src, fn, collective, n, spec, mesh):
+    """The shards' extremes of a split argmax / argmin are all-reduced by XLA's own pmax / pmin,
+    which drops NaN on CPU: a shard holding a NaN ranks its first NaN's index before every other
+    without that extreme, so every backend gives jax's first NaN, infinities and ties included."""
+    x = _inputs(n, np.float32)
+    x[5, n // 3], x[5, n - 2] = NAN, NAN  # two shards hold NaNs: the first one's index wins
+    want = np.asarray(fn(jnp.asarray(x)))
+    c = spmdlang.compile(f"mesh [{mesh}]\nfunc main(x: f32[6, {n}] {{{spec}}}) -> i32{list(want.shape)} "
+                         f"{{ return {src} }}\n")
+    assert "def all_reduce" not in c.jax_source  # (the helper with NaN-keeping keys)
+    assert f"jax.lax.{collective}(jax.lax.stop_gradient(" in c.jax_source
+    for b in BACKENDS + ("xla",):
+        _check(np.asarray(c.run({"x": x}, backend=b)[0]), want, True, f"{b}: {src} {{{spec}}}")

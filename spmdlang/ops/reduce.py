@@ -101,21 +101,24 @@ def _reduce_jax_local(name, fn):
     return emit
 
 
-# reduce_max's `shift=True` (logsumexp, softmax, log_softmax): the max only shifts values whose result
-# it cancels from, so where x holds a NaN that result is NaN whatever the max is. Its all_reduce
+# reduce_max's and reduce_min's `shift=True`: NaN in x makes the consumer's result what it is
+# whatever the extreme is: a max that only shifts values whose result it cancels from (logsumexp,
+# softmax, log_softmax: where x holds a NaN that result is NaN), or the shards' extremes of a split
+# argmax / argmin (a shard holding NaN ranks its index first without the extreme). Its all_reduce
 # may then be XLA's own, which drops NaN on CPU (docs/known_xla_issues.md #8), without the helper's
-# NaN-keeping integer keys (ops.collective reads it from the all_reduce's `operand_hints`); ref and sim compute
-# the max as ever. A hint (the op table's `hints`): CSE merges a shift with a plain max of the
-# same operand into the plain one.
-_SHIFT_DOC = "; `shift=true`: a shift that cancels from its result (logsumexp, softmax)"
+# NaN-keeping integer keys (ops.collective reads it from the all_reduce's `operand_hints`); ref and
+# sim compute the extreme as ever. A hint (the op table's `hints`): CSE merges a shift with a plain
+# max of the same operand into the plain one.
+_SHIFT_DOC = "; `shift=true`: NaN decides its consumer without it (logsumexp's shift, argmax's shard extremes)"
 
 for _name, (_fn, _jax, _kind) in _REDUCE.items():
-    register(_name, doc=f"{_kind} over `axes`, which the result drops" + (_SHIFT_DOC if _kind == "max" else ""),
+    _extreme = _kind in ("max", "min")
+    register(_name, doc=f"{_kind} over `axes`, which the result drops" + (_SHIFT_DOC if _extreme else ""),
              example=(("f32[8, 16, 4]",), {"axes": (1,)}),
              infer=_reduce_infer(_name), numpy=_reduce_numpy(_fn), rule=_reduce_rule,
              jax=_reduce_jax(_jax), jax_local=_reduce_jax_local(_name, _jax),
              reduce_fill=_fill(_kind), reduce_kind=_kind, flops=operand_flops,
-             hints=("shift",) if _kind == "max" else (),
+             hints=("shift",) if _extreme else (),
              partial=PartialMode.additive if _kind == "sum" else None, family=Family.reduce)
 
 
@@ -139,8 +142,9 @@ def _arg_partition(kind):
     """Split along the arg axis: each shard finds its local extreme and its global index, then an
     all_reduce of the values picks the extreme and an all_reduce(min) of the indices that attain
     it picks the first, as numpy does. A NaN is the extreme (the index of the first NaN, as
-    jnp.argmax and np.argmax give): the max/min all_reduce propagates it, and a shard whose own
-    extreme is NaN attains it. Otherwise local (generic)."""
+    jnp.argmax and np.argmax give): a shard whose own extreme is NaN offers its first NaN's index
+    ranked before every other, so the values' all_reduce need not keep NaN. Otherwise local
+    (generic)."""
     def partition(ctx):
         (x,) = ctx.op.operands
         axis = ctx.attrs["axis"]
@@ -152,19 +156,28 @@ def _arg_partition(kind):
         fill = _fill("max" if kind == "argmax" else "min")(x.type.dtype)
         local = ctx.mask(local, axis, axes, x.type.shape[axis], fill)
         reducer = "reduce_max" if kind == "argmax" else "reduce_min"
-        best = ctx.emit(reducer, local, axes=(axis,))
+        n = x.type.shape[axis]
+        # `shift`: a NaN among the shards' extremes decides the result below without the
+        # collective's extreme, which may then drop NaN (XLA's own all-reduce; see _SHIFT_DOC)
+        best = ctx.emit(reducer, local, axes=(axis,), shift=True)
         idx = ctx.emit(kind, local, axis=axis)
         idx = ctx.emit("add", idx, ctx.offset(axes, local.type.shape[axis]))
         top = ctx.collective("all_reduce", best, "the shards' extremes", axes=axes,
                              reduce="max" if kind == "argmax" else "min")
-        big = ctx.constant(int(np.iinfo(np.int32).max), "i32")
-        hit = ctx.emit("eq", best, top)
-        if T.is_float(x.type.dtype):  # NaN is the extreme (jax's and numpy's argmax): a NaN shard holds it
-            hit = ctx.emit("logical_or", hit, ctx.emit("logical_and", ctx.emit("ne", best, best),
-                                                       ctx.emit("ne", top, top)))
-        cand = ctx.emit("select", hit, idx,
-                        ctx.emit("broadcast_in_dim", big, shape=idx.type.shape, dims=()) if idx.type.rank else big)
+
+        def fill(v):
+            c = ctx.constant(v, "i32")
+            return ctx.emit("broadcast_in_dim", c, shape=idx.type.shape, dims=()) if idx.type.rank else c
+
+        cand = ctx.emit("select", ctx.emit("eq", best, top), idx, fill(int(np.iinfo(np.int32).max)))
+        if T.is_float(x.type.dtype):
+            # NaN is the extreme (jax's and numpy's argmax): a shard whose extreme is NaN offers
+            # its first NaN's index less n, below every index that attains a number
+            nan = ctx.emit("ne", best, best)
+            cand = ctx.emit("select", nan, ctx.emit("sub", idx, fill(n)), cand)
         first = ctx.collective("all_reduce", cand, "the first index attaining it", axes=axes, reduce="min")
+        if T.is_float(x.type.dtype):
+            first = ctx.emit("select", ctx.emit("lt", first, fill(0)), ctx.emit("add", first, fill(n)), first)
         ctx.set_result(first, Sharding(tuple(d for i, d in enumerate(s.dims) if i != axis)))
 
     return partition
