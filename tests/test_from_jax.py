@@ -417,6 +417,37 @@ def test_set_min_max_of_one_value_at_arrays_of_ids():
         spmdlang.from_jax(lambda x, i, u: J(x).at[i].set(u), x, ids, f32(5, 5))
 
 
+def test_scatters_at_ids_jax_promises_distinct():
+    """`.at[ids].set/mul/min/max(u, unique_indices=True)` and a vmapped dynamic_update_slice (a
+    KV-cache write at each example's own position: jax's batching rule promises distinct ids)
+    import: no two updates land on one element, so their order does not matter. Ids out of range
+    are dropped (jnp's default) or clamped (dynamic_update_slice)."""
+    J = jnp.asarray
+    x, ids = f32(7, 5), np.array([5, 0, 3, -1, 2], np.int32)  # (-1: row 6)
+    u = f32(5, 5)
+    u[1, 2] = -0.0
+
+    def scatters(x, ids, u):
+        return (J(x).at[ids].set(u, unique_indices=True), J(x).at[ids].mul(u, unique_indices=True),
+                J(x).at[ids].min(u, unique_indices=True), J(x).at[ids, 1].max(u[:, 0], unique_indices=True),
+                J(x).at[ids[:3]].set(u[:3], unique_indices=True, mode="clip"))  # (9 -> row 6)
+
+    ids[2] = 9
+    imp = check(scatters, x, ids, u, backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 3})
+    got = imp.unflatten(imp.compile().run(imp.flatten(x, ids, u), backend="ref"))[0]
+    assert np.signbit(np.asarray(got)[0, 2])  # u[1, 2] = -0.0 landed on row 0 (split: a sum of shards' +0.0)
+
+    def cache_write(cache, pos, new):
+        return jax.vmap(lambda c, p, v: jax.lax.dynamic_update_slice(c, v, (p, 0)))(cache, pos, new)
+
+    check(cache_write, f32(4, 9, 6), np.array([0, 8, 3, 12], np.int32), f32(4, 1, 6),
+          backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 2}, in_specs=(P("data"), P("data"), P("data")))
+    flags = np.zeros((6, 4), bool)
+    check(lambda f, i: J(f).at[i].set(True, unique_indices=True) | J(f).at[i, 2].set(J([True, False, True]),
+                                                                                       unique_indices=True),
+          flags, np.array([1, 4, 5], np.int32), backends=("ref", "sim"))
+
+
 def test_grad_through_cond_and_switch():
     """jax's gradient of lax.cond / switch holds uninitialised residuals (`empty2`) for the
     branches not taken: zeros (it was refused)."""

@@ -1475,9 +1475,13 @@ def _scatter(t, eqn, ins):
         if value is not None and eqn.primitive.name in ("scatter", "scatter-min", "scatter_min",
                                                         "scatter-max", "scatter_max"):
             return t.put(eqn, _uniform_scatter(t, eqn, x, ids, upd, dn, value))
-        t.fail(f"jax primitive '{eqn.primitive.name}' at arrays of ids has no spmdlang equivalent (one index "
-               "per dim: x.at[i, :, j].set(u) with integer i, j; with arrays of ids, .at[...].add, or "
-               ".set/.min/.max of one value: x.at[ids].set(0.0))")
+        if eqn.params.get("unique_indices"):
+            return t.put(eqn, _unique_scatter(t, eqn, x, ids, upd, dn, _SCATTER_COMBINE[eqn.primitive.name]))
+        t.fail(f"jax primitive '{eqn.primitive.name}' at arrays of ids has no spmdlang equivalent: with "
+               "duplicate ids its result depends on the order they are applied in (one index per dim: "
+               "x.at[i, :, j].set(u) with integer i, j; with arrays of ids, .at[...].add, .set/.min/.max "
+               "of one value: x.at[ids].set(0.0), or ids you know to be distinct: "
+               "x.at[ids].set(u, unique_indices=True))")
     return t.put(eqn, _window_scatter(t, eqn, x, ids, upd, dn, _SCATTER_COMBINE[eqn.primitive.name]))
 
 
@@ -1492,6 +1496,30 @@ def _uniform_scatter(t, eqn, x, ids, upd, dn, value) -> str:
     v = literal_text(value, x.dtype)
     new = {"scatter": f"cast({v}, {x.dtype})"}.get(eqn.primitive.name) or \
         f"{'minimum' if 'min' in eqn.primitive.name else 'maximum'}({t.value(x)}, {v})"
+    return f"where({hits} > 0.0, {new}, {t.value(x)})"
+
+
+def _unique_scatter(t, eqn, x, ids, upd, dn, combine: str | None) -> str:
+    """A scatter at arrays of ids that jax promises distinct (`x.at[ids].set(u,
+    unique_indices=True)`; a vmapped dynamic_update_slice, whose batching rule promises it): no
+    two updates land on one element, so the order they would be applied in does not matter. The
+    updates are scatter-added (as _point_scatter_add places them) into -0.0, addition's identity
+    (each lands as it is; where the updates are split, a -0.0 may come back +0.0 from the shards'
+    sum, as in any sum over shards); where an update lands (a scatter-add of ones) that value, or
+    x combined with it (mul, min, max); elsewhere x."""
+    dt = _np_dtype(x.dtype)
+    as_int = dt.kind == "b"  # (bools scatter as i32)
+    u, base = t.value(upd), np.full(x.shape, 0 if dt.kind in "biu" else -0.0, np.int32 if as_int else dt)
+    if as_int:
+        u = Ref(t.emit(f"cast({u}, i32)"), "i32", tuple(upd.shape))
+    placed = t.emit(_point_scatter_add(t, eqn, t.constant(base, None, materialize=True), ids,
+                                       u if as_int else upd, dn))
+    if as_int:
+        placed = t.emit(f"{placed} != 0")
+    zeros = t.constant(np.zeros(x.shape, np.float32), None, materialize=True)
+    ones = t.constant(np.ones(upd.shape, np.float32), None, materialize=True)
+    hits = t.emit(_point_scatter_add(t, eqn, zeros, ids, ones, dn))
+    new = placed if combine is None else t.emit(combine.format(t.value(x), placed))
     return f"where({hits} > 0.0, {new}, {t.value(x)})"
 
 
