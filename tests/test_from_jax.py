@@ -448,6 +448,42 @@ def test_scatters_at_ids_jax_promises_distinct():
           flags, np.array([1, 4, 5], np.int32), backends=("ref", "sim"))
 
 
+def test_unstack_platform_index_and_named_tuple_results():
+    """Gradients through jnp.stack (jax transposes it into `unstack`: an interleaved RoPE),
+    jnp.diag / jnp.diagonal (lax.platform_dependent: the default branch, the other one never
+    traced), and a NamedTuple result (an optax state, Metrics(loss, grad_norm)): one struct
+    result of its fields (every field but the last was lost)."""
+    from typing import NamedTuple
+
+    def rope(x, pos):
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        ang = pos[:, None] / (10000 ** (jnp.arange(x1.shape[-1]) / x1.shape[-1]))
+        return jnp.stack([x1 * jnp.cos(ang) - x2 * jnp.sin(ang), x1 * jnp.sin(ang) + x2 * jnp.cos(ang)],
+                         -1).reshape(x.shape)
+
+    step = jax.grad(lambda w, x: (rope(x @ w, jnp.arange(6.0)) ** 2).sum())
+    check(step, f32(8, 8), f32(6, 8), backends=("ref", "sim", "jax"), mesh={"data": 2, "model": 2},
+          in_specs=(P(None, "model"), P("data")))
+    check(lambda a: jnp.unstack(a, axis=1)[2] * 2, f32(3, 4), backends=("ref", "sim"))
+    check(lambda s: (jnp.diag(s), jnp.diagonal(s * 2), jnp.trace(s)), f32(5, 5), backends=("ref", "sim", "jax"),
+          mesh={"data": 2}, in_specs=(P("data"),))
+    fft_real = lambda v: jnp.fft.fft(v).real  # noqa: E731 (refused: the branch must not be traced)
+    check(lambda s: jax.lax.platform_dependent(s, mosaic=fft_real, default=jnp.cos), f32(4), backends=("ref",))
+
+    class Metrics(NamedTuple):
+        loss: jax.Array
+        grad_norm: jax.Array
+        extra: dict
+
+    def metrics(w, x):
+        loss, g = jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+        return Metrics(loss, jnp.sqrt(jnp.sum(g * g)), {"w": w * 2})
+
+    imp = check(metrics, f32(4, 3), f32(5, 4), backends=("ref", "sim", "jax"), mesh={"data": 2},
+                in_specs=(P(), P("data")))
+    assert isinstance(imp.unflatten(imp.compile().run(imp.flatten(f32(4, 3), f32(5, 4)))), Metrics)
+
+
 def test_grad_through_cond_and_switch():
     """jax's gradient of lax.cond / switch holds uninitialised residuals (`empty2`) for the
     branches not taken: zeros (it was refused)."""

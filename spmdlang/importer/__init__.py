@@ -334,7 +334,10 @@ class _Writer:
         """(result types, returned texts): fn's output tuple is several results, each a tensor or
         a struct of its leaves."""
         jaxpr, body, structs = self.jaxpr, self.body, self.structs
-        out_trees = _tries(out_paths, len(out_shape)) if isinstance(out_shape, (tuple, list)) else \
+        # a tuple or list is several results; any other node (a dict, a NamedTuple such as an
+        # optax state or a Metrics(loss, grad_norm): a tuple whose keys are its fields) is one
+        several = isinstance(out_shape, (tuple, list)) and all(p and hasattr(p[0], "idx") for p, _ in out_paths)
+        out_trees = _tries(out_paths, len(out_shape)) if several else \
             [_tries([((None, *p), x) for p, x in out_paths], 1)[0]]
         result_types, returned = [], []
         for i, tree in enumerate(out_trees):

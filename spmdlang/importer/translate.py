@@ -719,6 +719,20 @@ def _stack(t, eqn, ins):
     return t.put(eqn, f"concat([{', '.join(parts)}], axis={axis})" if len(parts) > 1 else parts[0])
 
 
+@prim("unstack")
+def _unstack(t, eqn, ins):
+    """jnp.unstack's primitive (the transpose of stack, in every gradient through jnp.stack):
+    the operand's slices along `axis`, that dim dropped."""
+    (x,) = ins
+    axis = int(eqn.params["axis"])
+    rank, n = len(x.shape), x.shape[axis]
+    outs = []
+    for k in range(n):
+        index = ", ".join(str(k) if d == axis else ":" for d in range(rank))
+        outs.append(t.ref(t.emit(f"{t.value(x)}[{index}]"), t.out(eqn, k)))
+    return outs
+
+
 @prim("tile")
 def _tile(t, eqn, ins):
     """jnp.tile's primitive: x (dims n_i) repeated reps_i times along each dim, as the broadcast
@@ -1823,10 +1837,29 @@ def spec_text(spec, rank: int, open_ok: bool = False) -> str | None:
     return "{" + ", ".join(out) + "}"
 
 
+@prim("platform_index")
+def _platform_index(t, eqn, ins):
+    """lax.platform_dependent's choice of branch (jnp.diagonal's: a Pallas kernel's form, or
+    the default): the one for "cpu" where there is one, else the default. The branches compute
+    the same values; the program's ref and sim compute as jax on CPU does."""
+    platforms = list(eqn.params["platforms"])
+    pick = next((j for j, ps in enumerate(platforms) if ps is not None and "cpu" in ps), None)
+    if pick is None:
+        pick = next((j for j, ps in enumerate(platforms) if ps is None), None)
+    if pick is None:
+        t.fail(f"jax primitive 'platform_index' over the platforms {platforms} only, with no branch for cpu "
+               "and no default, has no spmdlang equivalent")
+    return t.constant(np.int32(pick), None)
+
+
 @prim("cond")
 def _cond(t, eqn, ins):
     index, *ops = ins
     branches = eqn.params["branches"]
+    known = _static(t, index)
+    if known is not None:  # (platform_index's choice, a constant predicate): that branch alone
+        j = int(bool(known)) if index.dtype == "bool" else min(max(int(known), 0), len(branches) - 1)
+        return list(t.closed(branches[j], ops))
     results = [t.closed(b, ops) for b in branches]
     outs = []
     for k in range(len(eqn.outvars)):
