@@ -174,14 +174,16 @@ class Compiled:
         check_memory(self, backend, max_memory, max_work)
 
     def diff(self, inputs=None, backends=BACKENDS, rtol=None, atol=None, seed: int = 0, processes: int = 1,
-             max_memory: int | None = None, max_work: int | None = None) -> dict:
+             max_memory: int | None = None, max_work: int | None = None, isolate_xla: bool = False) -> dict:
         """Run the same inputs through each backend and compare every result with ref.
 
         A result matches when |got - ref| <= atol * scale + rtol * |ref| elementwise, with
         scale = max(1, max |ref|) (reductions may sum in another order); NaNs must coincide;
         integer and bool results must be equal. Defaults follow the narrowest float the program
         computes in (f32: 1e-4, f16: 1e-2, bf16: 2e-2), whatever the result's own dtype.
-        `processes` > 1 runs the jax backends across that many local processes (see run).
+        `processes` > 1 runs the jax backends across that many local processes (see run);
+        `isolate_xla` runs the xla baseline in a child process (see run's `isolate`): an abort
+        inside XLA's partitioner is then that backend's error row, not the end of this process.
         """
         for b in ("ref", *backends):
             self.check_memory(b, max_memory, max_work)
@@ -196,11 +198,13 @@ class Compiled:
             if b == "xla":
                 from jax.errors import JaxRuntimeError
 
+                from .backend_jax.multiprocess import XlaAborted
+
                 try:
                     got = self.run(inputs, backend=b, processes=processes, max_memory=max_memory,
-                                   max_work=max_work)
-                except JaxRuntimeError as e:  # XLA's own partitioner failed on the baseline module
-                    error = str(e).strip().splitlines()[0][:300]
+                                   max_work=max_work, isolate=isolate_xla)
+                except (JaxRuntimeError, XlaAborted) as e:  # XLA's own partitioner failed on the baseline
+                    error = (e.message if isinstance(e, XlaAborted) else str(e)).strip().splitlines()[0][:300]
                     results += [{"backend": b, "output": i, "name": names[i], "max_abs_err": None, "ok": False,
                                  "error": error} for i in range(len(ref))]
                     ok = False
@@ -233,7 +237,7 @@ class Compiled:
 
     def run(self, inputs: dict[str, np.ndarray] | None = None, backend: str = "ref", seed: int = 0,
             origin: str = "inputs", processes: int = 1, max_memory: int | None = None,
-            max_work: int | None = None) -> list[np.ndarray]:
+            max_work: int | None = None, isolate: bool = False) -> list[np.ndarray]:
         """Run on `inputs` (name -> array; random from `seed` when None); results in order, a
         struct parameter's leaves named by their dotted paths (`p.blocks.wq`) in and a struct
         result's leaves (depth-first, in field declaration order) out, as a flat list.
@@ -242,7 +246,9 @@ class Compiled:
         hosts (jax.distributed on 127.0.0.1, mesh/processes CPU devices each, gloo collectives).
         Refuses (SpmdError) a run whose estimated peak memory exceeds `max_memory` bytes (default:
         the memory available now), or that would run more ops than `max_work` (default: the
-        backend's limit, spmdlang.limits; a loop body counts once per iteration)."""
+        backend's limit, spmdlang.limits; a loop body counts once per iteration). `isolate` runs
+        a jax backend in a child process with a jax of its own: XLA aborting the process (a failed
+        CHECK, as its SPMD partitioner does on some baselines) is then an XlaAborted error."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         self.check_memory(backend, max_memory, max_work)
@@ -261,6 +267,19 @@ class Compiled:
 
             source = self.jax_source if backend == "jax" else self.xla_source
             return run_processes(source, arrays, self.mesh.size, processes)
+        if isolate:
+            from .backend_jax.multiprocess import XlaAborted, run_isolated
+            from .backend_jax.runner import _runs_on_cpu
+            from .limits import check_jax_devices, mesh_span
+
+            check_jax_devices(self.program, backend, cpu=_runs_on_cpu(self.mesh.size))
+            try:
+                return run_isolated(self.jax_source if backend == "jax" else self.xla_source, arrays, self.mesh.size)
+            except XlaAborted as e:
+                what = ("XLA's own GSPMD partitioner on the program's annotations (the baseline; ours: "
+                        "--backend jax)" if backend == "xla" else "the jax backend")
+                raise XlaAborted(f"the {backend} backend: {e.message}", mesh_span(self.program),
+                                 note=f"the {backend} backend is {what}") from None
         from jax.errors import JaxRuntimeError
 
         try:

@@ -372,7 +372,7 @@ def cmd_run(args) -> int:
         raise UsageError(f"--processes {args.processes} needs --backend jax or xla")
     c.check_memory(args.backend, args.max_memory, args.max_work)  # before drawing inputs
     outs = c.run(_inputs(c, args), backend=args.backend, processes=args.processes, max_memory=args.max_memory,
-                 max_work=args.max_work)
+                 max_work=args.max_work, isolate=args.backend == "xla")  # (XLA may abort on the baseline)
     if args.output:
         import io
 
@@ -410,7 +410,8 @@ def cmd_diff(args) -> int:
     for b in ["ref", *args.backends]:
         c.check_memory(b, args.max_memory, args.max_work)
     report = c.diff(_inputs(c, args), backends=args.backends, rtol=args.rtol, atol=args.atol,
-                    processes=args.processes, max_memory=args.max_memory, max_work=args.max_work)
+                    processes=args.processes, max_memory=args.max_memory, max_work=args.max_work,
+                    isolate_xla=True)  # (XLA's partitioner may abort on the baseline: that row's error)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

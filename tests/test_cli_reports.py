@@ -100,6 +100,33 @@ def test_diff_detects_a_mismatch(capsys, monkeypatch):
     assert code == 1 and json.loads(out)["ok"] is False
 
 
+def test_an_abort_inside_xla_is_the_xla_rows_error(capsys, monkeypatch, tmp_path):
+    """XLA's SPMD partitioner aborts the whole process on some baselines (a failed CHECK: grad of a
+    sort along an unevenly split dim, jax 0.10). diff and `run --backend xla` run the baseline in a
+    child process: its abort is the xla row's error (an upstream disagreement) or a located error,
+    and ours still report. The child's abort is forced here, whatever XLA's version does."""
+    import spmdlang.backend_jax.multiprocess as mp
+
+    real = mp.run_isolated
+    monkeypatch.setattr(mp, "run_isolated", lambda source, *a, **k: real(
+        source.replace("def build(mesh", "import os\nos.abort()\n\ndef build(mesh", 1), *a, **k))
+    prog = tmp_path / "sortgrad.spmd"
+    prog.write_text("mesh [a=4]\nfunc loss(x: f32[3, 2]) -> f32[] {\n  return sum(sort(x, axis=0))\n}\n"
+                    "func main(x: f32[3, 2] {a, _}) -> f32[3, 2] {\n  return grad(loss, x)\n}\n")
+    code, out, _ = run_cli(capsys, "diff", str(prog), "--json")
+    d = json.loads(out)
+    assert code == 1 and d["upstream_disagreement"] == ["xla"], d
+    (row,) = [r for r in d["results"] if r["backend"] == "xla"]
+    assert "XLA ended the process (killed by signal 6)" in row["error"]
+    assert all(r["ok"] for r in d["results"] if r["backend"] != "xla")
+    code, out, err = run_cli(capsys, "run", str(prog), "--backend", "xla")
+    assert code == 1 and f"{prog}:1:1: error: the xla backend: XLA ended the process" in err
+    assert "Traceback" not in err
+    monkeypatch.setattr(mp, "run_isolated", real)
+    code, out, _ = run_cli(capsys, "run", str(prog), "--backend", "xla", "--json")  # XLA's own, now or fixed
+    assert code in (0, 1) and "Traceback" not in out
+
+
 def test_bench_json(capsys):
     code, out, err = run_cli(capsys, "bench", MLP, "--json", "--repeat", "2")
     assert code == 0

@@ -12,6 +12,7 @@ them back. This is exactly what a multi-host user does, with processes instead o
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -70,6 +71,43 @@ def run_processes(source: str, arrays, n_devices: int, processes: int, timeout: 
         return [out[f"out{i}"].astype(_dtype(str(out[f"dtype{i}"]))) for i in range(len(out.files) // 2)]
 
 
+def run_isolated(source: str, arrays, n_devices: int, timeout: float = 600.0) -> list:
+    """Run module `source` on `arrays` in one child process with a jax of its own (n_devices
+    devices, as ModuleRunner gets them here), so that XLA aborting the process (a failed CHECK
+    in its SPMD partitioner compiling the xla baseline) ends the child, not the caller: an
+    XlaAborted error quoting XLA's message. Global numpy results, as ModuleRunner gives."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory(prefix="spmdlang-iso-") as tmp:
+        work = Path(tmp)
+        (work / "module.py").write_text(source)
+        for i, a in enumerate(arrays):
+            np.save(work / f"in{i}.npy", _portable(np.asarray(a)))
+        (work / "meta").write_text(f"{len(arrays)} {n_devices}")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        with open(work / "err0.txt", "w") as err:
+            try:
+                p = subprocess.run([sys.executable, "-m", "spmdlang.backend_jax.multiprocess", tmp, "0", "1", "0"],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=err, timeout=timeout, check=False)
+            except subprocess.TimeoutExpired:
+                raise SpmdError(f"the run did not finish within {timeout:.0f} s") from None
+        if p.returncode != 0:
+            log = (work / "err0.txt").read_text().strip().splitlines()
+            # XLA's fatal log line ("F1128 ... file.cc:118] Check failed: ...") says what it was
+            fatal = [line for line in log if re.match(r"^F\d{4} ", line) or "Check failed" in line]
+            tail = re.sub(r"^F\d{4} [\d:.]+\s+\d+ ", "", fatal[0]) if fatal else "\n".join(log[-6:])
+            tail = tail.strip()[-600:]
+            signal = f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit status {p.returncode}"
+            raise XlaAborted(f"XLA ended the process ({signal}): {tail}")
+        out = np.load(work / "out.npz")
+        return [out[f"out{i}"].astype(_dtype(str(out[f"dtype{i}"]))) for i in range(len(out.files) // 2)]
+
+
+class XlaAborted(SpmdError):
+    """The child process of run_isolated ended without results: XLA aborted it (or it failed)."""
+
+
 def _portable(a):
     """.npy cannot hold ml_dtypes' bfloat16: such arrays travel as float32 (exactly)."""
     return a.astype("float32") if a.dtype.name == "bfloat16" else a
@@ -86,6 +124,14 @@ def _worker(work: Path, rank: int, processes: int, port: int) -> None:
     import numpy as np
 
     n_inputs, local_devices = map(int, (work / "meta").read_text().split())
+    if processes == 1:  # run_isolated: one process, the devices as ModuleRunner gets them
+        from .runner import ModuleRunner
+
+        arrays = [np.load(work / f"in{i}.npy", mmap_mode="r") for i in range(n_inputs)]
+        outs = ModuleRunner((work / "module.py").read_text(), "spmdlang_isolated", local_devices)(arrays)
+        np.savez(work / "out.npz", **{f"out{i}": _portable(np.asarray(o)) for i, o in enumerate(outs)},
+                 **{f"dtype{i}": np.array(np.asarray(o).dtype.name) for i, o in enumerate(outs)})
+        return
     import jax
 
     jax.config.update("jax_num_cpu_devices", local_devices)
