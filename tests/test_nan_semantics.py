@@ -200,3 +200,17 @@ def test_a_split_argmax_alone_is_xlas_all_reduce_and_still_the_first_nan(src, fn
     assert f"jax.lax.{collective}(jax.lax.stop_gradient(" in c.jax_source
     for b in BACKENDS + ("xla",):
         _check(np.asarray(c.run({"x": x}, backend=b)[0]), want, True, f"{b}: {src} {{{spec}}}")
+
+
+def test_top_k_ranks_plus_zero_above_minus_zero_as_jax():
+    """jax.lax.top_k orders floats totally: +0.0 above -0.0 (ties between equal zeros to the lower
+    index), values with their signs, on every backend and layout, split over shards or not."""
+    x = np.array([[-0.0, 0.0, -1.0, -0.0, 0.0, -0.0, 2.0]], np.float32)
+    want_v, want_i = (np.asarray(a) for a in jax.lax.top_k(jnp.asarray(x), 5))
+    assert want_i.tolist() == [[6, 1, 4, 0, 3]]
+    for spec in ("r", "_"):
+        c = spmdlang.compile(f"mesh [r=3]\nfunc main(x: f32[1, 7] {{_, {spec}}}) -> (f32[1, 5], i32[1, 5]) "
+                             "{\n  v, i = top_k(x, 5)\n  return v, i\n}\n")
+        for b in BACKENDS:
+            v, i = (np.asarray(o) for o in c.run({"x": x}, backend=b))
+            assert i.tolist() == want_i.tolist() and np.signbit(v).tolist() == np.signbit(want_v).tolist(), (b, spec)

@@ -21,13 +21,13 @@ from .registry import Family, Grad, check, no_flops, operand_flops, register, se
 
 def _descending(x: np.ndarray) -> np.ndarray:
     """The indices that sort x along its last axis descending, ties by index, NaN (of either sign)
-    above +inf as jax.lax.top_k ranks a NaN (ints widened so that negating the smallest does not
-    wrap)."""
+    above +inf as jax.lax.top_k ranks a NaN, and +0.0 above -0.0 as its total order does (ints
+    widened so that negating the smallest does not wrap)."""
     if not T.np_is_float(x.dtype):
         return np.argsort(-x.astype(np.int64), axis=-1, kind="stable")
     key = -x.astype(np.float64)
     nan = np.isnan(key)
-    return np.lexsort((np.where(nan, 0.0, key), ~nan), axis=-1)
+    return np.lexsort((np.signbit(x) & (x == 0), np.where(nan, 0.0, key), ~nan), axis=-1)
 
 
 def _nan_largest(x: str) -> str:
@@ -95,10 +95,10 @@ def _top_k_partition(ctx):
 
 
 register("top_k", doc="the k largest along the last axis, descending, and their i32 indices (ties: lower index; "
-                     "NaN above +inf)",
+                     "NaN above +inf, +0.0 above -0.0)",
          example=(("f32[8, 16]",), {"k": 3}), infer=_top_k_infer, numpy=_top_k_numpy, rule=_top_k_rule,
          partition=_top_k_partition, flops=operand_flops, family=Family.reduce,
-         jax=lambda a, attrs, out: (f"jax.lax.top_k({_zeros_equal(_nan_largest(a[0]))}, {attrs['k']})"
+         jax=lambda a, attrs, out: (f"jax.lax.top_k({_nan_largest(a[0])}, {attrs['k']})"
                                     if T.is_float(out[0].dtype) else f"jax.lax.top_k({a[0]}, {attrs['k']})"))
 
 
