@@ -487,6 +487,8 @@ def test_bad_axis(call, at, fragment):
             (M + "func main(a: f32[4]) -> f32[] { return a[-5] }", "-5", "index -5 is out of range"),
             (M + "func main(a: f32[4], i: i32[2]) -> f32[] { return a[i] }", "i]", "use take(x, ids, axis)"),
             (M + "func main(a: f32[4]) -> f32[] { return a[0, 0] }", "a[", "too many indices (2) for f32[4]"),
+            (M + "func main(a: f32[4, 1]) -> f32[4, 1, 1] { return a[:, 0:1, None] }", "None",
+             "indexing with None (numpy's new axis) is not supported"),
             (
                 M + "func main(a: f32[4]) -> f32[] { return a[::0] }",
                 "0]",

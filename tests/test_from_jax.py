@@ -725,12 +725,14 @@ def test_in_specs_that_do_not_fit_are_errors_at_the_call(tmp_path):
     checked when the written program compiled, located in it), or at FUNCTION_specs() for
     `spmdlang import`."""
     x, n = f32(6, 7), np.float32(2)
-    line = sys._getframe().f_lineno + 7
+    line = sys._getframe().f_lineno + 9
     for specs, fragment in [((P("rows"), None), "gives x (shape [6, 7]) the spec P('rows',): the mesh has no axis"),
                             ((P("data", None, None), None), "of 3 entries for its 2 dims"),
                             ((None, P("data")), "gives n (shape []) the spec P('data',), of 1 entry for its 0 dims"),
                             ((P("data", "data"), None), "uses the axis 'data' twice"),
-                            ((P("data"), None, None), "has 3 entries for 2 arguments")]:
+                            ((P("data"), None, None), "has 3 entries for 2 arguments"),
+                            (("data", None), "gives x (shape [6, 7]) 'data', a str, where a PartitionSpec is needed: "
+                                             "P('data')")]:
         with pytest.raises(SpmdError) as e:
             spmdlang.from_jax(lambda x, n: x * n, x, n, mesh={"data": 2}, in_specs=specs)
         assert fragment in e.value.message, e.value.message

@@ -759,6 +759,10 @@ class Lowerer:
         return self.index(base, node, env)
 
     def index(self, x: Value, node: A.Subscript, env) -> Value:
+        for idx in node.indices:
+            if isinstance(idx, A.Name) and idx.id == "None":
+                raise SpmdError("indexing with None (numpy's new axis) is not supported", idx.span,
+                                note="expand_dims(x, axis) adds a dim of size 1")
         if len(node.indices) > x.type.rank:
             raise SpmdError(f"too many indices ({len(node.indices)}) for {x.type}", node.span)
         starts, stops, steps, drop = [], [], [], []

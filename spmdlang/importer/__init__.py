@@ -129,6 +129,11 @@ def _check_specs(specs, leaves_with_paths, mesh: dict, arg_names: list[str]) -> 
         name = (arg_names[head] + jax.tree_util.keystr(tuple(path[1:])) if isinstance(head, int)
                 and head < len(arg_names) else "args" + jax.tree_util.keystr(path))
         what = f"from_jax: in_specs gives {name} (shape {list(shape)}) the spec {spec}"
+        if not isinstance(spec, PartitionSpec):
+            raise SpmdError(f"from_jax: in_specs gives {name} (shape {list(shape)}) {spec!r}, a "
+                            f"{type(spec).__name__}, where a PartitionSpec is needed"
+                            + (f": P({spec!r}) splits its first dim over {spec!r}" if isinstance(spec, str) else ""),
+                            _caller_span())
         entries = list(spec)
         if len(entries) > len(shape):
             raise SpmdError(f"{what}, of {len(entries)} {'entry' if len(entries) == 1 else 'entries'} for its "
