@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -482,6 +483,29 @@ def test_unstack_platform_index_and_named_tuple_results():
     imp = check(metrics, f32(4, 3), f32(5, 4), backends=("ref", "sim", "jax"), mesh={"data": 2},
                 in_specs=(P(), P("data")))
     assert isinstance(imp.unflatten(imp.compile().run(imp.flatten(f32(4, 3), f32(5, 4)))), Metrics)
+
+
+def test_searchsorted_digitize_and_total_order_compares():
+    """jnp.searchsorted (its default binary search: a gather that keeps the element's dim, and
+    le_to, lax's compare in IEEE total order; compare_all: lt_to), digitize, histogram and
+    jax.random.choice with p, as jax; lt_to / le_to / eq_to order -0.0 below +0.0 and NaNs by sign."""
+    v = np.sort(f32(10))
+    x = np.array([-2.0, -0.0, 0.0, v[3], np.inf, np.nan, 2.0], np.float32)
+    fns = lambda v, x: (jnp.searchsorted(v, x), jnp.searchsorted(v, x, side="right"),  # noqa: E731
+                        jnp.searchsorted(v, x, method="compare_all"), jnp.digitize(x, v),
+                        jnp.histogram(v, bins=4, range=(-2.0, 2.0))[0])
+    check(fns, v, x, backends=("ref", "sim", "jax"), mesh={"data": 2}, in_specs=(P(), P()))
+    key = jax.random.key_data(jax.random.key(3))
+    check(lambda k, p: jax.random.choice(jax.random.wrap_key_data(k), 5, (7,), p=p), key,
+          np.array([0.1, 0.2, 0.3, 0.0, 0.4], np.float32), backends=("ref", "sim"))
+    a = np.array([-0.0, 0.0, np.nan, -np.nan, -np.inf, 1.0], np.float32)
+    b = np.array([0.0, -0.0, -np.nan, np.nan, -np.nan, 1.0], np.float32)
+    from jax._src.lax import lax as private  # (lax's total-order compares have no public name)
+
+    for dt in (np.float32, ml_dtypes.bfloat16, np.float64):
+        with jax.enable_x64(dt == np.float64):
+            check(lambda a, b: tuple(p.bind(a, b) for p in (private.lt_to_p, private.le_to_p, private.eq_to_p)),
+                  a.astype(dt), b.astype(dt), backends=("ref", "sim"))
 
 
 def test_grad_through_cond_and_switch():

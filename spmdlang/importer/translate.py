@@ -198,12 +198,13 @@ class Translator:
             return Ref(literal_text(arr.item(), dt), dt, (), arr.item())
         if arr.size and np.all(arr == arr.flat[0]) | (np.isnan(arr).all() if arr.dtype.kind == "f" else False):
             v = arr.flat[0]
-            key = (dt, shape, repr(v.item()))
+            key = (dt, shape, repr(v.item()), bool(np.signbit(v)))  # (NaNs of either sign)
             if key not in self.scalars:
                 name = self.body.new(_const_hint(dt, shape, v))
                 self.scalars[key] = name
-                if arr.dtype.kind == "f" and np.isnan(v):
-                    expr = f"full({dt}[{', '.join(map(str, shape))}], 1e309) * 0.0"
+                if arr.dtype.kind == "f" and np.isnan(v):  # inf * 0 is a NaN of either sign: make it v's
+                    nan = f"abs(full({dt}[{', '.join(map(str, shape))}], 1e309) * 0.0)"
+                    expr = f"-{nan}" if np.signbit(v) else nan
                 else:
                     expr = f"full({dt}[{', '.join(map(str, shape))}], {literal_text(v, dt)})"
                 self.constant_lines.append(f"  {name} = {expr}")
@@ -419,6 +420,33 @@ def _binop(op):
 
 for _p, _o in _BINOP.items():
     PRIMS[_p] = _binop(_o)
+
+
+def _total_order_key(t, r: Ref) -> str:
+    """A float's key in IEEE's total order (-NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN),
+    as an integer: its bits read as a signed integer, the negatives' magnitude bits flipped (16-bit
+    floats widened to f32 first, exactly)."""
+    v = t.value(r)
+    if r.dtype in ("bf16", "f16"):
+        v = t.emit(f"cast({v}, f32)")
+    wide, top = ("i64", "9223372036854775807") if r.dtype == "f64" else ("i32", "2147483647")
+    bits = t.emit(f"bitcast_convert_type({v}, {wide})")
+    return t.emit(f"where({bits} < 0, bitwise_xor({bits}, {top}), {bits})")
+
+
+def _total_compare(op):
+    def write(t: Translator, eqn, ins):
+        a, b = ins
+        if a.dtype not in _FLOATS:  # integers and bools: the usual order is total
+            return t.put(eqn, t.binary_text(a, b, op))
+        return t.put(eqn, f"{_total_order_key(t, a)} {op} {_total_order_key(t, b)}")
+
+    return write
+
+
+# lax's comparisons in total order (lt_to, le_to: jnp.searchsorted's, lexsort's)
+for _p, _o in (("eq_to", "=="), ("lt_to", "<"), ("le_to", "<=")):
+    PRIMS[_p] = _total_compare(_o)
 
 
 def _call2(fn):
@@ -1292,6 +1320,9 @@ def _gather(t, eqn, ins):
     if len(dn.start_index_map) > 1 and not op_batch:
         return t.put(eqn, _point_gather(t, eqn, x, ids, dn, sizes))
     if op_batch and not _along_axis_form(dn, sizes, ids, rank):
+        return t.put(eqn, _point_gather(t, eqn, x, ids, dn, sizes))
+    if len(dn.start_index_map) == 1 and not tuple(dn.collapsed_slice_dims) and ids.shape[-1] == 1:
+        # one element kept as a dim of size 1 (jnp.searchsorted's `take(a, i)[:, None]`)
         return t.put(eqn, _point_gather(t, eqn, x, ids, dn, sizes))
     if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map) \
             or ids.shape[-1] != 1:
