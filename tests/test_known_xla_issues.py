@@ -164,3 +164,12 @@ def test_conv_padding_times_inf_reproduction_shows_both_forms():
     out = _run_snippet(code)
     assert "2-D, 1 channel: [inf inf  1.]" in out, f"XLA now multiplies the padding? update the page\n{out}"
     assert "1-D, 3 channels: [inf inf nan]" in out, out
+
+
+def test_sort_gradient_reproduction_still_aborts_xla():
+    """docs/known_xla_issues.md #14: XLA's partitioner aborts the process (a failed CHECK)."""
+    (code,) = [s for s in _doc_snippets() if "jnp.sort(x, axis=0)" in s]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0 and "Check failed" in out.stderr, \
+        f"XLA no longer aborts? update docs/known_xla_issues.md #14\n{out.stdout}{out.stderr[-2000:]}"
