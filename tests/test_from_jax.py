@@ -508,6 +508,21 @@ def test_searchsorted_digitize_and_total_order_compares():
                   a.astype(dt), b.astype(dt), backends=("ref", "sim"))
 
 
+def test_inverse_trigonometric_and_hyperbolic_functions_as_jax():
+    """atan, asin, acos, sinh, cosh, asinh, acosh, atanh, cbrt (f32 forms from exp, log1p, sqrt and a
+    polynomial atan; bf16 through f32), across their domains' edges (0, -0.0, +-1, large |x|
+    where x * x overflows, +-inf, NaN, outside the domain), and their gradients."""
+    x = np.concatenate([np.linspace(-3, 3, 25), [0.0, -0.0, 1e-6, 0.99999, -0.99999, 1.0, -1.0, 50.0, -50.0,
+                                                  88.9, 1e20, -1e20, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    fns = (jnp.arctan, jnp.arcsin, jnp.arccos, jnp.sinh, jnp.cosh, jnp.arcsinh, jnp.arccosh, jnp.arctanh, jnp.cbrt)
+    check(lambda x: tuple(f(x) for f in fns), x, backends=("ref", "sim", "jax"), mesh={"data": 2},
+          in_specs=(P("data"),), rtol=1e-6, atol=1e-6)
+    check(lambda x: tuple(f(x) for f in fns), x.astype(ml_dtypes.bfloat16), backends=("ref",), rtol=1e-2, atol=1e-2)
+    y = np.linspace(-0.9, 0.9, 12).astype(np.float32)
+    check(jax.grad(lambda y: sum(f(y * 0.9 + 1.95 * (f is jnp.arccosh)).sum() for f in fns)), y,
+          backends=("ref", "sim"), rtol=1e-5, atol=1e-5)
+
+
 def test_grad_through_cond_and_switch():
     """jax's gradient of lax.cond / switch holds uninitialised residuals (`empty2`) for the
     branches not taken: zeros (it was refused)."""

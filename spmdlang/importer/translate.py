@@ -380,6 +380,57 @@ for _p, _b in _UNARY.items():
     PRIMS[_p] = _unary(_b)
 
 
+def _atan(t, x: str) -> str:
+    """atan of f32 x (Cephes' atanf, within 2 ulp): |x| reduced to [0, tan(pi/8)] by
+    atan(x) = pi/2 + atan(-1/x) above tan(3pi/8) and pi/4 + atan((x - 1)/(x + 1)) above tan(pi/8),
+    then an odd polynomial; NaN stays NaN, +-inf gives +-pi/2."""
+    a = t.emit(f"abs({x})")
+    big, mid = t.emit(f"{a} > 2.4142135"), t.emit(f"{a} > 0.41421357")
+    r = t.emit(f"where({big}, -1.0 / {a}, where({mid}, ({a} - 1.0) / ({a} + 1.0), {a}))")
+    z = t.emit(f"{r} * {r}")
+    poly = t.emit(f"(((0.0805374449538 * {z} - 0.138776856032) * {z} + 0.199777106478) * {z} - 0.333329491539)"
+                  f" * {z} * {r} + {r}")
+    y = t.emit(f"where({big}, 1.5707964, where({mid}, 0.7853982, 0.0)) + {poly}")
+    return f"where({x} < 0.0, -{y}, {y})"
+
+
+def _in_f32(fn):
+    """A unary float function written for f32: bf16 and f16 computed in f32 and rounded once (as
+    XLA computes them on CPU); f64 has no equivalent (the approximation is f32's)."""
+    def write(t: Translator, eqn, ins):
+        (x,) = ins
+        name = eqn.primitive.name
+        if x.dtype not in ("f32", "bf16", "f16"):
+            t.fail(f"jax primitive '{name}' on {x.dtype} has no spmdlang equivalent (f32, bf16 and f16 have one)")
+        v = t.value(x) if x.dtype == "f32" else t.emit(f"cast({t.value(x)}, f32)")
+        out = fn(t, v)
+        return t.put(eqn, out if x.dtype == "f32" else f"cast({t.emit(out)}, {x.dtype})")
+
+    return write
+
+
+_LN2 = "0.6931472"
+# inverse trigonometric and hyperbolic functions, in f32 from the language's exp, log1p, sqrt and
+# _atan, written to keep their accuracy where the textbook forms lose it (near 0, near +-1, and
+# for large |x|, where x * x overflows)
+_F32_FUNCTIONS = {
+    "atan": _atan,
+    "asin": lambda t, x: _atan(t, t.emit(f"{x} / sqrt((1.0 - {x}) * (1.0 + {x}))")),
+    "acos": lambda t, x: f"2.0 * {t.emit(_atan(t, t.emit(f'sqrt((1.0 - {x}) / (1.0 + {x}))')))}",
+    "sinh": lambda t, x: (lambda a: f"where(abs({x}) < 1.0, 0.5 * (expm1({x}) - expm1(-{x})), "
+                                    f"sign({x}) * (exp({a} - {_LN2}) - exp(-{a} - {_LN2})))")(t.emit(f"abs({x})")),
+    "cosh": lambda t, x: (lambda a: f"exp({a} - {_LN2}) + exp(-{a} - {_LN2})")(t.emit(f"abs({x})")),
+    "asinh": lambda t, x: (lambda a: f"sign({x}) * where({a} > 1e18, log({a}) + {_LN2}, "
+                                     f"log1p({a} + {a} * {a} / (1.0 + sqrt(1.0 + {a} * {a}))))")(t.emit(f"abs({x})")),
+    "acosh": lambda t, x: f"where({x} < 1.0, sqrt({x} - 1.0), where({x} > 1e18, log({x}) + {_LN2}, "
+                          f"log1p(({x} - 1.0) + sqrt(({x} - 1.0) * ({x} + 1.0)))))",  # (below 1: NaN)
+    "atanh": lambda t, x: f"0.5 * log1p(2.0 * {x} / (1.0 - {x}))",
+    "cbrt": lambda t, x: f"sign({x}) * abs({x}) ** 0.33333334",
+}
+for _p, _fn in _F32_FUNCTIONS.items():
+    PRIMS[_p] = _in_f32(_fn)
+
+
 # primitives written as one spmdlang expression of their first operand x (and their params p)
 _ONE_LINERS = {
     "neg": lambda x, p: f"-{x}",
