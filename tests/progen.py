@@ -4,9 +4,9 @@
 (sizes 1-4, sometimes an explicit device order), parameters with random shardings, 2-8 statements
 drawn from the builtins (elementwise with broadcasting and scalars, matmul/einsum with batch and
 contracting dims, reductions, arg-reductions, scans, top_k, sort/argsort, softmax/logsumexp, jax.nn's
-activations, layout ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add, one_hot, iota, where, cast,
-logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout, dynamic indexing x[l],
-dynamic_slice/dynamic_update_slice with value and static starts) and random `shard()`
+activations, layout ops, slicing, concat, pad, roll, take, take_along_axis, scatter_add/max/min,
+one_hot, iota, where, cast, logical ops, conv, max_pool/avg_pool, random_uniform/random_normal/dropout,
+dynamic indexing x[l], dynamic_slice/dynamic_update_slice with value and static starts) and random `shard()`
 constraints, open `?` dims included; with `loops=True`, also `loop` statements (nested up to two
 deep) carrying a value with a random sharding through random ops, reading rows at the loop index
 (x[i], take, and the dynamic ops, which find the index among the integer values).
@@ -684,8 +684,9 @@ class Generator:
         if not self.small(ushape):
             return None
         upd = self.param(ushape, a.dtype)
-        return self.assign(f"scatter_add({a.name}, {ids.name}, {upd.name}, axis={ax})", a.shape, a.dtype,
-                           a.exact and a.dtype == "i32")
+        kind = ("scatter_add", "scatter_max", "scatter_min")[self.ch.int(0, 2)]
+        return self.assign(f"{kind}({a.name}, {ids.name}, {upd.name}, axis={ax})", a.shape, a.dtype,
+                           a.exact and (a.dtype == "i32" or kind != "scatter_add"))
 
     def op_transpose(self):
         a = self.pick(lambda v: len(v.shape) >= 2)

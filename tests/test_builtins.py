@@ -686,13 +686,13 @@ def _topk_ref(k):
     return ref
 
 
-def _scatter_ref(axis=0):
+def _scatter_ref(axis=0, combine=np.add):
     def ref(x, ids, u):
         out = np.moveaxis(x.copy(), axis, 0)
         flat = ids.reshape(-1)
         uu = np.moveaxis(u.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 1:]), axis, 0)
         keep = (flat >= 0) & (flat < x.shape[axis])
-        np.add.at(out, flat[keep], uu[keep])
+        combine.at(out, flat[keep], uu[keep])
         return np.moveaxis(out, 0, axis)
 
     return ref
@@ -728,6 +728,12 @@ def _select_cases():
              _scatter_ref(1), {"i": lambda r: [4, 0, 4]}),
         Case("scatter_add-scalar-update", "x: f32[5], i: i32[3]", "scatter_add(x, i, 1.0)",
              lambda x, i: _scatter_ref()(x, i, np.ones(3, f32)), {"i": lambda r: [2, 2, 9]}),
+        Case("scatter_max", "x: f32[6, 3], i: i32[5], u: f32[5, 3]", "scatter_max(x, i, u)",
+             _scatter_ref(combine=np.maximum), {"i": lambda r: [1, 1, -1, 6, 4]}),
+        Case("scatter_min-axis1-i32", "x: i32[2, 5], i: i32[2, 3], u: i32[2, 2, 3]", "scatter_min(x, i, u, axis=1)",
+             _scatter_ref(1, np.minimum), {"i": lambda r: [[4, 0, 4], [9, 0, 2]]}),
+        Case("scatter_max-nan", "x: f32[4], i: i32[3], u: f32[3]", "scatter_max(x, i, u)",
+             _scatter_ref(combine=np.maximum), {"i": lambda r: [0, 2, 2], "u": lambda r: [1.0, np.nan, 5.0]}),
     ]
 
 

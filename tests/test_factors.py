@@ -159,8 +159,9 @@ RULES += [
     ("take_along_axis", "take_along_axis", [(8, 16), (I32, (8, 3))], {"axis": 1},
      "([i, j], [i, k]) -> ([i, k]) reduction={j}"),
     # scatter_add: the scattered axis a permutation (each shard adds its range); id dims summed away
-    ("scatter_add", "scatter_add", [(10, 4), (I32, (3, 2)), (3, 2, 4)], {"axis": 0},
-     "([i, j], [k, l], [k, l, j]) -> ([i, j]) reduction={k, l} permutation={i}"),
+    *[(op, op, [(10, 4), (I32, (3, 2)), (3, 2, 4)], {"axis": 0},
+       "([i, j], [k, l], [k, l, j]) -> ([i, j]) reduction={k, l} permutation={i}")
+      for op in ("scatter_add", "scatter_max", "scatter_min")],
     # pool: batch and channels pass, spatial dims are permutations (halo windows), one factor for
     # the input's and the output's rows (as conv), so a row split carries through the pool
     ("pool", "pool", [(2, 8, 8, 3)], {"reduce": "max", "window": (2, 2), "strides": (2, 2),

@@ -523,6 +523,25 @@ def test_inverse_trigonometric_and_hyperbolic_functions_as_jax():
           backends=("ref", "sim"), rtol=1e-5, atol=1e-5)
 
 
+def test_segment_max_min_and_scatter_max_at_ids_with_duplicates():
+    """jax.ops.segment_max / segment_min (GNN pooling) and .at[ids].max/min of several values at
+    duplicate ids: the language's scatter_max / scatter_min (the order of duplicates never
+    matters), NaN winning, empty segments at -inf / +inf, ids out of range dropped; and their
+    gradients (ties shared), on every backend with the nodes split."""
+    J = jnp.asarray
+    data, seg = f32(9, 4), np.array([0, 2, 2, 1, 0, 2, 5, 1, 2], np.int32)
+    data[4, 1] = np.nan
+
+    def pool(d, s):
+        return (jax.ops.segment_max(d, s, num_segments=5), jax.ops.segment_min(d, s, num_segments=5),
+                J(d[:5]).at[s, 1].max(d[:, 0]), J(d[:5]).at[s[:4], s[4:8]].min(d[:4, 2]))
+
+    check(pool, data, seg, backends=("ref", "sim", "jax"), mesh={"data": 3}, in_specs=(P("data"), P("data")))
+    clean = np.where(np.isnan(data), 0.5, data)
+    check(jax.grad(lambda d, s: (jax.ops.segment_max(d, s, num_segments=5) ** 2).sum()), clean, seg,
+          backends=("ref", "sim", "jax"), mesh={"data": 3}, in_specs=(P("data"), P("data")))
+
+
 def test_grad_through_cond_and_switch():
     """jax's gradient of lax.cond / switch holds uninitialised residuals (`empty2`) for the
     branches not taken: zeros (it was refused)."""

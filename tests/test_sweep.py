@@ -76,6 +76,8 @@ INSTANCES.update({
     "take_along_axis": [(("f32[4, 6]", "i32[4, 3]"), {"axis": 1}), (("f32[3, 5]", "i32[2, 5]"), {"axis": 0})],
     "scatter_add": [(("f32[6, 4]", "i32[3]", "f32[3, 4]"), {"axis": 0}),
                     (("f32[3, 5]", "i32[2]", "f32[3, 2]"), {"axis": 1})],
+    **{op: [(("f32[6, 4]", "i32[3]", "f32[3, 4]"), {"axis": 0}), (("i32[3, 5]", "i32[2]", "i32[3, 2]"), {"axis": 1})]
+       for op in ("scatter_max", "scatter_min")},
     "pool": [(("f32[2, 6, 4, 2]",), {"reduce": "max", "window": (3, 2), "strides": (1, 2),
                                      "padding": ((1, 1), (0, 0))}),
              (("f32[1, 5, 3]",), {"reduce": "sum", "window": (2,), "strides": (2,), "padding": ((0, 1),)}),
@@ -192,7 +194,8 @@ GLOBAL_OPS = [name for name, op in registry.OPS.items() if not op.local_only]
 # (select, with three operands, alone takes 7,000 cases: --runslow)
 DEFAULT = ("neg", "exp", "mul", "cast", "full", "iota", "take", "shard", "transpose", "reshape",
            "broadcast_in_dim", "slice", "pad", "concat", "roll", "reduce_sum", "reduce_max", "argmax", "einsum",
-           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "pool", "select_and_scatter_add", "conv",
+           "cumsum", "top_k", "sort", "take_along_axis", "scatter_add", "scatter_max", "pool", "select_and_scatter_add",
+           "conv",
            "dynamic_slice",
            "dynamic_update_slice")
 

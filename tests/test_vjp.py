@@ -377,7 +377,8 @@ INSTANCES = {
     "cast": _cast, "bitcast_convert_type": _bitcast, "select": _select,
     "transpose": _transpose, "reshape": _reshape, "broadcast_in_dim": _broadcast, "slice": _slice, "pad": _pad,
     "concat": _concat, "roll": _roll, "take": _take, "take_along_axis": _take_along_axis,
-    "scatter_add": _scatter_add, "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
+    "scatter_add": _scatter_add, "scatter_max": _scatter_add, "scatter_min": _scatter_add,
+    "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
     "sort": _sort, "argsort": _sort, "top_k": _top_k, "shard": _shard, "argmax": _argreduce, "argmin": _argreduce,
     **{n: _reduce(n) for n in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min")},
     **{n: _scan(n) for n in ("cumsum", "cumprod", "cummax")},
@@ -582,7 +583,8 @@ def test_vjp_matches_jax_on_random_instances(name):
 
 # the general forms, each a few more times: they have the most corners
 @pytest.mark.parametrize("name,count", [("conv", 12), ("einsum", 8), ("pool", 6), ("scatter_add", 3),
-                                        ("take", 3), ("reshape", 3), ("slice", 3), ("broadcast_in_dim", 3)])
+                                        ("scatter_max", 4), ("take", 3), ("reshape", 3), ("slice", 3),
+                                        ("broadcast_in_dim", 3)])
 def test_vjp_of_general_forms_matches_jax(name, count):
     for seed in range(SEEDS, SEEDS + count):
         check(name, seed)

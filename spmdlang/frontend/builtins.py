@@ -821,23 +821,29 @@ builtin("argsort", "x:tensor", "axis:int=-1",
         doc="i32 indices that sort along axis, stable")(_along_axis("argsort", False))
 
 
-@builtin("scatter_add", "x:tensor", "ids:tensor", "updates:tensor", "axis:int=0")
-def _scatter_add(ctx, span, args):
-    x = tensor(ctx, args, "x")
-    ids = tensor(ctx, args, "ids", "i32")
-    if not T.is_int(ids.type.dtype):
-        raise SpmdError(f"scatter_add: ids must be integers, got {ids.type}", args.span("ids"))
-    if x.type.rank == 0 or x.type.dtype == "bool":
-        raise SpmdError(f"scatter_add needs a numeric table of rank >= 1, got {x.type}", args.span("x"))
-    axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
-    want = x.type.shape[:axis] + ids.type.shape + x.type.shape[axis + 1:]
-    upd = args["updates"]
-    if not isinstance(upd, Value):
-        upd = ctx.broadcast_to(ctx.materialize(upd, args.span("updates"), x.type.dtype), want, span)
-    if upd.type.shape != want:
-        raise SpmdError(f"scatter_add: updates must have shape {list(want)} (x.shape[:axis] + ids.shape + "
-                        f"x.shape[axis+1:]), got {upd.type}", args.span("updates"))
-    return ctx.b.emit("scatter_add", x, ids, ctx.cast(upd, x.type.dtype, span), span=span, axis=axis)
+def _scatter(name: str):
+    def lower(ctx, span, args):
+        x = tensor(ctx, args, "x")
+        ids = tensor(ctx, args, "ids", "i32")
+        if not T.is_int(ids.type.dtype):
+            raise SpmdError(f"{name}: ids must be integers, got {ids.type}", args.span("ids"))
+        if x.type.rank == 0 or x.type.dtype == "bool":
+            raise SpmdError(f"{name} needs a numeric table of rank >= 1, got {x.type}", args.span("x"))
+        axis = norm_axis(args["axis"], x.type.rank, args.span("axis"))
+        want = x.type.shape[:axis] + ids.type.shape + x.type.shape[axis + 1:]
+        upd = args["updates"]
+        if not isinstance(upd, Value):
+            upd = ctx.broadcast_to(ctx.materialize(upd, args.span("updates"), x.type.dtype), want, span)
+        if upd.type.shape != want:
+            raise SpmdError(f"{name}: updates must have shape {list(want)} (x.shape[:axis] + ids.shape + "
+                            f"x.shape[axis+1:]), got {upd.type}", args.span("updates"))
+        return ctx.b.emit(name, x, ids, ctx.cast(upd, x.type.dtype, span), span=span, axis=axis)
+
+    return lower
+
+
+for _name in ("scatter_add", "scatter_max", "scatter_min"):
+    builtin(_name, "x:tensor", "ids:tensor", "updates:tensor", "axis:int=0")(_scatter(_name))
 
 
 def _starts(ctx, args, x: Value, name: str) -> list:

@@ -1514,7 +1514,7 @@ def _flat_points(t, eqn, x, ids, dims: list[int], clamp: bool, ids_text: str | N
     return flat, linear
 
 
-def _point_scatter_add(t, eqn, x, ids, upd, dn) -> str:
+def _point_scatter_add(t, eqn, x, ids, upd, dn, builtin: str = "scatter_add") -> str:
     """The transpose of _point_gather (its gradient; `.at[i, j].add(u)` with index arrays):
     scatter_add into x's indexed dims merged into one, at each point's position there. An id out
     of range drops its point (FILL_OR_DROP, PROMISE_IN_BOUNDS: XLA's scatter), or is clamped (CLIP).
@@ -1535,8 +1535,8 @@ def _point_scatter_add(t, eqn, x, ids, upd, dn) -> str:
     others = [d for d in range(rank) if d not in dims]
     if size is None or not inserted <= set(indexed) or ids.shape[-1] != len(indexed_all) or not indexed \
             or any(size[d] != (1 if d in indexed else x.shape[d]) for d in windows):
-        t.fail("jax primitive 'scatter-add' in a form other than scatter_add / the transpose of take_along_axis "
-               "/ indexing by arrays of ids has no spmdlang equivalent")
+        t.fail(f"jax primitive '{eqn.primitive.name}' in a form other than scatter_add / the transpose of "
+               "take_along_axis / indexing by arrays of ids has no spmdlang equivalent")
     ids_text = _id_columns(t, ids, cols) if len(cols) != len(indexed_all) else None
     flat, linear = _flat_points(t, eqn, x, ids, dims, clamp=clip,
                                 ids_text=_batch_counters(t, ids, idx_batch, ids_text) or ids_text)
@@ -1548,7 +1548,7 @@ def _point_scatter_add(t, eqn, x, ids, upd, dn) -> str:
         u = t.emit(f"transpose({u}, {_ints(perm)})")
     if windows != others:  # the point dims the updates keep at size 1
         u = t.emit(f"reshape({u}, {_ints(list(ids.shape[:-1]) + [x.shape[d] for d in others])})")
-    added = t.emit(f"scatter_add({flat}, {linear}, {u}, axis=0)")
+    added = t.emit(f"{builtin}({flat}, {linear}, {u}, axis=0)")
     moved = dims + others
     out = f"reshape({added}, {_ints([x.shape[d] for d in moved])})"
     back = [moved.index(d) for d in range(rank)]
@@ -1573,9 +1573,12 @@ def _scatter(t, eqn, ins):
             return t.put(eqn, _uniform_scatter(t, eqn, x, ids, upd, dn, value))
         if eqn.params.get("unique_indices"):
             return t.put(eqn, _unique_scatter(t, eqn, x, ids, upd, dn, _SCATTER_COMBINE[eqn.primitive.name]))
+        if eqn.primitive.name in ("scatter-max", "scatter_max", "scatter-min", "scatter_min"):  # segment_max
+            kind = "scatter_max" if "max" in eqn.primitive.name else "scatter_min"
+            return t.put(eqn, _point_scatter_add(t, eqn, x, ids, upd, dn, kind))
         t.fail(f"jax primitive '{eqn.primitive.name}' at arrays of ids has no spmdlang equivalent: with "
                "duplicate ids its result depends on the order they are applied in (one index per dim: "
-               "x.at[i, :, j].set(u) with integer i, j; with arrays of ids, .at[...].add, .set/.min/.max "
+               "x.at[i, :, j].set(u) with integer i, j; with arrays of ids, .at[...].add/.min/.max, .set "
                "of one value: x.at[ids].set(0.0), or ids you know to be distinct: "
                "x.at[ids].set(u, unique_indices=True))")
     return t.put(eqn, _window_scatter(t, eqn, x, ids, upd, dn, _SCATTER_COMBINE[eqn.primitive.name]))

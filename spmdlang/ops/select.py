@@ -211,24 +211,31 @@ register("argsort", doc="i32 indices that sort along `axis`, ascending and stabl
                                     f"axis={attrs['axis']}, stable=True).astype(jnp.int32)"))
 
 
-# ---------------------------------------------------------------------------------- scatter_add
+# ---------------------------------------------------------------------------------- scatter_add, _max, _min
+#
+# scatter_max / scatter_min combine each update into x with maximum / minimum (NaN wins, as
+# jax.lax.scatter_max: XLA's max propagates NaN), the order of duplicate ids never mattering; they
+# share scatter_add's shapes, factors and plans, their pending result a max / min over the axes
+# the updates are split on (no zeroing of the table: max(x, x) = x).
+
+_SCATTER_KIND = {"scatter_add": "sum", "scatter_max": "max", "scatter_min": "min"}
 
 
-def _scatter_infer(operands, attrs):
+def _scatter_infer(operands, attrs, name="scatter_add"):
     x, ids, upd = operands
     axis = attrs["axis"]
-    check(T.kind(x.dtype) in ("float", "int"), f"scatter_add needs a numeric table, got {x}")
-    check(0 <= axis < x.rank, f"scatter_add: bad axis {axis} for {x}")
-    check(T.is_int(ids.dtype), f"scatter_add: ids must be integers, got {ids}")
+    check(T.kind(x.dtype) in ("float", "int"), f"{name} needs a numeric table, got {x}")
+    check(0 <= axis < x.rank, f"{name}: bad axis {axis} for {x}")
+    check(T.is_int(ids.dtype), f"{name}: ids must be integers, got {ids}")
     want = x.shape[:axis] + ids.shape + x.shape[axis + 1:]
     check(upd.dtype == x.dtype and upd.shape == want,
-          f"scatter_add: updates must be {TensorType(x.dtype, want)}, got {upd}")
+          f"{name}: updates must be {TensorType(x.dtype, want)}, got {upd}")
     return x
 
 
 def _scatter_rule(operands, results, attrs):
     """x's dims pass to the result; the scattered axis is a permutation factor (the custom step keeps
-    it split, each shard adding the ids in its range); id dims are summed away (reduction)."""
+    it split, each shard combining the ids in its range); id dims are reduced away (reduction)."""
     x, ids, upd = operands
     axis = attrs["axis"]
     b = RuleBuilder()
@@ -237,64 +244,87 @@ def _scatter_rule(operands, results, attrs):
     return b.build([xd, idd, xd[:axis] + idd + xd[axis + 1:]], [xd])
 
 
-def _scatter_numpy(x, ids, upd, *, axis):
-    n = x.shape[axis]
-    wide = x.astype(np.float32) if T.np_is_narrow_float(x.dtype) else x.copy()
-    pre, post = x.shape[:axis], x.shape[axis + 1:]
-    flat = ids.reshape(-1)
-    u = np.moveaxis(upd.reshape(pre + (flat.size,) + post), axis, 0).astype(wide.dtype)
-    keep = (flat >= 0) & (flat < n)
-    np.add.at(np.moveaxis(wide, axis, 0), flat[keep], u[keep])
-    return wide.astype(x.dtype)
+def _scatter_numpy(kind):
+    def run(x, ids, upd, *, axis):
+        n = x.shape[axis]
+        wide = x.astype(np.float32) if T.np_is_narrow_float(x.dtype) else x.copy()
+        pre, post = x.shape[:axis], x.shape[axis + 1:]
+        flat = ids.reshape(-1)
+        u = np.moveaxis(upd.reshape(pre + (flat.size,) + post), axis, 0).astype(wide.dtype)
+        keep = (flat >= 0) & (flat < n)
+        if kind == "sum":
+            np.add.at(np.moveaxis(wide, axis, 0), flat[keep], u[keep])
+        else:  # NaN wins: any NaN at a position, from x or an update, makes it NaN
+            fn = np.maximum if kind == "max" else np.minimum
+            fn.at(np.moveaxis(wide, axis, 0), flat[keep], u[keep])
+        return wide.astype(x.dtype)
+
+    return run
 
 
-def _scatter_jax(args, attrs, out):
-    x, ids, upd = args
-    axis, t = attrs["axis"], out[0]
-    n = t.shape[axis]
-    pre, post = t.shape[:axis], t.shape[axis + 1:]
-    if n == 0:
-        return x  # nothing to add to
-    flat = f"{ids}.reshape(-1)"
-    # Out-of-range ids (negatives too) add nothing: their updates become 0 at a clamped, in-range id.
-    # (Not mode='drop' with out-of-range ids: XLA on CPU has written dropped updates' neighbours.)
-    keep = f"(({flat} >= 0) & ({flat} < {n}))"
-    u = f"jnp.moveaxis({upd}.reshape({tuple(pre) + (-1,) + tuple(post)!r}), {axis}, 0)"
-    u = f"jnp.where({keep}.reshape((-1,) + (1,) * {len(pre) + len(post)}), {u}, 0)"
-    at = f"jnp.clip({flat}, 0, {n - 1})"
-    return f"jnp.moveaxis(jnp.moveaxis({x}, {axis}, 0).at[{at}].add({u}), 0, {axis})"
+def _scatter_jax(kind):
+    def emit(args, attrs, out):
+        x, ids, upd = args
+        axis, t = attrs["axis"], out[0]
+        n = t.shape[axis]
+        pre, post = t.shape[:axis], t.shape[axis + 1:]
+        if n == 0:
+            return x  # nothing to combine into
+        flat = f"{ids}.reshape(-1)"
+        # Out-of-range ids (negatives too) change nothing: their updates become the combine's identity
+        # at a clamped, in-range id. (Not mode='drop' with out-of-range ids: XLA on CPU has written
+        # dropped updates' neighbours.)
+        keep = f"(({flat} >= 0) & ({flat} < {n}))"
+        u = f"jnp.moveaxis({upd}.reshape({tuple(pre) + (-1,) + tuple(post)!r}), {axis}, 0)"
+        u = f"jnp.where({keep}.reshape((-1,) + (1,) * {len(pre) + len(post)}), {u}, {_identity(kind, t.dtype)})"
+        at = f"jnp.clip({flat}, 0, {n - 1})"
+        method = {"sum": "add", "max": "max", "min": "min"}[kind]
+        return f"jnp.moveaxis(jnp.moveaxis({x}, {axis}, 0).at[{at}].{method}({u}), 0, {axis})"
+
+    return emit
 
 
-def _scatter_jax_local(args, attrs, out):
-    """Our module's scatter_add as one jax.lax.scatter_add into x itself (no moveaxis), of the
-    updates zeroed where the id is out of range (jax.lax.select) at the ids clamped in range
-    (jax.lax.clamp, in the ids' own width): _scatter_jax's answer without its nested jits
-    (jnp.clip, jnp.where) and jnp's indexed-update tracing."""
-    x, ids, upd = args
-    (_, it, _), axis, t = attrs["operand_types"], attrs["axis"], out[0]
-    n, rank = t.shape[axis], len(t.shape)
-    if n == 0:
-        return x  # nothing to add to
-    m, dt = it.size, T.jnp_dtype(it.dtype)
-    pre, post = tuple(t.shape[:axis]), tuple(t.shape[axis + 1:])
-    flat = f"jax.lax.reshape({ids}, ({m},))"
-    keep = (f"jax.lax.broadcast_in_dim(jax.lax.bitwise_and(jax.lax.ge({flat}, {dt}(0)), "
-            f"jax.lax.lt({flat}, {dt}({n}))), {pre + (m,) + post!r}, ({axis},))")
-    u = f"jax.lax.reshape({upd}, {pre + (m,) + post!r})"
-    u = f"jax.lax.select({keep}, {u}, jax.lax.full({pre + (m,) + post!r}, 0, {T.jnp_dtype(t.dtype)}))"
-    at = f"jax.lax.reshape(jax.lax.clamp({dt}(0), {flat}, {dt}({n - 1})), ({m}, 1))"
-    window = tuple(d for d in range(rank) if d != axis)
-    dims = (f"jax.lax.ScatterDimensionNumbers(update_window_dims={window!r}, inserted_window_dims=({axis},), "
-            f"scatter_dims_to_operand_dims=({axis},))")
-    return f"jax.lax.scatter_add({x}, {at}, {u}, {dims}, mode='drop')"
+def _identity(kind: str, dtype: str) -> str:
+    """The combine's identity as a literal of `dtype`: what an update at a dropped id becomes."""
+    v = _fill(kind)(dtype)
+    return repr(int(v)) if not T.is_float(dtype) else "0" if kind == "sum" else ("-" if v < 0 else "") + "jnp.inf"
+
+
+def _scatter_jax_local(kind):
+    """Our module's scatter as one jax.lax.scatter_add / _max / _min into x itself (no moveaxis), of
+    the updates made the identity (0, -inf, +inf) where the id is out of range (jax.lax.select) at
+    the ids clamped in range (jax.lax.clamp, in the ids' own width): _scatter_jax's answer without
+    its nested jits (jnp.clip, jnp.where) and jnp's indexed-update tracing."""
+    def emit(args, attrs, out):
+        x, ids, upd = args
+        (_, it, _), axis, t = attrs["operand_types"], attrs["axis"], out[0]
+        n, rank = t.shape[axis], len(t.shape)
+        if n == 0:
+            return x  # nothing to combine into
+        m, dt = it.size, T.jnp_dtype(it.dtype)
+        pre, post = tuple(t.shape[:axis]), tuple(t.shape[axis + 1:])
+        flat = f"jax.lax.reshape({ids}, ({m},))"
+        keep = (f"jax.lax.broadcast_in_dim(jax.lax.bitwise_and(jax.lax.ge({flat}, {dt}(0)), "
+                f"jax.lax.lt({flat}, {dt}({n}))), {pre + (m,) + post!r}, ({axis},))")
+        u = f"jax.lax.reshape({upd}, {pre + (m,) + post!r})"
+        ident = _identity(kind, t.dtype).replace("jnp.inf", "np.inf")
+        u = f"jax.lax.select({keep}, {u}, jax.lax.full({pre + (m,) + post!r}, {ident}, {T.jnp_dtype(t.dtype)}))"
+        at = f"jax.lax.reshape(jax.lax.clamp({dt}(0), {flat}, {dt}({n - 1})), ({m}, 1))"
+        window = tuple(d for d in range(rank) if d != axis)
+        dims = (f"jax.lax.ScatterDimensionNumbers(update_window_dims={window!r}, inserted_window_dims=({axis},), "
+                f"scatter_dims_to_operand_dims=({axis},))")
+        return f"jax.lax.scatter_{'add' if kind == 'sum' else kind}({x}, {at}, {u}, {dims}, mode='drop')"
+
+    return emit
 
 
 def _scatter_plans(ctx):
-    """The layouts scatter_add can run in without gathering everything: (x dims, ids dims, pending
-    axes). "table": the table keeps its splits, the scattered axis included (each shard adds the
-    ids in its range), and the ids/updates give up the axes the table uses. "updates": the ids and
-    updates keep their splits, the table gives up the axes they use on its scattered axis; each
-    shard scatters its own updates and the result is a pending sum over those axes."""
+    """The layouts a scatter can run in without gathering everything: (x dims, ids dims, pending
+    axes). "table": the table keeps its splits, the scattered axis included (each shard combines
+    the ids in its range), and the ids/updates give up the axes the table uses. "updates": the ids
+    and updates keep their splits, the table gives up the axes they use on its scattered axis;
+    each shard scatters its own updates and the result is pending (a sum, max or min) over those
+    axes."""
     axis = ctx.attrs["axis"]
     xs, js = ctx.layout(0), ctx.layout(1)
     plans = []
@@ -312,6 +342,10 @@ def _scatter_plans(ctx):
     return plans
 
 
+def _pending(xdims, summed, op: str) -> Sharding:
+    return Sharding(xdims, summed, frozenset(), op) if summed else Sharding(xdims)
+
+
 def _scatter_cost(ctx, xdims, jdims, summed) -> float:
     """Bytes (and latency) of a plan in the cost model: the operands resharded into it and the
     result from it into its planned layout."""
@@ -324,18 +358,19 @@ def _scatter_cost(ctx, xdims, jdims, summed) -> float:
     for i, (v, s) in enumerate(zip(ctx.op.operands, want)):
         cost += comm_cost(plan_reshard(v.type.shape, T.itemsize(v.type.dtype), ctx.mesh, ctx.layout(i), s))
     r = ctx.op.result
-    out = Sharding(xdims, summed, frozenset(), "sum") if summed else Sharding(xdims)
+    out = _pending(xdims, summed, _SCATTER_KIND[ctx.op.kind])
     return cost + comm_cost(plan_reshard(r.type.shape, T.itemsize(r.type.dtype), ctx.mesh, out, ctx.target()))
 
 
 def _scatter_partition(ctx):
     """Of the plans of `_scatter_plans`, the cheapest in the cost model (ties: the table keeps its
-    splits). Along the scattered axis each shard adds the ids in its own range and drops the rest
-    (no communication); on split id dims each shard scatters its own updates (the table counted
-    on one shard of them) and the result is a pending sum over those axes, settled by the
-    consumer (a reduce_scatter where it wants the table split)."""
+    splits). Along the scattered axis each shard combines the ids in its own range and drops the
+    rest (no communication); on split id dims each shard scatters its own updates and the result
+    is pending over those axes, settled by the consumer (a reduce_scatter where it wants the table
+    split): a sum counts the table on one shard of them, a max or min on all (x combined with
+    itself is x)."""
     x, ids, upd = ctx.op.operands
-    axis = ctx.attrs["axis"]
+    axis, op = ctx.attrs["axis"], _SCATTER_KIND[ctx.op.kind]
     plans = _scatter_plans(ctx)
     _, xdims, jdims, summed = min(plans, key=lambda p: _scatter_cost(ctx, *p[1:])) if len(plans) > 1 else plans[0]
     if not xdims[axis] and not summed:
@@ -344,25 +379,28 @@ def _scatter_partition(ctx):
     j_local = ctx.reshard(1, Sharding(jdims))
     u_local = ctx.reshard(2, Sharding(xdims[:axis] + jdims + xdims[axis + 1:]))
     dt = ids.type.dtype
-    for d, a in enumerate(jdims):  # padding of split id dims must add nothing
+    for d, a in enumerate(jdims):  # padding of split id dims must change nothing
         j_local = ctx.mask(j_local, d, a, ids.type.shape[d], -1)
     if xdims[axis]:
         off = ctx.offset(xdims[axis], x_local.type.shape[axis])
         j_local = ctx.emit("sub", j_local, off if dt == "i32" else ctx.emit("cast", off, dtype=dt))
-    if summed:
+    if summed and op == "sum":
         first = ctx.emit("eq", ctx.axis_index(summed), ctx.constant(0, "i32"))
         zero = ctx.emit("full", dtype=x.type.dtype, shape=x_local.type.shape,
                         value=0.0 if T.is_float(x.type.dtype) else 0)
         x_local = ctx.emit("select", ctx.emit("broadcast_in_dim", first, shape=x_local.type.shape, dims=()),
                            x_local, zero)
-    out = ctx.emit("scatter_add", x_local, j_local, u_local, axis=axis)
-    ctx.set_result(out, Sharding(xdims, summed, frozenset(), "sum") if summed else Sharding(xdims))
+    out = ctx.emit(ctx.op.kind, x_local, j_local, u_local, axis=axis)
+    ctx.set_result(out, _pending(xdims, summed, op))
 
 
-register("scatter_add", doc="x with `updates` added at `ids` along `axis` (ids outside the axis are dropped)",
-         example=(("f32[10, 4]", "i32[3, 2]", "f32[3, 2, 4]"), {"axis": 0}), infer=_scatter_infer,
-         numpy=_scatter_numpy, rule=_scatter_rule, partition=_scatter_partition, family=Family.gather,
-         flops=lambda ops, res, attrs: ops[2].size, jax=_scatter_jax, jax_local=_scatter_jax_local)
+for _name, _kind in _SCATTER_KIND.items():
+    _how = {"sum": "added", "max": "combined with maximum (NaN wins)", "min": "combined with minimum (NaN wins)"}
+    register(_name, doc=f"x with `updates` {_how[_kind]} at `ids` along `axis` (ids outside the axis are dropped)",
+             example=(("f32[10, 4]", "i32[3, 2]", "f32[3, 2, 4]"), {"axis": 0}),
+             infer=lambda ops, attrs, _name=_name: _scatter_infer(ops, attrs, _name),
+             numpy=_scatter_numpy(_kind), rule=_scatter_rule, partition=_scatter_partition, family=Family.gather,
+             flops=lambda ops, res, attrs: ops[2].size, jax=_scatter_jax(_kind), jax_local=_scatter_jax_local(_kind))
 
 
 # ---------------------------------------------------------------------------------- derivatives
@@ -436,3 +474,28 @@ set_vjp("sort", _sort_vjp)
 set_vjp("argsort", Grad.none)
 set_vjp("top_k", _top_k_vjp)
 set_vjp("scatter_add", _scatter_vjp)
+
+
+def _scatter_extreme_vjp(d, op, ct):
+    """As jax's: the cotangent at each position goes to what holds the result there, x or updates,
+    shared equally among ties (x counted once, each update at the position once)."""
+    from .create import clamped_ids
+
+    x, ids, upd = op.operands
+    out = op.results[0]
+    axis = op.attrs["axis"]
+    n, dt = x.type.shape[axis], ids.type.dtype
+    safe = clamped_ids(d, ids, n)
+    valid = d.emit("logical_and", d.emit("ge", ids, d.const(0, dt)), d.emit("lt", ids, d.const(n, dt)))
+    valid = d.emit("broadcast_in_dim", valid, shape=upd.type.shape, dims=tuple(range(axis, axis + ids.type.rank)))
+    one, zero_u = d.full(1.0, upd.type), d.zeros(upd.type)
+    u_hit = d.select(d.emit("logical_and", valid, d.emit("eq", upd, d.emit("take", out, safe, axis=axis))),
+                     one, zero_u)
+    x_hit = d.select(d.emit("eq", x, out), d.full(1.0, x.type), d.zeros(x.type))
+    count = d.emit("add", x_hit, d.emit("scatter_add", d.zeros(x.type), ids, u_hit, axis=axis))
+    share = d.emit("div", ct, d.emit("maximum", count, d.full(1.0, x.type)))
+    return (d.emit("mul", share, x_hit), None, d.emit("mul", d.emit("take", share, safe, axis=axis), u_hit))
+
+
+set_vjp("scatter_max", _scatter_extreme_vjp)
+set_vjp("scatter_min", _scatter_extreme_vjp)
