@@ -542,6 +542,60 @@ def test_segment_max_min_and_scatter_max_at_ids_with_duplicates():
           backends=("ref", "sim", "jax"), mesh={"data": 3}, in_specs=(P("data"), P("data")))
 
 
+def test_associative_scan_cumprod_grad_flip_debug_print_and_x64_argmax():
+    """What a second new-user probe found: associative_scan and the gradient of cumprod over a split
+    dim (empty strided slices of it stopped the partitioner), a flip of an empty dim (pad's
+    linear_ramp), jax.debug.print (prints nothing), checkpoint_name under a remat policy, and
+    argmax's i64 index under x64."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    x = f32(16)
+    for fn in (lambda x: jax.lax.associative_scan(jnp.add, x), lambda x: jax.lax.associative_scan(jnp.logaddexp, x),
+               jax.grad(lambda v: jnp.sum(jnp.cumprod(v * 0.5)))):
+        check(fn, x, backends=("ref", "sim", "jax"), mesh={"data": 2}, in_specs=(P("data"),), rtol=1e-5, atol=1e-5)
+    check(lambda a: jnp.pad(a, ((1, 2), (0, 0)), mode="linear_ramp"), f32(5, 3), backends=("ref", "sim"))
+
+    def printed(x):
+        jax.debug.print("sum={s}", s=x.sum())
+        return x * 2
+
+    check(printed, f32(4, 4), backends=("ref",))
+    w, xs = f32(8, 8), f32(4, 8)
+
+    def remat(w, x):
+        block = jax.checkpoint(lambda x: jnp.sin(checkpoint_name(x @ w, "h")) @ w.T,
+                               policy=jax.checkpoint_policies.save_only_these_names("h"))
+        return jax.grad(lambda w: jnp.sum(block(x) ** 2))(w)
+
+    check(remat, w, xs, backends=("ref", "sim"))
+    with jax.enable_x64(True):
+        check(lambda x: (jnp.argmax(x, 1), jnp.argmin(x, 0)), RNG.standard_normal((6, 8)), backends=("ref", "sim"))
+
+
+def test_shard_map_and_reshard_inside_the_function_are_located_errors():
+    """jax.shard_map (with its own mesh) and jax.sharding.reshard inside the function raised jax's
+    ValueError from tracing; a mesh axis of size 0 failed only at compile()."""
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+    x = f32(4, 2)
+    line = sys._getframe().f_lineno + 3
+
+    def inner_shard_map(x):
+        return jax.shard_map(lambda b: jax.lax.psum(b, "data"), mesh=mesh, in_specs=P("data"), out_specs=P())(x)
+
+    def resharded(x):
+        return jax.sharding.reshard(x * 2, P("data")).sum(0)
+
+    for fn, fragment, at in ((inner_shard_map, "jax.shard_map inside the function", line),
+                             (resharded, "jax.sharding.reshard has no spmdlang equivalent", line + 3)):
+        with pytest.raises(SpmdError, match=fragment) as e:
+            spmdlang.from_jax(fn, x, mesh=mesh)
+        assert e.value.span.file == __file__ and e.value.span.line == at, e.value.render()
+    with pytest.raises(SpmdError, match="positive integer"):
+        spmdlang.from_jax(lambda x: x, x, mesh={"data": 0})
+
+
 def test_grad_through_cond_and_switch():
     """jax's gradient of lax.cond / switch holds uninitialised residuals (`empty2`) for the
     branches not taken: zeros (it was refused)."""

@@ -735,3 +735,27 @@ func main(a: f32[6, 3] {x, _}, ids: i32[0]) -> (f32[0, 3], f32[0, 3], f32[3, 0])
 """
     run_sharded(src, {"a": a, "ids": np.zeros(0, np.int32)},
                 (np.zeros((0, 3), f32), np.zeros((0, 3), f32), np.zeros((3, 0), f32)))
+    # an empty strided slice of a split dim (jax's gradient of cumprod, associative_scan): its
+    # window was of length -1
+    src = """mesh [x=2]
+func main(a: f32[6, 3] {x, _}) -> (f32[0, 3], f32[0, 3], f32[6, 3]) {
+  return a[2:2:2, :], a[6:6:3, :], a * 2.0
+}
+"""
+    run_sharded(src, {"a": a}, (np.zeros((0, 3), f32), np.zeros((0, 3), f32), a * 2))
+
+
+def test_a_pass_that_raised_raises_again(monkeypatch):
+    """A compile whose partitioning failed fails the same way when asked again (the pipeline went
+    on past the failed pass, and the next run raised AttributeError on its missing stage)."""
+    import spmdlang.partition.pipeline as pipeline
+    from spmdlang.errors import SpmdError
+
+    def broken(canonical, propagation):
+        raise SpmdError("the partitioner failed")
+
+    monkeypatch.setattr(pipeline, "partition", broken)
+    c = spmdlang.compile("mesh [x=2]\nfunc main(a: f32[4] {x}) -> f32[4] { return a * 2.0 }\n")
+    for backend in ("sim", "jax", "sim"):
+        with pytest.raises(SpmdError, match="the partitioner failed"):
+            c.run({"a": np.ones(4, f32)}, backend=backend)

@@ -77,7 +77,12 @@ def _mesh_of(mesh, leaves) -> dict[str, int]:
     if mesh is not None:
         if hasattr(mesh, "shape") and hasattr(mesh, "axis_names"):
             return {str(a): int(mesh.shape[a]) for a in mesh.axis_names}
-        return {str(k): int(v) for k, v in dict(mesh).items()}
+        sizes = {str(k): v for k, v in dict(mesh).items()}
+        bad = {k: v for k, v in sizes.items() if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1}
+        if bad or not sizes:
+            raise SpmdError(f"from_jax: mesh={dict(mesh)!r}: every axis needs a size that is a positive integer"
+                            + (f" (not {bad})" if bad else " (no axes given)"), _caller_span())
+        return {k: int(v) for k, v in sizes.items()}
     for leaf in leaves:
         sh = getattr(leaf, "sharding", None)
         m = getattr(sh, "mesh", None)
@@ -172,6 +177,46 @@ def _caller_span():
     return Span(Source(name, text), frame.f_lineno, len(line) - len(line.lstrip()) + 1)
 
 
+def _raised_span(exc: BaseException):
+    """The user's line an exception raised while tracing came from: the innermost frame of its
+    traceback outside jax, flax, optax, numpy, spmdlang and the standard library; else None."""
+    import sysconfig
+    import traceback
+
+    from ..errors import Source, Span
+
+    paths = sysconfig.get_paths()
+    libraries = {os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "purelib", "platlib")}
+    libraries.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+    user = [f for f in traceback.extract_tb(exc.__traceback__)
+            if not any(os.path.abspath(f.filename).startswith(lib) for lib in libraries)]
+    if not user:
+        return None
+    f = user[-1]
+    import linecache
+
+    text = "".join(linecache.getlines(f.filename)) if os.path.exists(f.filename) else ""
+    line = linecache.getline(f.filename, f.lineno)
+    return Span(Source(f.filename, text), f.lineno, len(line) - len(line.lstrip()) + 1)
+
+
+def _trace_refusal(exc: ValueError) -> SpmdError | None:
+    """A jax error while tracing that means a construct from_jax cannot import, as a located
+    SpmdError (None: the function's own error, raised as it is)."""
+    text = str(exc)
+    if "reshard" in text and "Auto" in text:
+        return SpmdError("jax.sharding.reshard has no spmdlang equivalent here: it needs Explicit mesh axes, "
+                         "and from_jax traces the function on Auto ones (XLA's GSPMD's); constrain the layout "
+                         "with jax.lax.with_sharding_constraint(x, P(...)) instead (it becomes shard(x, {...}))",
+                         _raised_span(exc))
+    if "shard_map" in text:
+        return SpmdError("jax.shard_map inside the function has no spmdlang equivalent: spmdlang writes the "
+                         "per-device program and its collectives itself; import the global computation (the "
+                         "shard_map's body without psum and the other collectives, on whole arrays)",
+                         _raised_span(exc))
+    return None
+
+
 def _arg_names(fn, n: int) -> list[str]:
     try:
         params = [p for p in inspect.signature(fn).parameters.values()
@@ -231,7 +276,13 @@ def from_jax(fn, *args, mesh=None, in_specs=None, name: str | None = None) -> Im
     mesh = _mesh_of(mesh, leaves)
     specs = _leaf_specs(args, in_specs, leaves)
     _check_specs(specs, leaves_with_paths, mesh, _arg_names(fn, len(args)))
-    closed, out_shape = _trace(fn, args, mesh)
+    try:
+        closed, out_shape = _trace(fn, args, mesh)
+    except ValueError as e:
+        refusal = _trace_refusal(e)
+        if refusal is None:
+            raise
+        raise refusal from None
     out_paths, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     jaxpr = closed.jaxpr
     _check_concrete(jaxpr)

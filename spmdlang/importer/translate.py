@@ -668,9 +668,17 @@ def _convert(t, eqn, ins):
     return t.put(eqn, f"cast({t.value(x)}, {dt})")
 
 
-@prim("copy", "copy_p", "optimization_barrier")
+@prim("copy", "copy_p", "optimization_barrier", "name")  # (name: checkpoint_name's tag for remat policies)
 def _copy(t, eqn, ins):
     return list(ins)
+
+
+@prim("debug_print", "debug_callback")
+def _debug_print(t, eqn, ins):
+    """jax.debug.print / debug.callback: effects only, no values; the program prints nothing."""
+    if eqn.outvars:
+        t.fail(f"jax primitive '{eqn.primitive.name}' with results has no spmdlang equivalent")
+    return []
 
 
 @prim("reduce_precision")
@@ -753,7 +761,8 @@ def _rev(t, eqn, ins):
     text = t.value(ins[0])
     for d in eqn.params["dimensions"]:
         n = ins[0].shape[d]
-        text = f"take({text}, {n - 1} - iota(i32[{n}], 0), axis={d})"
+        if n > 1:  # (a dim of 0 or 1 element is its own reverse)
+            text = f"take({text}, {n - 1} - iota(i32[{n}], 0), axis={d})"
     return t.put(eqn, text)
 
 
@@ -1042,10 +1051,12 @@ PRIMS["reduce_and"] = _reduction("min")
 def _arg(fn):
     def write(t: Translator, eqn, ins):
         (axis,) = eqn.params["axes"]
-        if dtype_name(eqn.params["index_dtype"]) != "i32":
+        index = dtype_name(eqn.params["index_dtype"])
+        if index not in ("i32", "i64"):
             t.fail(f"jax primitive '{eqn.primitive.name}' with index dtype {eqn.params['index_dtype']}: "
                    "spmdlang's gives i32")
-        return t.put(eqn, f"{fn}({t.value(ins[0])}, {int(axis)})")
+        expr = f"{fn}({t.value(ins[0])}, {int(axis)})"
+        return t.put(eqn, expr if index == "i32" else f"cast({t.emit(expr)}, i64)")  # (x64: exact below 2^31)
 
     return write
 

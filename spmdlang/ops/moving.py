@@ -129,7 +129,7 @@ def _single(window_of, local_attrs):
 
 def _slice_window(attrs, d, n, c_out, k):
     start, step = attrs["starts"][d], attrs["steps"][d]
-    return Window(a=c_out * step, s=start, length=(c_out - 1) * step + 1)
+    return Window(a=c_out * step, s=start, length=(c_out - 1) * step + 1 if c_out else 0)  # (empty: nothing)
 
 
 def _slice_rest(ctx, x, split):

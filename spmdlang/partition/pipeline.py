@@ -95,9 +95,9 @@ class Pipeline:
         with gc_paused():
             while self.done <= last:
                 p = self.passes[self.done]
-                self.done += 1
                 if p.applies(self.stages):
                     p.run(self.stages)
                     if self.verify:
                         p.check(self.stages)
+                self.done += 1  # (only once it ran: a pass that raised raises again when asked again)
         return getattr(self.stages, name)
