@@ -334,8 +334,9 @@ def cmd_compile(args) -> int:
             "xla": lambda: c.xla_source}[args.target]()
     if args.output:
         write_output(args.output, text.encode())
-        if args.json:
-            print(json.dumps({"target": args.target, "output": args.output}))
+        if args.json:  # (with `-o -` the text owns stdout: the document goes to stderr, as run's does)
+            print(json.dumps({"target": args.target, "output": args.output}),
+                  file=sys.stderr if args.output == "-" else sys.stdout)
     elif args.json:
         print(json.dumps({"target": args.target, "text": text}))
     else:
@@ -432,6 +433,9 @@ def cmd_explain(args) -> int:
             find_value(c, name)
         except SpmdError as e:
             raise UsageError(e.message) from None
+    unknown = [a for a in args.bandwidth if a not in c.mesh.names]
+    if unknown:
+        raise UsageError(f"--bandwidth: the mesh has no axis {unknown[0]!r} (its axes: {', '.join(c.mesh.names)})")
     report = c.explain_report(bandwidth=args.bandwidth, latency=args.latency, preset=args.preset)
     if args.xla:
         from .explain import xla_analysis

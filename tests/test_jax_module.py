@@ -85,6 +85,27 @@ def test_axis_names_map_onto_the_callers_mesh(mlp):
         mod.build(theirs, axis_names={"data": "tp", "model": "dp"})
 
 
+def test_a_mesh_with_the_programs_names_but_other_sizes_is_refused(mlp):
+    """The program's axis names at other sizes (x=8 where the program has x=4) were taken as they
+    were: masks and chunks of the program's sizes on other shards, a silently wrong sum. Also: a
+    missing array, Python numbers, and run() under the caller's jax.set_mesh of their own mesh."""
+    import jax
+    from jax.sharding import AxisType
+
+    c, mod, arrays, ref = mlp
+    wrong = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    with pytest.raises(ValueError, match="axis 'data' of the mesh has size 4, the program's axis 'data' needs 2"):
+        mod.run(*arrays, mesh=wrong)
+    with pytest.raises(ValueError, match="expected 5 arrays, one per parameter, got 4"):
+        mod.run(*arrays[:4])
+    theirs = jax.make_mesh((4, 2), ("tp", "dp"), axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(theirs):
+        _close(mod.run(*arrays, mesh=theirs, axis_names={"data": "dp", "model": "tp"}), ref)
+        _close(mod.run(*arrays), ref)
+    scalar = spmdlang.compile("mesh [x=2]\nfunc main(a: f32[], n: i32[]) -> f32[] { return a * cast(n, f32) }\n")
+    assert float(scalar.runner("jax").module.run(3.0, 4)[0]) == 12.0
+
+
 def test_inputs_on_another_mesh_and_explicit_axes(mlp):
     import jax
     from jax.sharding import AxisType, NamedSharding

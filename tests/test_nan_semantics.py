@@ -214,3 +214,22 @@ def test_top_k_ranks_plus_zero_above_minus_zero_as_jax():
         for b in BACKENDS:
             v, i = (np.asarray(o) for o in c.run({"x": x}, backend=b))
             assert i.tolist() == want_i.tolist() and np.signbit(v).tolist() == np.signbit(want_v).tolist(), (b, spec)
+
+
+def test_signed_zeros_of_sign_pow_and_fmod_as_jax():
+    """sign(-0.0) is -0.0 and -0.0 ** 0.5 is +0.0 (C's and XLA's pow; numpy's takes it as sqrt's
+    -0.0) on every backend, as jax; lax.rem (jnp.fmod) of a zero result keeps the dividend's sign."""
+    x = np.array([0.0, -0.0, -0.0, 0.0, -2.0, 3.0, -0.0], np.float32)
+    y = np.array([0.5, 0.5, 3.0, 2.0, 1.0, 0.5, 2.0], np.float32)
+    want = [np.asarray(jnp.sign(x)), np.asarray(x ** y)]
+    c = spmdlang.compile("mesh [r=3]\nfunc main(x: f32[7] {r}, y: f32[7] {r}) -> (f32[7], f32[7]) {\n"
+                         "  return sign(x), pow(x, y)\n}\n")
+    for b in BACKENDS:
+        for got, w in zip(c.run({"x": x, "y": y}, backend=b), want):
+            got = np.asarray(got)
+            np.testing.assert_allclose(got, w, rtol=1e-6)  # (pow: within an ulp of jax's)
+            assert np.signbit(got).tolist() == np.signbit(w).tolist(), b
+    a, d = np.array([-3.0, 3.0, -3.5], np.float32), np.array([1.5, -1.5, 2.0], np.float32)
+    imp = spmdlang.from_jax(jnp.fmod, a, d)
+    got = np.asarray(imp.unflatten(imp.compile().run(imp.flatten(a, d), backend="ref")))
+    assert np.signbit(got).tolist() == np.signbit(np.asarray(jnp.fmod(a, d))).tolist() == [True, False, True]

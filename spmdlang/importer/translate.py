@@ -540,7 +540,10 @@ def _rem(t, eqn, ins):
     av, bv = t.value(ins[0]), t.value(ins[1])
     m = t.emit(f"{av} % {bv}")
     fix = t.emit(f"logical_and({m} != 0, ({m} < 0) != ({av} < 0))")
-    if ins[0].dtype in _FLOATS or _nonzero(ins[1]):
+    if ins[0].dtype in _FLOATS:  # a zero result takes the dividend's sign too (C's fmod: fmod(-3, 1.5) = -0.0)
+        r = t.emit(f"where({fix}, {m} - {bv}, {m})")
+        return t.put(eqn, f"where({r} == 0.0, {av} * 0.0, {r})")
+    if _nonzero(ins[1]):
         return t.put(eqn, f"where({fix}, {m} - {bv}, {m})")
     # an integer by zero: XLA gives the dividend, where the language's % gives 0
     return t.put(eqn, f"where({bv} == 0, {av}, {t.emit(f'where({fix}, {m} - {bv}, {m})')})")

@@ -81,7 +81,8 @@ _FLOAT_UNARY = {
 _NUMERIC_UNARY = {
     "neg": (np.negative, "-{0}", "-x (linear: a pending sum passes through)"),
     "abs": (np.abs, "jnp.abs({0})", "absolute value"),
-    "sign": (np.sign, "jnp.sign({0})", "-1, 0 or 1 by the sign of x"),
+    "sign": (lambda x: np.where(x == 0, x, np.sign(x)), "jnp.sign({0})",  # (XLA's: a zero keeps its sign)
+             "-1, 0 or 1 by the sign of x"),
     "relu": (lambda x: np.maximum(x, np.zeros((), x.dtype)), "jax.nn.relu({0})", "max(x, 0)"),
     "square": (np.square, "jnp.square({0})", "x * x"),
 }
@@ -282,7 +283,12 @@ def _arith_numpy(name, fn):
         if name in ("floordiv", "mod") and a.dtype.kind in "iu":
             return np.where(b == 0, 0, fn(a, np.where(b == 0, 1, b))).astype(a.dtype)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.asarray(fn(T.widen(a), T.widen(b))).astype(a.dtype)
+            out = np.asarray(fn(T.widen(a), T.widen(b)))
+        if name == "pow":  # numpy takes -0.0 ** 0.5 as sqrt's -0.0; C's and XLA's pow give +0.0 (y not odd)
+            wb = T.widen(b)
+            odd = (np.mod(wb, 2) == 1) & (np.floor(wb) == wb)
+            out = np.where((out == 0) & (wb > 0) & ~odd, np.abs(out), out)
+        return out.astype(a.dtype)
 
     return run
 

@@ -35,7 +35,9 @@ def program_mesh(mesh, axis_names=None):
     """`mesh` seen with this program's axis names. `axis_names` maps each of AXES to an axis of
     `mesh` of the same size (e.g. {"data": "dp"}); unmapped axes keep their names."""
     names = {a: (axis_names or {}).get(a, a) for a in AXES}
-    if tuple(mesh.axis_names) == AXES and all(a == b for a, b in names.items()):
+    auto = all(t == AxisType.Auto for t in getattr(mesh, 'axis_types', None) or (AxisType.Auto,))
+    if tuple(mesh.axis_names) == AXES and all(a == b for a, b in names.items()) and auto \
+            and tuple(mesh.shape[a] for a in AXES) == SHAPE:
         return mesh
     for a, size in zip(AXES, SHAPE):
         if names[a] not in mesh.shape:
@@ -144,6 +146,8 @@ def place(arrays, mesh, axis_names=None):
     numpy-like arrays are placed with jax.make_array_from_callback: each process reads only the
     blocks its devices hold. jax.Arrays may be on any sharding and any mesh (or none): they are
     resharded with jax.device_put."""
+    if len(arrays) != len(GLOBAL_SHAPES):
+        raise ValueError(f"expected {len(GLOBAL_SHAPES)} arrays, one per parameter, got {len(arrays)}")
     mesh = program_mesh(mesh, axis_names)
     return [_tree_map(lambda shape, a, spec, dtype: _place(a, shape, spec, dtype, mesh), shape, a, spec, dtype)
             for a, shape, spec, dtype in zip(arrays, GLOBAL_SHAPES, IN_SPECS, DTYPES, strict=True)]
@@ -151,6 +155,8 @@ def place(arrays, mesh, axis_names=None):
 
 def _place(a, shape, spec, dtype, mesh):
     """One global array laid out as `spec` (see place)."""
+    if not hasattr(a, "shape"):  # a Python number or list
+        a = np.asarray(a, dtype)
     if tuple(a.shape) != tuple(shape):
         raise ValueError(f"expected shape {shape}, got {tuple(a.shape)}")
     sharding = NamedSharding(mesh, spec)
@@ -184,7 +190,14 @@ def run(*arrays, mesh=None, axis_names=None):
     key = (mesh, tuple(sorted((axis_names or {}).items())))
     if key not in _BUILT:
         _BUILT[key] = build(mesh, axis_names)
-    outs = _BUILT[key](*place(arrays, mesh, axis_names))
+    args = place(arrays, mesh, axis_names)
+    # under the user's jax.set_mesh of another mesh (their names, Explicit axes), shard_map wants
+    # its own mesh in context
+    import contextlib
+
+    in_mesh = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
+    with in_mesh(program_mesh(mesh, axis_names)) if in_mesh else contextlib.nullcontext():
+        outs = _BUILT[key](*args)
     return [_tree_map(lambda shape, o: _gather(o, shape), shape, o) for o, shape in zip(outs, RESULT_SHAPES)]
 
 
