@@ -155,6 +155,18 @@ def test_no_plan_fits_is_a_located_error():
     assert "fits 1,000 bytes per device" in e.value.message and e.value.line is not None
 
 
+def test_every_budget_a_found_plan_fits_finds_a_plan():
+    """train_mlp with its annotations stripped: 300,000 bytes found a plan of 94,212, while
+    250,000 and 100,000 failed ("the smallest found needs 442,372"): the limits tightened from
+    the first plan's overshoot reached nothing. The parameters split as finely as they can be
+    are now tried too, so every budget the 94,212-byte plan fits finds a plan."""
+    path = ROOT / "programs" / "train_mlp.spmd"
+    text = strip_annotations(path.read_text(), filename=str(path))
+    for budget in (300_000, 250_000, 100_000):
+        r = autoshard(text, filename=str(path), memory_per_device=budget)
+        assert r.chosen.totals()["peak_bytes_per_device"] <= budget, budget
+
+
 # ---------------------------------------------------------------------------------- the search
 
 

@@ -234,6 +234,26 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
         over = plan.totals()["peak_bytes_per_device"] - budget
         limit = prob.param_bytes(best.choice) - over
         best = timed(solve, prob, limit) if limit > 0 else None
+    if plan is not None and budget is not None and compiles.left:
+        # a budget that binds the parameters: the plan with none (every budget above its peak gets
+        # it, so a looser budget never does worse than a tighter one), and where the tightened
+        # limits did not reach the budget (the activations count too), the parameters split as
+        # finely as they can be
+        floor = prob.param_bytes({i: min(range(g.n), key=lambda s, g=g: g.param_bytes[s] if g.param_bytes else 0)
+                                  for i, g in enumerate(prob.groups)})
+        over = plan.totals()["peak_bytes_per_device"] > budget
+        for lim, label in ((None, "autoshard (no budget)"), (floor if over else None, "autoshard (most split)")):
+            if (lim is None and label.endswith("split)")) or not compiles.left:
+                continue
+            sol = timed(solve, prob, lim)
+            alt = None if sol is None else _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename,
+                                                 "autoshard", compiles)
+            if alt is None:
+                continue
+            peak, best_peak = alt.totals()["peak_bytes_per_device"], plan.totals()["peak_bytes_per_device"]
+            if (peak <= budget and (best_peak > budget or alt.totals()["modelled_time_us"]
+                                    < plan.totals()["modelled_time_us"])) or (best_peak > budget and peak < best_peak):
+                plan, planned = alt, sol
     if plan is not None:
         plans.append(plan)
         solutions = [planned]
@@ -256,8 +276,10 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     fits = [p for p in candidates if budget is None or p.totals()["peak_bytes_per_device"] <= budget]
     if not fits:
         least = min(candidates, key=lambda p: p.totals()["peak_bytes_per_device"])
-        raise SpmdError(f"no plan found fits {budget:,} bytes per device: the smallest found needs "
-                        f"{least.totals()['peak_bytes_per_device']:,}", _where(source, func))
+        raise SpmdError(f"no plan found fits {budget:,} bytes per device: the smallest of the plans kept "
+                        f"needs {least.totals()['peak_bytes_per_device']:,}", _where(source, func),
+                        note=f"the search compiled {compiles.count} candidate programs; the layouts it weighs "
+                        "bound the parameters' bytes, the budget the compiled peak (activations too)")
     rank = {id(p): i for i, p in enumerate(candidates)}
     chosen = min(fits, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
     others = [p for p in plans if p is not chosen]
