@@ -122,6 +122,11 @@ def test_an_abort_inside_xla_is_the_xla_rows_error(capsys, monkeypatch, tmp_path
     code, out, err = run_cli(capsys, "run", str(prog), "--backend", "xla")
     assert code == 1 and f"{prog}:1:1: error: the xla backend: XLA ended the process" in err
     assert "Traceback" not in err
+    # a Python error in the child is not XLA's: an internal error (exit 3), not an upstream disagreement
+    monkeypatch.setattr(mp, "run_isolated", lambda source, *a, **k: real(
+        source.replace("def build(mesh", "raise ValueError('boom')\n\ndef build(mesh", 1), *a, **k))
+    code, out, err = run_cli(capsys, "run", str(prog), "--backend", "xla")
+    assert code == 3 and "internal error" in err and "Traceback" not in err
     monkeypatch.setattr(mp, "run_isolated", real)
     code, out, _ = run_cli(capsys, "run", str(prog), "--backend", "xla", "--json")  # XLA's own, now or fixed
     assert code in (0, 1) and "Traceback" not in out

@@ -759,3 +759,30 @@ def test_a_pass_that_raised_raises_again(monkeypatch):
     for backend in ("sim", "jax", "sim"):
         with pytest.raises(SpmdError, match="the partitioner failed"):
             c.run({"a": np.ones(4, f32)}, backend=backend)
+
+
+def test_scatter_max_gradient_at_a_nan_no_update_reaches_and_an_empty_trailing_dim():
+    """The gradient of scatter_max passes x's cotangent where no update lands, a NaN of x too (it
+    was dropped: x == out is false for NaN), as jax's; a table with an empty dim after the
+    scattered one runs on every backend, the xla baseline too (its reshape divided by zero)."""
+    import jax
+    import jax.numpy as jnp
+
+    src = """mesh [a=2]
+func loss(x: f32[4], ids: i32[3], u: f32[3]) -> f32[] {
+  return sum(scatter_max(x, ids, u) * (iota(f32[4]) + 1.0))
+}
+func main(x: f32[4] {a}, ids: i32[3], u: f32[3]) -> f32[4] {
+  return grad(loss, x, ids, u)
+}"""
+    x, u = np.array([np.nan, 1.0, np.nan, 2.0], f32), np.array([0.5, 0.7, 3.0], f32)
+    ids = np.array([2, 2, 3], np.int32)
+    want = np.asarray(jax.grad(lambda x: jnp.sum(x.at[ids].max(u) * jnp.arange(1.0, 5.0)))(x))
+    assert want.tolist() == [1.0, 2.0, 0.0, 0.0]
+    c = spmdlang.compile(src)
+    for b in ("ref", "sim", "jax"):
+        assert np.asarray(c.run({"x": x, "ids": ids, "u": u}, backend=b)[0]).tolist() == want.tolist(), b
+    empty = spmdlang.compile("mesh [a=2, b=3]\nfunc main(x: f32[7, 0] {a, b}, i: i32[3], u: f32[3, 0]) -> "
+                             "(f32[7, 0], f32[7, 0]) {\n  return scatter_max(x, i, u), scatter_add(x, i, u)\n}\n")
+    report = empty.diff()
+    assert report["ok"], report

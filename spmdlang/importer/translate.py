@@ -391,7 +391,7 @@ def _atan(t, x: str) -> str:
     poly = t.emit(f"(((0.0805374449538 * {z} - 0.138776856032) * {z} + 0.199777106478) * {z} - 0.333329491539)"
                   f" * {z} * {r} + {r}")
     y = t.emit(f"where({big}, 1.5707964, where({mid}, 0.7853982, 0.0)) + {poly}")
-    return f"where({x} < 0.0, -{y}, {y})"
+    return f"sign({x}) * {y}"  # (sign keeps -0.0's sign: atan(-0.0) = -0.0)
 
 
 def _in_f32(fn):
@@ -424,7 +424,7 @@ _F32_FUNCTIONS = {
                                      f"log1p({a} + {a} * {a} / (1.0 + sqrt(1.0 + {a} * {a}))))")(t.emit(f"abs({x})")),
     "acosh": lambda t, x: f"where({x} < 1.0, sqrt({x} - 1.0), where({x} > 1e18, log({x}) + {_LN2}, "
                           f"log1p(({x} - 1.0) + sqrt(({x} - 1.0) * ({x} + 1.0)))))",  # (below 1: NaN)
-    "atanh": lambda t, x: f"0.5 * log1p(2.0 * {x} / (1.0 - {x}))",
+    "atanh": lambda t, x: (lambda a: f"sign({x}) * 0.5 * log1p(2.0 * {a} / (1.0 - {a}))")(t.emit(f"abs({x})")),
     "cbrt": lambda t, x: f"sign({x}) * abs({x}) ** 0.33333334",
 }
 for _p, _fn in _F32_FUNCTIONS.items():
@@ -1589,7 +1589,11 @@ def _scatter(t, eqn, ins):
             return t.put(eqn, _unique_scatter(t, eqn, x, ids, upd, dn, _SCATTER_COMBINE[eqn.primitive.name]))
         if eqn.primitive.name in ("scatter-max", "scatter_max", "scatter-min", "scatter_min"):  # segment_max
             kind = "scatter_max" if "max" in eqn.primitive.name else "scatter_min"
-            return t.put(eqn, _point_scatter_add(t, eqn, x, ids, upd, dn, kind))
+            if x.dtype != "bool":
+                return t.put(eqn, _point_scatter_add(t, eqn, x, ids, upd, dn, kind))
+            xi = Ref(t.emit(f"cast({t.value(x)}, i32)"), "i32", tuple(x.shape))  # (or / and: as 0 and 1)
+            ui = Ref(t.emit(f"cast({t.value(upd)}, i32)"), "i32", tuple(upd.shape))
+            return t.put(eqn, f"{t.emit(_point_scatter_add(t, eqn, xi, ids, ui, dn, kind))} != 0")
         t.fail(f"jax primitive '{eqn.primitive.name}' at arrays of ids has no spmdlang equivalent: with "
                "duplicate ids its result depends on the order they are applied in (one index per dim: "
                "x.at[i, :, j].set(u) with integer i, j; with arrays of ids, .at[...].add/.min/.max, .set "

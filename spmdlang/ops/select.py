@@ -268,7 +268,7 @@ def _scatter_jax(kind):
         axis, t = attrs["axis"], out[0]
         n = t.shape[axis]
         pre, post = t.shape[:axis], t.shape[axis + 1:]
-        if n == 0:
+        if 0 in t.shape:
             return x  # nothing to combine into
         flat = f"{ids}.reshape(-1)"
         # Out-of-range ids (negatives too) change nothing: their updates become the combine's identity
@@ -299,7 +299,7 @@ def _scatter_jax_local(kind):
         x, ids, upd = args
         (_, it, _), axis, t = attrs["operand_types"], attrs["axis"], out[0]
         n, rank = t.shape[axis], len(t.shape)
-        if n == 0:
+        if 0 in t.shape:
             return x  # nothing to combine into
         m, dt = it.size, T.jnp_dtype(it.dtype)
         pre, post = tuple(t.shape[:axis]), tuple(t.shape[axis + 1:])
@@ -491,7 +491,10 @@ def _scatter_extreme_vjp(d, op, ct):
     one, zero_u = d.full(1.0, upd.type), d.zeros(upd.type)
     u_hit = d.select(d.emit("logical_and", valid, d.emit("eq", upd, d.emit("take", out, safe, axis=axis))),
                      one, zero_u)
-    x_hit = d.select(d.emit("eq", x, out), d.full(1.0, x.type), d.zeros(x.type))
+    # x holds the result where it equals it, or where no update lands (a NaN of x stays x's)
+    lands = d.emit("scatter_add", d.zeros(x.type), ids, d.select(valid, one, zero_u), axis=axis)
+    x_held = d.emit("logical_or", d.emit("eq", x, out), d.emit("eq", lands, d.zeros(x.type)))
+    x_hit = d.select(x_held, d.full(1.0, x.type), d.zeros(x.type))
     count = d.emit("add", x_hit, d.emit("scatter_add", d.zeros(x.type), ids, u_hit, axis=axis))
     share = d.emit("div", ct, d.emit("maximum", count, d.full(1.0, x.type)))
     return (d.emit("mul", share, x_hit), None, d.emit("mul", d.emit("take", share, safe, axis=axis), u_hit))

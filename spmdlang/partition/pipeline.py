@@ -88,16 +88,25 @@ class Pipeline:
         self.stages = Stages(program, weight_axis)
         self.verify, self.passes = verify, passes
         self.done = 0  # passes run (or skipped) so far
+        self.error: BaseException | None = None  # what a pass (or its verifier) raised
 
     def stage(self, name: str):
-        """Stage `name`, after every pass up to the last one that writes it."""
+        """Stage `name`, after every pass up to the last one that writes it. A pass that raised
+        raises the same again for any later stage (rather than the stages after it reading one
+        it never wrote)."""
         last = max(i for i, p in enumerate(self.passes) if p.stage == name)
         with gc_paused():
             while self.done <= last:
+                if self.error is not None:
+                    raise self.error
                 p = self.passes[self.done]
-                if p.applies(self.stages):
-                    p.run(self.stages)
-                    if self.verify:
-                        p.check(self.stages)
-                self.done += 1  # (only once it ran: a pass that raised raises again when asked again)
+                try:
+                    if p.applies(self.stages):
+                        p.run(self.stages)
+                        if self.verify:
+                            p.check(self.stages)
+                except Exception as e:
+                    self.error = e
+                    raise
+                self.done += 1
         return getattr(self.stages, name)
