@@ -603,6 +603,18 @@ def test_shard_map_and_reshard_inside_the_function_are_located_errors():
         spmdlang.from_jax(lambda x: x, x, mesh={"data": 0})
 
 
+def test_logical_shift_of_i32_arithmetic_of_u32_and_int_powers():
+    """A logical right shift of i32 and an arithmetic one of u32 (through the other 32-bit type;
+    counts past 31 and negative ones shift everything out, as XLA's), which jnp's integer power by
+    an array of exponents uses (it was refused, naming shift_right_logical)."""
+    a = np.array([-8, -1, 7, 2**31 - 1, -2**31, 5], np.int32)
+    n = np.array([1, 31, 2, 33, 4, -1], np.int32)
+    check(lambda a, n: (jax.lax.shift_right_logical(a, n), jax.lax.shift_right_arithmetic(a.view(jnp.uint32),
+                                                                                          n.astype(jnp.uint32)),
+                        jnp.int32(3) ** jnp.arange(6, dtype=jnp.int32), a ** jnp.abs(n % 5)),
+          a, n, backends=("ref", "sim", "jax"), mesh={"data": 2}, in_specs=(P("data"), P("data")))
+
+
 def test_grad_through_cond_and_switch():
     """jax's gradient of lax.cond / switch holds uninitialised residuals (`empty2`) for the
     branches not taken: zeros (it was refused)."""

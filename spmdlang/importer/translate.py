@@ -581,8 +581,14 @@ def _shift(fn, signed_ok: bool, unsigned_ok: bool):
     def write(t: Translator, eqn, ins):
         a, b = ins
         if (a.dtype == "u32" and not unsigned_ok) or (a.dtype != "u32" and not signed_ok):
-            t.fail(f"jax primitive '{eqn.primitive.name}' on {a.dtype} has no spmdlang equivalent "
-                   "(right_shift is logical on u32, arithmetic on signed integers)")
+            # the other kind of right shift: through the other 32-bit type, the bits as they are
+            # (counts too: a negative count is a huge one, which shifts everything out, as XLA's)
+            other = {"i32": "u32", "u32": "i32"}.get(a.dtype)
+            if other is None:
+                t.fail(f"jax primitive '{eqn.primitive.name}' on {a.dtype} has no spmdlang equivalent "
+                       "(right_shift is logical on u32, arithmetic on signed integers; i32 and u32 convert)")
+            moved = f"{fn}(cast({t.value(a)}, {other}), cast({t.value(b)}, {other}))"
+            return t.put(eqn, f"cast({t.emit(moved)}, {a.dtype})")
         if a.is_literal and b.is_literal:
             a = Ref(t.value(a), a.dtype, a.shape)
         out = t.put(eqn, f"{fn}({a.text}, {b.text})")
