@@ -235,25 +235,9 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
         limit = prob.param_bytes(best.choice) - over
         best = timed(solve, prob, limit) if limit > 0 else None
     if plan is not None and budget is not None and compiles.left:
-        # a budget that binds the parameters: the plan with none (every budget above its peak gets
-        # it, so a looser budget never does worse than a tighter one), and where the tightened
-        # limits did not reach the budget (the activations count too), the parameters split as
-        # finely as they can be
-        floor = prob.param_bytes({i: min(range(g.n), key=lambda s, g=g: g.param_bytes[s] if g.param_bytes else 0)
-                                  for i, g in enumerate(prob.groups)})
-        over = plan.totals()["peak_bytes_per_device"] > budget
-        for lim, label in ((None, "autoshard (no budget)"), (floor if over else None, "autoshard (most split)")):
-            if (lim is None and label.endswith("split)")) or not compiles.left:
-                continue
-            sol = timed(solve, prob, lim)
-            alt = None if sol is None else _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename,
-                                                 "autoshard", compiles)
-            if alt is None:
-                continue
-            peak, best_peak = alt.totals()["peak_bytes_per_device"], plan.totals()["peak_bytes_per_device"]
-            if (peak <= budget and (best_peak > budget or alt.totals()["modelled_time_us"]
-                                    < plan.totals()["modelled_time_us"])) or (best_peak > budget and peak < best_peak):
-                plan, planned = alt, sol
+        plan, planned = _other_limits(plan, planned, budget, prob, compiles, lambda lim: timed(solve, prob, lim),
+                                      lambda sol: _plan(text, module, func, base, prob, sol, mesh, consts, entry,
+                                                        filename, "autoshard", compiles))
     if plan is not None:
         plans.append(plan)
         solutions = [planned]
@@ -272,21 +256,48 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
             if p is not None:
                 plans.append(p)
     solve_s = clock[0]
-    candidates = plans + [written]
-    fits = [p for p in candidates if budget is None or p.totals()["peak_bytes_per_device"] <= budget]
-    if not fits:
-        least = min(candidates, key=lambda p: p.totals()["peak_bytes_per_device"])
-        raise SpmdError(f"no plan found fits {budget:,} bytes per device: the smallest of the plans kept "
-                        f"needs {least.totals()['peak_bytes_per_device']:,}", _where(source, func),
-                        note=f"the search compiled {compiles.count} candidate programs; the layouts it weighs "
-                        "bound the parameters' bytes, the budget the compiled peak (activations too)")
-    rank = {id(p): i for i, p in enumerate(candidates)}
-    chosen = min(fits, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
+    chosen = _choose(plans + [written], budget, compiles, _where(source, func))
     others = [p for p in plans if p is not chosen]
     problem = {"units": len(prob.units), "groups": len(prob.groups), "edges": len(prob.edges),
                "variables": prob.size, "candidate_compiles": compiles.count}
     solver = planned.solver if planned is not None else method  # the ILP's time limit hands over to greedy
     return Autoshard(chosen.source, chosen, written, others, solver, solve_s, problem, budget, clock[1])
+
+
+def _choose(candidates: list[Plan], budget: int | None, compiles, where) -> Plan:
+    """The fastest plan in the model that fits the budget (ties: the earlier candidate)."""
+    fits = [p for p in candidates if budget is None or p.totals()["peak_bytes_per_device"] <= budget]
+    if not fits:
+        least = min(candidates, key=lambda p: p.totals()["peak_bytes_per_device"])
+        raise SpmdError(f"no plan found fits {budget:,} bytes per device: the smallest of the plans kept "
+                        f"needs {least.totals()['peak_bytes_per_device']:,}", where,
+                        note=f"the search compiled {compiles.count} candidate programs; the layouts it weighs "
+                        "bound the parameters' bytes, the budget the compiled peak (activations too)")
+    rank = {id(p): i for i, p in enumerate(candidates)}
+    return min(fits, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
+
+
+def _other_limits(plan, planned, budget: int, prob, compiles, solve, plan_of):
+    """Under a budget (it binds the parameters' bytes in the search, the compiled peak here): the
+    plan with no budget (every budget above its peak gets it, so a looser budget never does worse
+    than a tighter one) and, where the limits tightened from the first plan's overshoot did not
+    reach the budget (the activations count too), the parameters split as finely as they can be.
+    The better of those and `plan` (fitting first, then the modelled time), with its solution."""
+    floor = prob.param_bytes({i: min(range(g.n), key=lambda s, g=g: g.param_bytes[s] if g.param_bytes else 0)
+                              for i, g in enumerate(prob.groups)})
+    limits = [None] + ([floor] if plan.totals()["peak_bytes_per_device"] > budget else [])
+    for lim in limits:
+        if not compiles.left:
+            break
+        sol = solve(lim)
+        alt = None if sol is None else plan_of(sol)
+        if alt is None:
+            continue
+        peak, best_peak = alt.totals()["peak_bytes_per_device"], plan.totals()["peak_bytes_per_device"]
+        faster = alt.totals()["modelled_time_us"] < plan.totals()["modelled_time_us"]
+        if (peak <= budget and (best_peak > budget or faster)) or (best_peak > budget and peak < best_peak):
+            plan, planned = alt, sol
+    return plan, planned
 
 
 def _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, label, compiles,

@@ -29,22 +29,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stage(work: Path, source: str, arrays, local_devices: int, xla_flags: bool) -> dict:
+    """The children's folder (the module, the inputs as .npy files, the input count and devices
+    per process) and their environment: this package importable, XLA_FLAGS kept or not (the
+    device count of jax.distributed's processes is their own)."""
+    import numpy as np
+
+    (work / "module.py").write_text(source)
+    for i, a in enumerate(arrays):
+        np.save(work / f"in{i}.npy", _portable(np.asarray(a)))
+    (work / "meta").write_text(f"{len(arrays)} {local_devices}")
+    env = {k: v for k, v in os.environ.items() if xla_flags or k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _results(work: Path) -> list:
+    """The global results process 0 (or the one child) wrote, in their own dtypes."""
+    import numpy as np
+
+    out = np.load(work / "out.npz")
+    return [out[f"out{i}"].astype(_dtype(str(out[f"dtype{i}"]))) for i in range(len(out.files) // 2)]
+
+
 def run_processes(source: str, arrays, n_devices: int, processes: int, timeout: float = 300.0) -> list:
     """Run module `source` on `arrays` across `processes` local processes; global numpy results."""
-    import numpy as np
 
     if processes < 1 or n_devices % processes:
         raise SpmdError(f"--processes {processes}: the mesh's {n_devices} devices must split evenly over the "
                         f"processes (each gets mesh/N devices)")
     with tempfile.TemporaryDirectory(prefix="spmdlang-mp-") as tmp:
         work = Path(tmp)
-        (work / "module.py").write_text(source)
-        for i, a in enumerate(arrays):
-            np.save(work / f"in{i}.npy", _portable(np.asarray(a)))
-        (work / "meta").write_text(f"{len(arrays)} {n_devices // processes}")
+        env = _stage(work, source, arrays, n_devices // processes, xla_flags=False)
         port = _free_port()
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
         procs = [subprocess.Popen([sys.executable, "-m", "spmdlang.backend_jax.multiprocess", tmp, str(rank),
                                    str(processes), str(port)], env=env, stdout=subprocess.DEVNULL,
                                   stderr=open(work / f"err{rank}.txt", "w"))  # noqa: SIM115
@@ -67,8 +84,7 @@ def run_processes(source: str, arrays, n_devices: int, processes: int, timeout: 
             log = (work / f"err{failed[0]}.txt").read_text().strip().splitlines()
             tail = "\n".join(line for line in log if not line.startswith("[Gloo]"))[-1500:]
             raise SpmdError(f"--processes {processes}: process {failed[0]} failed:\n{tail}")
-        out = np.load(work / "out.npz")
-        return [out[f"out{i}"].astype(_dtype(str(out[f"dtype{i}"]))) for i in range(len(out.files) // 2)]
+        return _results(work)
 
 
 def run_isolated(source: str, arrays, n_devices: int, timeout: float = 600.0) -> list:
@@ -76,16 +92,10 @@ def run_isolated(source: str, arrays, n_devices: int, timeout: float = 600.0) ->
     devices, as ModuleRunner gets them here), so that XLA aborting the process (a failed CHECK
     in its SPMD partitioner compiling the xla baseline) ends the child, not the caller: an
     XlaAborted error quoting XLA's message. Global numpy results, as ModuleRunner gives."""
-    import numpy as np
 
     with tempfile.TemporaryDirectory(prefix="spmdlang-iso-") as tmp:
         work = Path(tmp)
-        (work / "module.py").write_text(source)
-        for i, a in enumerate(arrays):
-            np.save(work / f"in{i}.npy", _portable(np.asarray(a)))
-        (work / "meta").write_text(f"{len(arrays)} {n_devices}")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        env = _stage(work, source, arrays, n_devices, xla_flags=True)
         with open(work / "err0.txt", "w") as err:
             try:
                 p = subprocess.run([sys.executable, "-m", "spmdlang.backend_jax.multiprocess", tmp, "0", "1", "0"],
@@ -102,8 +112,7 @@ def run_isolated(source: str, arrays, n_devices: int, timeout: float = 600.0) ->
             tail = tail.strip()[-600:]
             signal = f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit status {p.returncode}"
             raise XlaAborted(f"XLA ended the process ({signal}): {tail}")
-        out = np.load(work / "out.npz")
-        return [out[f"out{i}"].astype(_dtype(str(out[f"dtype{i}"]))) for i in range(len(out.files) // 2)]
+        return _results(work)
 
 
 class XlaAborted(SpmdError):
