@@ -602,6 +602,12 @@ def test_shard_map_and_reshard_inside_the_function_are_located_errors():
     with pytest.raises(SpmdError, match="positive integer"):
         spmdlang.from_jax(lambda x: x, x, mesh={"data": 0})
 
+    def own_error(x):
+        raise ValueError("my shard_map wrapper wants a reshard spec on Auto axes")
+
+    with pytest.raises(ValueError, match="my shard_map wrapper"):  # the function's own error, as it is
+        spmdlang.from_jax(own_error, x, mesh=mesh)
+
 
 def test_logical_shift_of_i32_arithmetic_of_u32_and_int_powers():
     """A logical right shift of i32 and an arithmetic one of u32 (through the other 32-bit type;

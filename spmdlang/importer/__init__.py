@@ -204,12 +204,12 @@ def _trace_refusal(exc: ValueError) -> SpmdError | None:
     """A jax error while tracing that means a construct from_jax cannot import, as a located
     SpmdError (None: the function's own error, raised as it is)."""
     text = str(exc)
-    if "reshard" in text and "Auto" in text:
+    if "passed to reshard" in text and "Auto" in text:
         return SpmdError("jax.sharding.reshard has no spmdlang equivalent here: it needs Explicit mesh axes, "
                          "and from_jax traces the function on Auto ones (XLA's GSPMD's); constrain the layout "
                          "with jax.lax.with_sharding_constraint(x, P(...)) instead (it becomes shard(x, {...}))",
                          _raised_span(exc))
-    if "shard_map" in text:
+    if "passed to shard_map" in text or ("shard_map" in text and "context mesh" in text):
         return SpmdError("jax.shard_map inside the function has no spmdlang equivalent: spmdlang writes the "
                          "per-device program and its collectives itself; import the global computation (the "
                          "shard_map's body without psum and the other collectives, on whole arrays)",
