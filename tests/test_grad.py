@@ -390,3 +390,30 @@ def test_every_global_op_declares_its_gradient():
     assert not missing, f"give these ops a vjp rule or vjp=Grad.none / Grad.unsupported: {missing}"
     assert all(callable(registry.get(n).vjp) or registry.get(n).vjp in (Grad.none, Grad.unsupported)
                for n in GLOBAL)
+
+
+def test_the_xla_baseline_of_a_grad_whose_argument_the_function_never_reads():
+    """grad(loss, w, c * 2.0) where loss ignores c (dropout at rate 0 ignoring its key): our dead
+    code removal drops `c * 2.0`, and the xla baseline's value_and_grad call named it (NameError).
+    A `return` of a call with several results returns those results."""
+    src = """mesh [x=2]
+func loss(w: f32[4], c: f32[4]) -> f32[] {
+  return sum(w * w)
+}
+func both(w: f32[4], c: f32[4]) -> (f32[], f32[4]) {
+  return value_and_grad(loss, w, c * 2.0)
+}
+func pair(w: f32[4], c: f32[4]) -> (f32[], f32[4]) {
+  return both(w, c)
+}
+func main(w: f32[4] {x}, c: f32[4]) -> (f32[4], f32[], f32[4]) {
+  l, g = pair(w, c)
+  return grad(loss, w, c * 2.0), l, g
+}
+"""
+    c = spmdlang.compile(src)
+    w = np.arange(4, dtype=np.float32)
+    report = c.diff({"w": w, "c": np.ones(4, np.float32)})
+    assert report["ok"], report
+    got = c.run({"w": w, "c": np.ones(4, np.float32)}, backend="ref")
+    assert [np.asarray(g).tolist() for g in got] == [(2 * w).tolist(), float((w * w).sum()), (2 * w).tolist()]

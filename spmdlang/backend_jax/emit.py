@@ -457,6 +457,7 @@ def _xla_body(prog: Program, namer: Namer, constraint) -> list[str]:
             keep.append(op)
             live.update(op.operands)
     keep.reverse()
+    defined = {p.value for p in prog.params} | {r for op in prog.ops for r in op.results}
     lines: list[str] = []
     done: set[int] = set()
 
@@ -472,7 +473,10 @@ def _xla_body(prog: Program, namer: Namer, constraint) -> list[str]:
         lines.append(f"    def {fn}({', '.join(params)}):  # the function differentiated at the grad call{line}")
         lines.extend(_op_lines(g.forward, inner, constraint, indent="        "))
         lines.append(f"        return {pyname(inner, g.output)}")
-        args = ", ".join(pyname(namer, a) for a in g.args)
+        # an argument the function never reads may have been dropped as dead code (grad(loss, w,
+        # c * 2.0) with loss ignoring c; dropout at rate 0 ignoring its key): any value of its type
+        args = ", ".join(pyname(namer, a) if a in defined else
+                         f"jnp.zeros({a.type.shape!r}, {T.jnp_dtype(a.type.dtype)})" for a in g.args)
         outs = ", ".join(pyname(namer, v) for v in g.grads)
         value = pyname(namer, g.value) if g.value is not None and value_of.get(g.value) == k else f"_value{k}"
         lines.append(f"    {value}, ({outs},) = jax.value_and_grad({fn}, argnums={tuple(g.argnums)!r})({args})")

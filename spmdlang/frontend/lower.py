@@ -371,6 +371,10 @@ class Lowerer:
             raise SpmdError(f"function '{f.name}' does not return a value", Span(end.source, end.end_line or end.line,
                                                                                 max((end.end_col or 2) - 1, 1)))
         node, values = ret
+        if len(values) == 1 and isinstance(values[0][1], tuple) and values[0][1] and \
+                all(is_value(x) for x in values[0][1]):  # `return f(x)` of a call with several results: those
+            expr, many = values[0]
+            values = [(expr, x) for x in many]
         if len(values) != len(f.results):
             raise SpmdError(f"'{f.name}' returns {len(values)} value(s) but declares {len(f.results)}", node.span)
         outs = []

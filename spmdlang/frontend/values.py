@@ -147,7 +147,9 @@ _DESCRIPTIONS = (
     (int, lambda v: f"the integer {v}"),
     (float, lambda v: f"the number {v}"),
     (str, lambda v: "a string"),
-    ((list, tuple), lambda v: "a list"),
+    (tuple, lambda v: (f"the {len(v)} results of a call (unpack them first: `a, b = f(...)`)"
+                       if v and all(isinstance(x, (Value, StructValue)) for x in v) else "a list")),
+    (list, lambda v: "a list"),
     (StaticType, lambda v: f"the type {v.type}"),
     (Dtype, lambda v: f"the dtype {v.name}"),
     (A.SpecExpr, lambda v: "a sharding spec"),
