@@ -173,3 +173,10 @@ def test_sort_gradient_reproduction_still_aborts_xla():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode != 0 and "Check failed" in out.stderr, \
         f"XLA no longer aborts? update docs/known_xla_issues.md #14\n{out.stdout}{out.stderr[-2000:]}"
+
+
+def test_gather_gradient_with_unevenly_split_ids_reproduction_is_still_wrong():
+    """docs/known_xla_issues.md #15: XLA's partitioned gradient of a gather by unevenly split ids."""
+    (code,) = [s for s in _doc_snippets() if "max error of the partitioned gradient" in s]
+    err = float(re.search(r"max error of the partitioned gradient: ([\d.]+)", _run_snippet(code)).group(1))
+    assert err > 1.0, f"XLA now gets it right ({err})? update docs/known_xla_issues.md #15"
