@@ -11,6 +11,7 @@ import errno
 import json
 import math
 import os
+import re
 import sys
 
 from .api import BACKENDS
@@ -29,7 +30,8 @@ class UsageError(Exception):
 
 
 def _int(text: str) -> int | None:
-    return int(text) if text.lstrip("-").isdigit() else None
+    """An integer as Python writes one (digits, `_` between them: 1_000)."""
+    return int(text) if re.fullmatch(r"-?\d+(_\d+)*", text) else None
 
 
 def _number(text: str) -> int | float | None:

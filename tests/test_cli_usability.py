@@ -83,6 +83,7 @@ def test_stdin_through_the_real_command():
     (["--mesh", "data"], "--mesh", "expects NAME=INT"),
     (["--mesh", "data=0"], "--mesh", "positive"),
     (["--set", "B=x"], "--set", "expects NAME=INT"),
+    (["--set", "B=1__0"], "--set", "expects NAME=INT"),
 ])
 def test_bad_mesh_or_set_is_a_command_line_error_naming_the_flag(argv, flag, fragment, capsys):
     try:
@@ -93,6 +94,13 @@ def test_bad_mesh_or_set_is_a_command_line_error_naming_the_flag(argv, flag, fra
     assert code == 2
     assert (f"error: argument {flag}:" in err or f"error: {flag} " in err) and fragment in err
     assert "^" not in err and "Traceback" not in err
+
+
+def test_set_takes_an_integer_with_underscores(capsys):
+    """--set B=1_000 is the integer 1000, as Python writes it (it was read as the float 1000.0 and
+    refused for an integer const)."""
+    code, out, err = run_cli(capsys, "check", MLP, "--set", "B=1_000", "--json")
+    assert code == 0, err
 
 
 def test_explain_show_checks_the_name_before_printing(capsys):

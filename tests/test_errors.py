@@ -489,6 +489,8 @@ def test_bad_axis(call, at, fragment):
             (M + "func main(a: f32[4]) -> f32[] { return a[0, 0] }", "a[", "too many indices (2) for f32[4]"),
             (M + "func main(a: f32[4, 1]) -> f32[4, 1, 1] { return a[:, 0:1, None] }", "None",
              "indexing with None (numpy's new axis) is not supported"),
+            (M + "func main(xs: f32[0, 4]) -> f32[4] {\n  t = zeros(f32[4])\n  loop i in range(0) {\n"
+             "    t = t + xs[i]\n  }\n  return t\n}", "i]", "indexing dimension 0 of f32[0, 4], which is empty"),
             (M + "func two(a: f32[4]) -> (f32[4], f32[]) { return a, sum(a) }\n"
              "func main(a: f32[4]) -> f32[4] { return two(a) * 2.0 }", "* 2.0",
              "cannot apply 'mul' to the 2 results of a call (unpack them first"),

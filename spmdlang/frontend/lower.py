@@ -794,6 +794,8 @@ class Lowerer:
                     if i.type.rank != 0 or not T.is_int(i.type.dtype):
                         raise SpmdError(f"an index must be an integer scalar, got {i.type}; use "
                                         "take(x, ids, axis) to gather with a tensor of ids", idx.span)
+                    if n == 0:  # (a loop over range(0) reading xs[i]: the loop never runs, the read is typed)
+                        raise SpmdError(f"indexing dimension {d} of {x.type}, which is empty (size 0)", idx.span)
                     at[d] = i
                     starts.append(0), stops.append(1), steps.append(1)  # of the dynamic_slice's one element
                     drop.append(d)
