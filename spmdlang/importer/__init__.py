@@ -160,21 +160,23 @@ def _caller_span():
     """The user's line that called into spmdlang (the first frame outside the package), or None."""
     import sysconfig
 
-    from ..errors import Source, Span
-
     skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # spmdlang's own
             os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)  # threading's (the deep-stack thread)
     frame = inspect.currentframe()
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
         frame = frame.f_back
-    if frame is None:
-        return None
+    return None if frame is None else _span_at(frame.f_code.co_filename, frame.f_lineno)
+
+
+def _span_at(filename: str, lineno: int):
+    """The span of a line of a Python source file, at its first non-blank character."""
     import linecache
 
-    name = frame.f_code.co_filename
-    text = "".join(linecache.getlines(name)) if os.path.exists(name) else ""
-    line = linecache.getline(name, frame.f_lineno)
-    return Span(Source(name, text), frame.f_lineno, len(line) - len(line.lstrip()) + 1)
+    from ..errors import Source, Span
+
+    text = "".join(linecache.getlines(filename)) if os.path.exists(filename) else ""
+    line = linecache.getline(filename, lineno)
+    return Span(Source(filename, text), lineno, len(line) - len(line.lstrip()) + 1)
 
 
 def _raised_span(exc: BaseException):
@@ -183,21 +185,12 @@ def _raised_span(exc: BaseException):
     import sysconfig
     import traceback
 
-    from ..errors import Source, Span
-
     paths = sysconfig.get_paths()
     libraries = {os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "purelib", "platlib")}
     libraries.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
     user = [f for f in traceback.extract_tb(exc.__traceback__)
             if not any(os.path.abspath(f.filename).startswith(lib) for lib in libraries)]
-    if not user:
-        return None
-    f = user[-1]
-    import linecache
-
-    text = "".join(linecache.getlines(f.filename)) if os.path.exists(f.filename) else ""
-    line = linecache.getline(f.filename, f.lineno)
-    return Span(Source(f.filename, text), f.lineno, len(line) - len(line.lstrip()) + 1)
+    return _span_at(user[-1].filename, user[-1].lineno) if user else None
 
 
 def _trace_refusal(exc: ValueError) -> SpmdError | None:

@@ -1613,13 +1613,18 @@ def _uniform_scatter(t, eqn, x, ids, upd, dn, value) -> str:
     (masking rows, a one-hot): the same whatever order duplicate ids are applied in. Where any
     update lands (a scatter-add of ones into zeros, as _point_scatter_add places them), v or
     minimum/maximum(x, v); elsewhere x."""
-    zeros = t.constant(np.zeros(x.shape, np.float32), None, materialize=True)
-    ones = t.constant(np.ones(upd.shape, np.float32), None, materialize=True)
-    hits = t.emit(_point_scatter_add(t, eqn, zeros, ids, ones, dn))
     v = literal_text(value, x.dtype)
     new = {"scatter": f"cast({v}, {x.dtype})"}.get(eqn.primitive.name) or \
         f"{'minimum' if 'min' in eqn.primitive.name else 'maximum'}({t.value(x)}, {v})"
-    return f"where({hits} > 0.0, {new}, {t.value(x)})"
+    return f"where({_landed(t, eqn, x, ids, upd, dn)}, {new}, {t.value(x)})"
+
+
+def _landed(t, eqn, x, ids, upd, dn) -> str:
+    """Where any update of a scatter at arrays of ids lands: a scatter-add of ones into zeros,
+    placed as _point_scatter_add places them, above zero."""
+    zeros = t.constant(np.zeros(x.shape, np.float32), None, materialize=True)
+    ones = t.constant(np.ones(upd.shape, np.float32), None, materialize=True)
+    return t.emit(f"{t.emit(_point_scatter_add(t, eqn, zeros, ids, ones, dn))} > 0.0")
 
 
 def _unique_scatter(t, eqn, x, ids, upd, dn, combine: str | None) -> str:
@@ -1639,11 +1644,8 @@ def _unique_scatter(t, eqn, x, ids, upd, dn, combine: str | None) -> str:
                                        u if as_int else upd, dn))
     if as_int:
         placed = t.emit(f"{placed} != 0")
-    zeros = t.constant(np.zeros(x.shape, np.float32), None, materialize=True)
-    ones = t.constant(np.ones(upd.shape, np.float32), None, materialize=True)
-    hits = t.emit(_point_scatter_add(t, eqn, zeros, ids, ones, dn))
     new = placed if combine is None else t.emit(combine.format(t.value(x), placed))
-    return f"where({hits} > 0.0, {new}, {t.value(x)})"
+    return f"where({_landed(t, eqn, x, ids, upd, dn)}, {new}, {t.value(x)})"
 
 
 def _window_scatter(t, eqn, x, ids, upd, dn, combine: str | None) -> str:

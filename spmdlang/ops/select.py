@@ -454,6 +454,14 @@ def _top_k_vjp(d, op, cts):
     return (scatter_along_axis(d, ct, op.results[1], x.type, x.type.rank - 1),)
 
 
+def _kept_updates(d, ids, n: int, upd_type, axis: int):
+    """Which updates a scatter along `axis` (n rows) keeps, as a mask of the updates' shape: those
+    whose id is in [0, n-1] (the others are dropped)."""
+    dt = ids.type.dtype
+    valid = d.emit("logical_and", d.emit("ge", ids, d.const(0, dt)), d.emit("lt", ids, d.const(n, dt)))
+    return d.emit("broadcast_in_dim", valid, shape=upd_type.shape, dims=tuple(range(axis, axis + ids.type.rank)))
+
+
 def _scatter_vjp(d, op, ct):
     """x's cotangent passes; each update gets the cotangent at its id (none for dropped ids)."""
     from .create import clamped_ids
@@ -461,12 +469,8 @@ def _scatter_vjp(d, op, ct):
     x, ids, upd = op.operands
     axis = op.attrs["axis"]
     n = x.type.shape[axis]
-    dt = ids.type.dtype
     got = d.emit("take", ct, clamped_ids(d, ids, n), axis=axis)
-    valid = d.emit("logical_and", d.emit("ge", ids, d.const(0, dt)), d.emit("lt", ids, d.const(n, dt)))
-    valid = d.emit("broadcast_in_dim", valid, shape=got.type.shape,
-                   dims=tuple(range(axis, axis + ids.type.rank)))
-    return ct, None, d.select(valid, got, d.zeros(got.type))
+    return ct, None, d.select(_kept_updates(d, ids, n, got.type, axis), got, d.zeros(got.type))
 
 
 set_vjp("take_along_axis", _taa_vjp)
@@ -484,15 +488,14 @@ def _scatter_extreme_vjp(d, op, ct):
     x, ids, upd = op.operands
     out = op.results[0]
     axis = op.attrs["axis"]
-    n, dt = x.type.shape[axis], ids.type.dtype
+    n = x.type.shape[axis]
     safe = clamped_ids(d, ids, n)
-    valid = d.emit("logical_and", d.emit("ge", ids, d.const(0, dt)), d.emit("lt", ids, d.const(n, dt)))
-    valid = d.emit("broadcast_in_dim", valid, shape=upd.type.shape, dims=tuple(range(axis, axis + ids.type.rank)))
     one, zero_u = d.full(1.0, upd.type), d.zeros(upd.type)
-    u_hit = d.select(d.emit("logical_and", valid, d.emit("eq", upd, d.emit("take", out, safe, axis=axis))),
-                     one, zero_u)
-    # x holds the result where it equals it, or where no update lands (a NaN of x stays x's)
-    lands = d.emit("scatter_add", d.zeros(x.type), ids, d.select(valid, one, zero_u), axis=axis)
+    won = d.emit("eq", upd, d.emit("take", out, safe, axis=axis))
+    u_hit = d.select(d.emit("logical_and", _kept_updates(d, ids, n, upd.type, axis), won), one, zero_u)
+    # x holds the result where it equals it, or where no update lands (a NaN of x stays x's);
+    # scatter_add drops the updates at ids out of range itself
+    lands = d.emit("scatter_add", d.zeros(x.type), ids, one, axis=axis)
     x_held = d.emit("logical_or", d.emit("eq", x, out), d.emit("eq", lands, d.zeros(x.type)))
     x_hit = d.select(x_held, d.full(1.0, x.type), d.zeros(x.type))
     count = d.emit("add", x_hit, d.emit("scatter_add", d.zeros(x.type), ids, u_hit, axis=axis))
