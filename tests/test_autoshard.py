@@ -108,6 +108,37 @@ def test_training_step_no_worse_than_the_hand_annotations():
     assert abs(modelled - mine["modelled_time_us"]) <= 0.05 * mine["modelled_time_us"], modelled
 
 
+_MLP_STEP = """mesh [data=4]
+const B = 64
+func loss(w1: f32[64, 256], w2: f32[256, 64], x: f32[B, 64], y: f32[B, 64]) -> f32[] {
+  return mean((gelu(x @ w1) @ w2 - y) ** 2)
+}
+func main(w1: f32[64, 256], w2: f32[256, 64], x: f32[B, 64], y: f32[B, 64]) -> (f32[], f32[64, 256], f32[256, 64]) {
+  l, g1, g2 = value_and_grad(loss, w1, w2, x, y, argnums=[0, 1])
+  return l, w1 - 0.1 * g1, w2 - 0.1 * g2
+}
+"""
+
+
+@pytest.mark.parametrize("batch", [4096, 4098])
+def test_a_batch_that_does_not_divide_is_split_as_one_that_does(batch):
+    """Data parallelism is the optimum of this step at B=4096 over 4 devices, and at B=4098 as well
+    (one shard padded by 2 rows): the search weighs uneven splits, so it finds it there too (it
+    kept the batch whole: 104.9 us against 74.2). Among plans of one modelled time, the one with
+    the least memory is chosen (x split too, not only y)."""
+    dp = _MLP_STEP.replace("x: f32[B, 64], y: f32[B, 64]) -> (",
+                           "x: f32[B, 64] {data, _}, y: f32[B, 64] {data, _}) -> (")
+    r = autoshard(_MLP_STEP, filename="step.spmd", consts={"B": batch})
+    mine = r.chosen.totals()
+    theirs = Plan("dp", "", spmdlang.compile(dp, filename="dp.spmd", consts={"B": batch})).totals()
+    assert mine["modelled_time_us"] <= theirs["modelled_time_us"] * 1.001, (mine, theirs)
+    assert r.chosen.params["y"] == "{data, _}", r.chosen.params
+    if batch == 4096:
+        assert r.chosen.params["x"] == "{data, _}", r.chosen.params
+        assert mine["peak_bytes_per_device"] == theirs["peak_bytes_per_device"]
+    assert recompiled(r).diff(backends=("sim",))["ok"]
+
+
 @pytest.mark.parametrize("name", ["pipeline_microbatch.spmd", "decode_kv_cache.spmd"])
 def test_loop_programs(name):
     r = searched(name)
@@ -392,7 +423,11 @@ def test_cli_errors(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [
-    "mlp.spmd", "transformer_block.spmd", "train_transformer.spmd",
+    "mlp.spmd", "transformer_block.spmd",
+    pytest.param("train_transformer.spmd", marks=pytest.mark.xfail(strict=True, reason=(
+        "the search's optimum is ZeRO-like (weights replicated, Adam states split over both axes): 5 "
+        "collectives, 245,764 B, modelled 33.2 us against 43.5 us as written, one collective more than "
+        "XLA's 4 (344,068 B) on the hand annotations"))),
     pytest.param("train_mlp.spmd", marks=pytest.mark.xfail(strict=True, reason=(
         "the search's optimum is pure data parallelism: 1 all-reduce, 131,076 B, modelled 6.9 us against the "
         "Megatron hand plan's 9.5 us, but more bytes than XLA's 57,348 on the hand annotations"))),
@@ -405,7 +440,9 @@ def test_measured_collectives_no_more_than_xla_with_the_hand_annotations(name):
     def measured(c, backend):
         r = c.runner(backend)
         inputs = c.random_inputs(0)
-        hlo = collectives(compiled_text(r.fn, *r.module.place([inputs[p.name] for p in c.program.params], r.mesh)))
+        m = r.module  # struct parameters go in as nested dicts
+        leaves = m._nest([inputs[p.name] for p in c.program.params], m.GLOBAL_SHAPES)
+        hlo = collectives(compiled_text(r.fn, *m.place(leaves, r.mesh)))
         return len(hlo), sum(x["bytes_per_device"] for x in hlo)
 
     ours = measured(searched(name).compiled, "jax")

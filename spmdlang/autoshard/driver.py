@@ -265,7 +265,8 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
 
 
 def _choose(candidates: list[Plan], budget: int | None, compiles, where) -> Plan:
-    """The fastest plan in the model that fits the budget (ties: the earlier candidate)."""
+    """The fastest plan in the model that fits the budget (ties: the least peak memory, then the
+    earlier candidate)."""
     fits = [p for p in candidates if budget is None or p.totals()["peak_bytes_per_device"] <= budget]
     if not fits:
         least = min(candidates, key=lambda p: p.totals()["peak_bytes_per_device"])
@@ -273,8 +274,11 @@ def _choose(candidates: list[Plan], budget: int | None, compiles, where) -> Plan
                         f"needs {least.totals()['peak_bytes_per_device']:,}", where,
                         note=f"the search compiled {compiles.count} candidate programs; the layouts it weighs "
                         "bound the parameters' bytes, the budget the compiled peak (activations too)")
+    # as fast as the fastest (to rounding): the least peak memory, then the earlier candidate
     rank = {id(p): i for i, p in enumerate(candidates)}
-    return min(fits, key=lambda p: (p.totals()["modelled_time_us"], rank[id(p)]))
+    best = min(p.totals()["modelled_time_us"] for p in fits)
+    ties = [p for p in fits if p.totals()["modelled_time_us"] <= best + 1e-9]
+    return min(ties, key=lambda p: (p.totals()["peak_bytes_per_device"], rank[id(p)]))
 
 
 def _other_limits(plan, planned, budget: int, prob, compiles, solve, plan_of):

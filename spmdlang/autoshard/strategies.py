@@ -1,12 +1,18 @@
 """A unit's strategies: the layouts a parameter can take, and the ways the partitioner could run
 an op (partition.strategies: its factor-split validity check and its local-work formula, shared).
 
-  parameter   every layout of it (each mesh axis on at most one dim, dims split evenly); an
-              annotated parameter has exactly its annotation
+  parameter   every layout of it (each mesh axis on at most one dim, each dim split evenly or
+              nearly so, see `splits`); an annotated parameter has exactly its annotation
   op          every assignment of mesh axes to the factors of its FactorRule that the partitioner
               could run (pass factors, and reduction factors of ops with a reduce kind: the
-              result is then `partial`), each factor split evenly; a shard() constraint keeps only
+              result is then `partial`), each factor split evenly or nearly so (`splits`), and
+              evenly where a reshape merges it with others; a shard() constraint keeps only
               those that agree with its spec
+
+A dim that does not divide by its shards is split all the same (the last shard padded, as the
+partitioner runs it): a batch of 4,098 over 4 devices is data parallel as 4,096 is, where
+splitting only even dims would leave it replicated. The local work of each candidate counts the
+padded shard, so a split that wastes much loses to one that does not.
 """
 
 from __future__ import annotations
@@ -35,9 +41,18 @@ class View:
 
 
 
-def _axis_assignments(nfactors: int, ok, axes: list[str], mesh: Mesh, sizes):
+def splits(n: int, k: int) -> bool:
+    """Whether a dim of n elements may be split into k shards: evenly, or with at most an eighth
+    of n in padding (the last shard's; then every shard holds some of it). Splits that waste more
+    (3 over 2) would rarely win and make the search larger."""
+    return n % k == 0 or 8 * (k * -(-n // k) - n) <= n
+
+
+def _axis_assignments(nfactors: int, ok, axes: list[str], mesh: Mesh, sizes, merged=frozenset()):
     """Every map factor -> axes (mesh order) with each axis on at most one allowed factor and
-    every factor split evenly."""
+    every factor split evenly or nearly so (`splits`), evenly for the `merged`
+    factors (those a reshape merges with others into one dim: an uneven block of one is no block
+    of the merged dim)."""
     out = []
     for combo in itertools.product(range(-1, nfactors), repeat=len(axes)):
         fa: dict[int, tuple[str, ...]] = {}
@@ -51,9 +66,15 @@ def _axis_assignments(nfactors: int, ok, axes: list[str], mesh: Mesh, sizes):
             fa[f] = fa.get(f, ()) + (a,)
         if not good:
             continue
-        if all(sizes[f] % mesh.group_size(ax) == 0 for f, ax in fa.items()):
+        if all(sizes[f] % mesh.group_size(ax) == 0 if f in merged else splits(sizes[f], mesh.group_size(ax))
+               for f, ax in fa.items()):
             out.append(fa)
     return out
+
+
+def _merged(rule: FactorRule) -> frozenset[int]:
+    """The factors some tensor's dim holds with others (a reshape's merged or split dims)."""
+    return frozenset(f for t in rule.tensors for fs in t if len(fs) > 1 for f in fs)
 
 
 def op_view(op, rule: FactorRule, fa, mesh: Mesh) -> View:
@@ -78,7 +99,7 @@ def op_views(op, rule: FactorRule, mesh: Mesh) -> list[View]:
     if opdef.constraint:
         spec: Sharding = op.attrs["sharding"]
         cands = []
-        for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes):
+        for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes, _merged(rule)):
             if not valid(rule, fa, mesh):
                 continue
             dims = unproject(rule.results[0], fa, rule.sizes, mesh)
@@ -91,7 +112,7 @@ def op_views(op, rule: FactorRule, mesh: Mesh) -> list[View]:
             cands.insert(0, View((fixed,), (fixed,), work))
         return cands[:MAX_STRATEGIES]
     views, seen = [], {}
-    for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes):
+    for fa in _axis_assignments(len(rule.sizes), ok, axes, mesh, rule.sizes, _merged(rule)):
         if not valid(rule, fa, mesh):
             continue
         v = op_view(op, rule, fa, mesh)
@@ -121,7 +142,7 @@ def param_views(p, mesh: Mesh) -> list[View]:
         for a, d in zip(axes, combo):
             if d >= 0:
                 dims[d] = dims[d] + (a,)
-        if all(n % mesh.group_size(ax) == 0 for n, ax in zip(t.shape, dims)):
+        if all(splits(n, mesh.group_size(ax)) for n, ax in zip(t.shape, dims) if ax):
             out.append(View((), (Sharding(tuple(dims)),), 0.0))
     return out
 
