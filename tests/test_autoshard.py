@@ -198,6 +198,20 @@ def test_every_budget_a_found_plan_fits_finds_a_plan():
         assert r.chosen.totals()["peak_bytes_per_device"] <= budget, budget
 
 
+def test_a_budget_finds_faster_plans_than_the_tightened_limit_gave():
+    """The same stripped step: 400,000 bytes finds a 4.4 us plan of 245,764 bytes, but 250,000 and
+    300,000 chose a 28.7 us plan of 94,212 (the limit tightened by the first plan's overshoot, or the
+    parameters split as finely as they can be, stepped past it). The parameters' limits between
+    one that fits and one that does not are now tried too."""
+    path = ROOT / "programs" / "train_mlp.spmd"
+    text = strip_annotations(path.read_text(), filename=str(path))
+    loose = autoshard(text, filename=str(path), memory_per_device=400_000).chosen.totals()
+    for budget in (250_000, 300_000):
+        got = autoshard(text, filename=str(path), memory_per_device=budget).chosen.totals()
+        assert got["peak_bytes_per_device"] <= budget, (budget, got)
+        assert got["modelled_time_us"] < 2 * loose["modelled_time_us"], (budget, got, loose)
+
+
 # ---------------------------------------------------------------------------------- the search
 
 
