@@ -160,7 +160,7 @@ def test_reproduction_shows_xla_is_wrong(case):
 
 
 def test_conv_padding_times_inf_reproduction_shows_both_forms():
-    (code,) = [s for s in _doc_snippets() if "conv_general_dilated" in s]
+    (code,) = [s for s in _doc_snippets() if "2-D, 1 channel:" in s]
     out = _run_snippet(code)
     assert "2-D, 1 channel: [inf inf  1.]" in out, f"XLA now multiplies the padding? update the page\n{out}"
     assert "1-D, 3 channels: [inf inf nan]" in out, out
@@ -180,3 +180,11 @@ def test_gather_gradient_with_unevenly_split_ids_reproduction_is_still_wrong():
     (code,) = [s for s in _doc_snippets() if "max error of the partitioned gradient" in s]
     err = float(re.search(r"max error of the partitioned gradient: ([\d.]+)", _run_snippet(code)).group(1))
     assert err > 1.0, f"XLA now gets it right ({err})? update docs/known_xla_issues.md #15"
+
+
+def test_transposed_conv_kernel_gradient_split_over_its_taps_reproduction_is_still_wrong():
+    """docs/known_xla_issues.md #16: XLA's partitioned kernel gradient of an lhs-dilated conv."""
+    (code,) = [s for s in _doc_snippets() if "max error of the partitioned kernel gradient" in s]
+    out = _run_snippet(code)
+    err = float(re.search(r"max error of the partitioned kernel gradient: ([\d.]+)", out).group(1))
+    assert err > 1.0, f"XLA now gets it right ({err})? update docs/known_xla_issues.md #16"

@@ -743,6 +743,13 @@ func main(a: f32[6, 3] {x, _}) -> (f32[0, 3], f32[0, 3], f32[6, 3]) {
 }
 """
     run_sharded(src, {"a": a}, (np.zeros((0, 3), f32), np.zeros((0, 3), f32), a * 2))
+    # a scan along an empty split dim: its per-shard totals were a slice of no rows
+    src = """mesh [x=2]
+func main(a: f32[0, 3] {x, _}) -> (f32[0, 3], f32[0, 3]) {
+  return cumsum(a, 0), cumprod(a, 0, reverse=true) + cummax(a, 0)
+}
+"""
+    run_sharded(src, {"a": np.zeros((0, 3), f32)}, (np.zeros((0, 3), f32), np.zeros((0, 3), f32)))
 
 
 def test_a_pass_that_raised_raises_again(monkeypatch):

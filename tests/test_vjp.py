@@ -206,7 +206,9 @@ def _pool(rng):
         xs = (int(rng.integers(1, 3)), *_dims(rng, nsp, 6), int(rng.integers(1, 3)))
         window = _dims(rng, nsp, 3)
         strides = _dims(rng, nsp, 3)
-        padding = tuple((int(rng.integers(0, w)), int(rng.integers(0, w))) for w in window)
+        # (a padding of the window's size or more: windows wholly in it, whose sum pool's
+        # transposition has negative padding)
+        padding = tuple((int(rng.integers(0, w + 2)), int(rng.integers(0, w + 2))) for w in window)
         if all(xs[1 + i] + sum(padding[i]) >= window[i] for i in range(nsp)):
             grid = rng.random() < 0.4
             kind = str(rng.choice(["max", "sum"]))
@@ -225,7 +227,9 @@ def _select_and_scatter_add(rng):
             break
     if grid:
         x = np.where(rng.random(x.shape) < 0.15, -np.inf, x)
-        x = np.where(rng.random(x.shape) < 0.1, np.nan, x)
+        # (no NaN: jax's rule, select_and_gather_add, reduces a window in XLA's order rather than
+        # first to last, so which element of a window with a NaN it reads is XLA's choice; ours
+        # reads the one the forward pass selected)
     del attrs["reduce"]
     out = [(n + lo + hi - w) // s + 1 for n, w, s, (lo, hi) in
            zip(x.shape[1:-1], attrs["window"], attrs["strides"], attrs["padding"])]
@@ -439,7 +443,7 @@ LAX = {"pool": _lax_pool, "select_and_scatter_add": _lax_select_and_scatter_add,
        "cumprod": _lax_scan("cumprod"), "cummax": _lax_scan("cummax"), "sort": _lax_sort, "top_k": _lax_top_k}
 # ties where our convention is not the jax.lax primitive's (see the module doc): cummax's are checked
 # against its own convention (in numpy)
-LAX_TIES_DIFFER = {"cummax"}
+LAX_TIES_DIFFER = {"cummax", "select_and_scatter_add"}
 
 
 def _cummax_shares(arrays, attrs, cts):
@@ -459,7 +463,29 @@ def _cummax_shares(arrays, attrs, cts):
     return [np.moveaxis(g, -1, axis)]
 
 
-OWN_TIES = {"cummax": _cummax_shares}
+def _first_maximum_reads(arrays, attrs, cts):
+    """select_and_scatter_add's source cotangent where a window has ties (or is all -inf): each
+    window reads the cotangent at the element the forward pass sent its source to, the first
+    maximum in row-major order (a scan from (-inf, 0) with `ge`, as the forward selects; padding
+    reads 0). jax's rule, select_and_gather_add, reduces the window in XLA's order, so which of
+    tied elements it reads is XLA's choice."""
+    (src, x), (ct,) = arrays, cts
+    window, strides, padding = attrs["window"], attrs["strides"], attrs["padding"]
+    pad = [(0, 0)] + [tuple(p) for p in padding] + [(0, 0)]
+    xp, cp = np.pad(x, pad, constant_values=-np.inf), np.pad(ct, pad)
+    g = np.zeros(src.shape)
+    for m in np.ndindex(*src.shape[1:-1]):
+        best = np.full((src.shape[0], src.shape[-1]), -np.inf)
+        val = np.zeros_like(best)
+        for o in np.ndindex(*window):
+            at = (slice(None),) + tuple(mi * s + oi for mi, s, oi in zip(m, strides, o)) + (slice(None),)
+            move = ~(best >= xp[at])
+            best, val = np.where(move, xp[at], best), np.where(move, cp[at], val)
+        g[(slice(None),) + m + (slice(None),)] = val
+    return [g, np.zeros(x.shape)]
+
+
+OWN_TIES = {"cummax": _cummax_shares, "select_and_scatter_add": _first_maximum_reads}
 
 
 # ---------------------------------------------------------------------------------- the check

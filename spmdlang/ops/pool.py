@@ -228,7 +228,8 @@ def _pool_vjp(d, op, ct):
     transposed = _sum_pool_transpose(d, op, ct)
     if transposed is not None:
         return (transposed,)
-    check(all(m == 1 for m in _lhs(op.attrs)), "pool: no gradient for this lhs-dilated pool")
+    if any(m > 1 for m in _lhs(op.attrs)):
+        return (_sum_pool_transpose(d, op, ct, crop=True),)
     return (_sum_pool_conv_transpose(d, op, ct),)
 
 
@@ -269,25 +270,35 @@ def _sum_pool_conv_transpose(d, op, ct):
     return cx
 
 
-def _sum_pool_transpose(d, op, ct):
+def _sum_pool_transpose(d, op, ct, crop: bool = False):
     """A sum pool's gradient as a sum pool of the cotangent: out[m] = sum_o P[m*s + o] (P the input
     dilated by l and padded by lo, hi) gives dx[j] = sum over m*s + o = lo + j*l of ct[m], which is
-    the pool of ct dilated by s, padded by (w - 1 - lo, hi'), window w, stride l. None where that
-    padding would be negative (a window reaching more than its size into the padding)."""
+    the pool of ct dilated by s, padded by (w - 1 - lo, hi'), window w, stride l. Where a window
+    reaches more than its size into the padding, that padding is negative: None, or with `crop`
+    the pool padded less (the front to a multiple of l short of the cut) and its outputs sliced."""
     (x,) = op.operands
     window, strides, padding = op.attrs["window"], op.attrs["strides"], op.attrs["padding"]
     lhs = _lhs(op.attrs)
     m_out, n_in = op.result.type.shape[1:-1], x.type.shape[1:-1]
-    pads = []
+    pads, starts = [], []
     for w, s, lo, m, n, l in zip(window, strides, (p[0] for p in padding), m_out, n_in, lhs):
         lo_t, hi_t = w - 1 - lo, (n - 1) * l + lo - (m - 1) * s
-        if lo_t < 0 or hi_t < 0:
+        if (lo_t < 0 or hi_t < 0) and not crop:
             return None
-        pads.append((lo_t, hi_t))
+        # dx[j] is the window at (j + q) * l of the cotangent dilated by s and padded by front (>= 0)
+        front = lo_t if lo_t >= 0 else lo_t % l
+        q = 0 if lo_t >= 0 else (front - lo_t) // l
+        pads.append((front, max(0, (q + n - 1) * l + w - front - ((m - 1) * s + 1))))
+        starts.append(q)
     attrs = dict(reduce="sum", window=tuple(window), strides=tuple(lhs), padding=tuple(pads))
     if any(s > 1 for s in strides):
         attrs["lhs_dilation"] = tuple(strides)
     dx = d.emit("pool", ct, **attrs)
+    if dx.type.shape != x.type.shape:
+        rank = x.type.rank
+        dx = d.emit("slice", dx, starts=(0,) + tuple(starts) + (0,),
+                    stops=(x.type.shape[0],) + tuple(q + n for q, n in zip(starts, n_in)) + (x.type.shape[-1],),
+                    steps=(1,) * rank)
     assert dx.type.shape == x.type.shape, (dx.type, x.type)
     return dx
 
@@ -516,14 +527,17 @@ class _SasPhase:
 def _sas_vjp(d, op, ct):
     """Linear in the source: its cotangent is ct read back at each window's selected element (XLA's
     select_and_gather_add), the same scan over the window's taps; none to the operand (the
-    selection is piecewise constant in it)."""
+    selection is piecewise constant in it). As jax's rule, the scan starts from (-inf, 0): a window
+    whose elements are all -inf reads 0 (the forward pass sent its source to the first of them)."""
     src, x = op.operands
     window, strides, padding = op.attrs["window"], op.attrs["strides"], op.attrs["padding"]
     out = src.type.shape[1:-1]
     lo, hi = (0,) + tuple(p[0] for p in padding) + (0,), (0,) + tuple(p[1] for p in padding) + (0,)
     xp = d.emit("pad", x, lo=lo, hi=hi, value=-np.inf)
     gp = d.emit("pad", ct, lo=lo, hi=hi, value=0.0)
-    best = val = None
+    shape = src.type.shape
+    best = d.emit("full", dtype=x.type.dtype, shape=shape, value=-np.inf)
+    val = d.emit("full", dtype=ct.type.dtype, shape=shape, value=0.0)
     for offs, _ in _sas_taps(None, window, strides, out):
         starts = (0,) + tuple(offs) + (0,)
         stops = ((xp.type.shape[0],) + tuple(o + (m - 1) * s + 1 for o, m, s in zip(offs, out, strides))
@@ -531,9 +545,6 @@ def _sas_vjp(d, op, ct):
         steps = (1,) + tuple(strides) + (1,)
         e = d.emit("slice", xp, starts=starts, stops=stops, steps=steps)
         g = d.emit("slice", gp, starts=starts, stops=stops, steps=steps)
-        if best is None:
-            best, val = e, g
-            continue
         move = d.emit("logical_not", d.emit("ge", best, e))
         best, val = d.emit("select", move, e, best), d.emit("select", move, g, val)
     return (val, None)

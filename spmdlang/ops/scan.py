@@ -80,7 +80,7 @@ def _partition(name):
         dims = tuple(c if c else (o if not (set(o) & used) else ()) for c, o in zip(cur.dims, out.dims))
         local = ctx.reshard(0, Sharding(dims))
         axes = dims[axis]
-        if not axes:
+        if not axes or local.type.shape[axis] == 0:  # an empty scan dim: nothing to carry over
             ctx.set_result(ctx.emit(name, local, axis=axis, reverse=reverse), Sharding(dims))
             return
         _, _, reducer, kind = _SCANS[name]
