@@ -62,16 +62,21 @@ def _table_class():
             Table._calculate_column_widths, _extra_width, _get_padding_width.)"""
             room = options.max_width - self._extra_width  # the edges and the separators
             box = self.box
-            if box and self.show_edge and not "".join(getattr(box, f"{k}_right") for k in (
-                    "top", "head", "head_row", "mid", "row", "foot_row", "foot", "bottom")).strip():
-                room += 1  # a blank right edge may fall off the line: nothing is lost
+            if box and self.show_edge and any(not col.no_wrap for col in self.columns) and not "".join(
+                    getattr(box, f"{k}_right") for k in (
+                        "top", "head", "head_row", "mid", "row", "foot_row", "foot", "bottom")).strip():
+                # a blank right edge may fall off the line, and a wrapping column gives up the one
+                # character rich then takes; with none, rich cuts a cell to fit (autoshard's plans
+                # table: "11,286,0…")
+                room += 1
             widths = self._calculate_column_widths(console, options.update_width(room))
             if sum(widths) > room:
                 return True
             for i, (col, w) in enumerate(zip(self.columns, widths)):
                 need = col.min_width or 1  # a wrapping column: rich drops one of width 0
-                if col.no_wrap:
-                    need = max((Measurement.get(console, options, c).maximum for c in col.cells), default=0)
+                if col.no_wrap:  # its longest cell, the header too
+                    need = max((Measurement.get(console, options, c).maximum for c in (col.header, *col.cells)),
+                               default=0)
                 if w - self._get_padding_width(i) < need:
                     return True
             return False

@@ -166,3 +166,23 @@ def test_no_autoshard_or_diff_or_bench_cell_is_cut():
                             (lambda con: render_bench(con, BENCH), ["786,432", "fastest call", "0.05 s"])):
             text = _render(width, draw)
             assert not _lost(text, cells), (width, _lost(text, cells))
+
+
+def test_a_table_of_whole_tokens_one_column_too_wide_wraps_rather_than_cuts():
+    """A table with no wrapping column (autoshard's plans) exactly one character wider than the
+    width: its blank right edge was taken to fall off the line, but rich lays out the columns
+    without it and cut a number ("11,286,0…"); now the columns wrap and every number prints."""
+    from spmdlang.explain import table
+
+    rows = [("autoshard (chosen)", "6", "2,625,543", "11,286,020", "yes", "581.0"),
+            ("as written", "0", "0", "67,147,776", "NO: over budget", "3949.9")]
+
+    def draw(con):
+        t = table("plan", "colls", "bytes", "peak mem", "fits budget", "time us")
+        for r in rows:
+            t.add_row(*r)
+        con.print(t)
+
+    text = _render(80, draw)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    assert not _lost(text, [x for r in rows for x in r[1:]] + ["time us"]), text

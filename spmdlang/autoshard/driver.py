@@ -53,13 +53,15 @@ class Plan:
         from ..partition.cost import collective_cost, compute_time_us, flops, peak_bytes, step_time_us
 
         mesh = self.compiled.mesh
-        cols = [(x.kind, mesh.group_size(x.axes), x.bytes_per_device, x.axes) for x in self.collectives]
+        # a collective in a loop body runs once per iteration: counted so, as explain's totals
+        cols = [(x.kind, mesh.group_size(x.axes), x.bytes_per_device, x.trip_count) for x in self.collectives]
         fl = flops(self.compiled.spmd.program)
-        return {"collectives": len(cols), "bytes_per_device": int(round(sum(x[2] for x in cols))),
+        return {"collectives": sum(n for *_, n in cols),
+                "bytes_per_device": int(round(sum(b * n for _, _, b, n in cols))),
                 "flops_per_device": fl, "peak_bytes_per_device": peak_bytes(self.compiled.spmd.program),
                 "modelled_time_us": round(step_time_us(self.collectives, mesh, fl), 3),
                 "compute_time_us": round(compute_time_us(fl), 3),
-                "planner_cost": round(sum(collective_cost(k, g, b) for k, g, b, _ in cols), 1)}
+                "planner_cost": round(sum(collective_cost(k, g, b) * n for k, g, b, n in cols), 1)}
 
 
 @dataclass

@@ -80,7 +80,7 @@ def temp_peak(ops, outside, outputs, carries=None) -> int:
     parameters: live throughout, counted by the caller) and `outputs` (counted whole by the
     caller; temporaries that die before an output is written may share its buffer). `carries`:
     a loop body's (parameter, next value) pairs; None for a program."""
-    walk = _Walk(ops, set(outside), set(outputs))
+    walk = _Walk(ops, set(outside), outputs)
     walk.share_buffers()
     temps = [x for x in walk.start if x not in walk.out_roots]
     if carries is None:  # a loop body's outputs are its carries: busy for the whole iteration
@@ -109,13 +109,14 @@ class _Walk:
     buffer's last read (`last`), and after share_buffers, the buffers' memory: `root` (the value
     whose memory a value uses) and each root's `start` and `end` positions."""
 
-    def __init__(self, ops, outside: set, outputs: set):
-        self.ops, self.outside, self.outputs = ops, outside, outputs
+    def __init__(self, ops, outside: set, outputs):
+        # (outputs in their order: the output buffers are offered to temporaries in it)
+        self.ops, self.outside, self.output_order, self.outputs = ops, outside, list(outputs), set(outputs)
         users: dict = {}
         for op in ops:
             for v in op.operands:
                 users.setdefault(v, []).append(op)
-        self.dead = {op: {k for k, r in enumerate(op.results) if _dead_carry(op, k, r in outputs or r in users)}
+        self.dead = {op: {k for k, r in enumerate(op.results) if _dead_carry(op, k, r in self.outputs or r in users)}
                      for op in ops if op.kind == LOOP}
         readers: dict = {}
         for op in ops:
@@ -125,7 +126,7 @@ class _Walk:
         self.buffers = set()
         for op in ops:
             for r in op.results:
-                if (r in outputs or not _fused_into_consumer(op)
+                if (r in self.outputs or not _fused_into_consumer(op)
                         or any(not _fuses_operands(u) for u in readers.get(r, ()))):
                     self.buffers.add(r)
                     self.made_of[r] = (r,)
@@ -176,13 +177,13 @@ class _Walk:
                     self.end[into] = max(self.end[into], self.last.get(r, i))
                 taken.add(into)
                 self.root[r] = into
-        self.out_roots = {self.root[v] for v in self.outputs if v in self.root}
+        self.out_roots = dict.fromkeys(self.root[v] for v in self.output_order if v in self.root)
 
 
 def _outside_outputs(temps, slots, start, end):
     """The temporaries that do not fit in an output's buffer before the output is written (largest
     first, each output buffer holding one temporary at a time)."""
-    slots = [(size, t0, []) for size, t0 in sorted(slots, key=lambda s: s[0]) if t0 > 0]
+    slots = [(size, t0, []) for size, t0 in sorted(slots, key=lambda s: (s[0], s[1])) if t0 > 0]
     rest = []
     for x in sorted(temps, key=lambda t: -t.type.nbytes):
         for size, t0, taken in slots:
