@@ -214,39 +214,16 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
     if method == "auto":
         method = "ilp" if S.have_solver() and prob.size <= S.MAX_ILP_VARIABLES else "greedy"
     solve = S.solve_ilp if method == "ilp" else S.solve_greedy
-    limit = None if budget is None else float(budget)
     plans: list[Plan] = []
     compiles = _Compiles(sum(1 for _ in walk(base.canonical.ops)), filename, entry)
     if mesh is None and consts is None:
         compiles.seen[text] = base
-    best = timed(solve, prob, limit)
-    # the budget binds the compiled peak, which holds activations too: tighten the parameters'
-    # share by what the plan went over, and solve again (keeping the last plan if none is found)
-    plan = planned = None
-    tries = 0
-    while best is not None:
-        nxt = _plan(text, module, func, base, prob, best, mesh, consts, entry, filename, "autoshard", compiles,
-                    force=plan is None)
-        if nxt is None:  # over the compile budget: the last plan stands
-            break
-        plan, planned = nxt, best
-        if budget is None or plan.totals()["peak_bytes_per_device"] <= budget or not compiles.left or tries == 4:
-            break
-        tries += 1
-        over = plan.totals()["peak_bytes_per_device"] - budget
-        limit = prob.param_bytes(best.choice) - over
-        best = timed(solve, prob, limit) if limit > 0 else None
-    if plan is not None and budget is not None and compiles.left:
-        def plan_of(sol):
-            return _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, "autoshard", compiles)
 
-        def solve_at(lim):
-            return timed(solve, prob, lim)
+    def plan_of(sol, force: bool = False):
+        return _plan(text, module, func, base, prob, sol, mesh, consts, entry, filename, "autoshard", compiles,
+                     force=force)
 
-        plan, planned = _other_limits(plan, planned, budget, prob, compiles, solve_at, plan_of)
-        if tries and plan.totals()["peak_bytes_per_device"] <= budget:  # the budget's own limit went over
-            plan, planned = _between_limits(plan, planned, budget, _floor(prob), float(budget), compiles, solve_at,
-                                            plan_of)
+    plan, planned, limit = _fit(budget, prob, compiles, lambda lim: timed(solve, prob, lim), plan_of)
     if plan is not None:
         plans.append(plan)
         solutions = [planned]
@@ -271,6 +248,34 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
                "variables": prob.size, "candidate_compiles": compiles.count}
     solver = planned.solver if planned is not None else method  # the ILP's time limit hands over to greedy
     return Autoshard(chosen.source, chosen, written, others, solver, solve_s, problem, budget, clock[1])
+
+
+def _fit(budget: int | None, prob, compiles, solve, plan_of):
+    """The search's plan, its solution and the parameters' limit it was solved under. Under a
+    budget (it binds the compiled peak, which holds activations too) the parameters' share is
+    tightened by what the plan went over, and solved again (keeping the last plan if none is
+    found); then the other limits (_other_limits, _between_limits)."""
+    limit = None if budget is None else float(budget)
+    best = solve(limit)
+    plan = planned = None
+    tries = 0
+    while best is not None:
+        nxt = plan_of(best, force=plan is None)
+        if nxt is None:  # over the compile budget: the last plan stands
+            break
+        plan, planned = nxt, best
+        if budget is None or plan.totals()["peak_bytes_per_device"] <= budget or not compiles.left or tries == 4:
+            break
+        tries += 1
+        over = plan.totals()["peak_bytes_per_device"] - budget
+        limit = prob.param_bytes(best.choice) - over
+        best = solve(limit) if limit > 0 else None
+    if plan is not None and budget is not None and compiles.left:
+        plan, planned = _other_limits(plan, planned, budget, prob, compiles, solve, plan_of)
+        if tries and plan.totals()["peak_bytes_per_device"] <= budget:  # the budget's own limit went over
+            plan, planned = _between_limits(plan, planned, budget, _floor(prob), float(budget), compiles, solve,
+                                            plan_of)
+    return plan, planned, limit
 
 
 def _choose(candidates: list[Plan], budget: int | None, compiles, where) -> Plan:
