@@ -1075,6 +1075,11 @@ def test_python_number_arguments_flatten_as_jax_traced_them():
     want = step(w, x, 0.5, 7)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     assert int(got[1]) == 8
+    # numpy's own f64 (np.ones without a dtype) goes in as jax takes it without x64: as f32 (run()
+    # refused it, at a line of the written program)
+    flat = imp.flatten(w.astype(np.float64), x.astype(np.float64), 0.5, 7)
+    assert {a.dtype for a in flat.values()} == {np.dtype(np.float32), np.dtype(np.int32)}
+    np.testing.assert_allclose(imp.unflatten(imp.compile().run(flat, backend="ref"))[0], want[0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("groups", [3, 6])
@@ -1099,3 +1104,31 @@ def test_grad_of_a_grouped_conv(groups):
     assert "groups=" in imp.source
     r = jax.lax.reshape(jnp.arange(24.0).reshape(2, 3, 4), (4, 6), dimensions=(2, 0, 1))
     check(lambda a: jax.lax.reshape(a * 2.0, (4, 6), dimensions=(2, 0, 1)) + r, jnp.ones((2, 3, 4)))
+
+
+def test_collectives_over_vmaps_axis_are_reductions_over_its_dim():
+    """vmap(f, axis_name="b") with lax.pmean / pmax / psum (of a pytree) over "b" in f traces to
+    psum[axes=(0,)]: a reduction over the batch dim (was "'psum' has no spmdlang equivalent")."""
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) - 5.0
+    check(lambda x: jax.vmap(lambda r: r - jax.lax.pmean(r, "b"), axis_name="b")(x), x)
+    check(lambda x: jax.vmap(lambda r: r / jax.lax.pmax(r, "b") + jax.lax.pmin(r, "b"), axis_name="b")(x), x,
+          in_specs=(P("data", None),), backends=("ref", "sim", "jax"))
+    check(lambda x: jax.vmap(lambda r: (lambda a, b: a * b)(*jax.lax.psum((r, 2.0 * r), "b")), axis_name="b")(x), x)
+
+
+def test_refusals_say_why_at_the_users_line():
+    """A draw of f64 under x64 was imported as normal(key, f64[...]) and failed at compile, at a line
+    of the written program; it is refused where it is drawn (64-bit bits). A product at arrays of
+    ids was refused as depending on the order (a product does not)."""
+    ids = np.array([0, 2, 0], np.int32)
+    with pytest.raises(SpmdError) as e:
+        spmdlang.from_jax(lambda u, ids: jax.ops.segment_prod(u, ids, num_segments=3), f32(3), ids)
+    assert e.value.span.file == __file__ and "'scatter-mul'" in e.value.message
+    assert "depends on the order" not in e.value.message and "add, take the maximum or the minimum" in e.value.message
+    code = ("import jax; jax.config.update('jax_enable_x64', True); import spmdlang\n"
+            "def draw(key):\n    return jax.random.normal(key, (3,))\n"
+            "try:\n    spmdlang.from_jax(draw, jax.random.PRNGKey(0))\n"
+            "except spmdlang.SpmdError as e:\n    print(e.span.line, e.message, e.note)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
+    assert out.startswith("3 ") and "'random_bits' of 64 bits" in out and "jnp.float32" in out, out

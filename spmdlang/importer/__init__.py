@@ -63,14 +63,17 @@ class Imported:
 
 def _raw(leaf) -> np.ndarray:
     """An argument leaf as the program takes it: a typed PRNG key as its raw u32 words; a Python
-    number in the dtype jax traced it as (a float is f32 without x64, where numpy would make f64)."""
+    number in the dtype jax traced it as (a float is f32 without x64, where numpy would make f64);
+    an array in the dtype jax would take it as (numpy's f64 and i64 as f32 and i32 without x64)."""
     import jax
 
     if is_key(getattr(leaf, "dtype", None)):
         return np.asarray(jax.random.key_data(leaf))
     if isinstance(leaf, (bool, int, float)):
         return np.asarray(jax.numpy.asarray(leaf))
-    return np.asarray(leaf)
+    a = np.asarray(leaf)
+    dt = jax.dtypes.canonicalize_dtype(a.dtype)
+    return a if dt == a.dtype else a.astype(dt)
 
 
 def _mesh_of(mesh, leaves) -> dict[str, int]:

@@ -183,9 +183,10 @@ class Translator:
     def ref(self, name: str, aval) -> Ref:
         return Ref(name, dtype_name(aval.dtype, self.where), aval_shape(aval))
 
-    def fail(self, message: str):
+    def fail(self, message: str, note: str | None = None):
         lib = self.library
-        note = f"in {lib.file_name}:{lib.start_line}, which this line calls" if lib is not None else None
+        if lib is not None:
+            note = f"in {lib.file_name}:{lib.start_line}, which this line calls" + (f"; {note}" if note else "")
         raise NoEquivalentError(message, self.where, note)
 
     def constant(self, value, aval_dtype, where=None, materialize: bool = False) -> Ref:
@@ -1049,6 +1050,27 @@ def _reduction(fn):
     return write
 
 
+def _positional_collective(fn):
+    """psum / pmax / pmin over vmap's axis (vmap(..., axis_name=) and a collective of that name,
+    as BatchNorm(axis_name=) under vmap): in the traced jaxpr its axes are positions, a plain
+    reduction over those dims of each operand. Over a mesh axis name it is shard_map's, which
+    from_jax refuses where it is called."""
+    def write(t: Translator, eqn, ins):
+        axes = list(eqn.params["axes"])
+        if eqn.params.get("axis_index_groups") is not None or not all(isinstance(a, int) for a in axes):
+            t.fail(f"jax primitive '{eqn.primitive.name}' over a named axis has no spmdlang equivalent")
+        outs = []
+        for k, x in enumerate(ins):
+            text = f"{fn}({t.value(x)}, axis={_ints(axes)})" if axes else t.value(x)
+            outs.append(t.put(eqn, text, k))
+        return outs if len(outs) > 1 else outs[0]
+
+    return write
+
+
+PRIMS["psum"] = _positional_collective("sum")
+PRIMS["pmax"] = _positional_collective("max")
+PRIMS["pmin"] = _positional_collective("min")
 PRIMS["reduce_sum"] = _reduction("sum")
 PRIMS["reduce_max"] = _reduction("max")
 PRIMS["reduce_min"] = _reduction("min")
@@ -1600,6 +1622,10 @@ def _scatter(t, eqn, ins):
             xi = Ref(t.emit(f"cast({t.value(x)}, i32)"), "i32", tuple(x.shape))  # (or / and: as 0 and 1)
             ui = Ref(t.emit(f"cast({t.value(upd)}, i32)"), "i32", tuple(upd.shape))
             return t.put(eqn, f"{t.emit(_point_scatter_add(t, eqn, xi, ids, ui, dn, kind))} != 0")
+        if "mul" in eqn.primitive.name:  # (x.at[ids].mul, jax.ops.segment_prod)
+            t.fail(f"jax primitive '{eqn.primitive.name}' at arrays of ids has no spmdlang equivalent: the "
+                   "language's scatters add, take the maximum or the minimum (a product at ids you know to be "
+                   "distinct imports: x.at[ids].mul(u, unique_indices=True))")
         t.fail(f"jax primitive '{eqn.primitive.name}' at arrays of ids has no spmdlang equivalent: with "
                "duplicate ids its result depends on the order they are applied in (one index per dim: "
                "x.at[i, :, j].set(u) with integer i, j; with arrays of ids, .at[...].add/.min/.max, .set "
@@ -1788,7 +1814,10 @@ def _scatter_add(t, eqn, ins):
 def _call(t, eqn, ins):
     p = eqn.params
     draw = _RANDOM_CALLS.get(p.get("name"))
-    if draw is not None and ins and ins[0].shape == (2,) and is_key(eqn.invars[0].aval.dtype):
+    # (an f64 draw, under x64, is drawn from 64-bit bits: its body is inlined, and refused there
+    # at the user's line)
+    if draw is not None and ins and ins[0].shape == (2,) and is_key(eqn.invars[0].aval.dtype) \
+            and str(t.out(eqn).dtype) in ("float32", "bfloat16", "float16"):
         expr = draw(t, eqn, ins)
         if expr is not None:
             return t.put(eqn, expr)
@@ -1894,7 +1923,9 @@ def _random_split(t, eqn, ins):
 def _random_bits(t, eqn, ins):
     _one_key(t, eqn, ins[0])
     if int(eqn.params["bit_width"]) != 32:
-        t.fail(f"jax primitive 'random_bits' of {eqn.params['bit_width']} bits has no spmdlang equivalent (32)")
+        t.fail(f"jax primitive 'random_bits' of {eqn.params['bit_width']} bits has no spmdlang equivalent (32)",
+               note="under x64, jax draws f64 and i64 values (the default dtypes) from 64-bit bits; "
+                    "ask for dtype=jnp.float32 or jnp.int32")
     out = t.put(eqn, f"random_bits({ins[0].text}, {type_text(t.out(eqn))})")
     t.origin[out.text] = ("bits", ins[0].text)
     return out
