@@ -117,7 +117,7 @@ def _piped(argv: list[str], width: int, tmp_path) -> str:
     assert r.returncode == 0, r.stderr
     assert "[bold]" not in r.stdout and "…" not in r.stdout
     # the solve time is the one figure that changes from run to run
-    return "\n".join(line.rstrip() for line in re.sub(r"solver (\w+)  [0-9.]+ s", r"solver \1  T s",
+    return "\n".join(line.rstrip() for line in re.sub(r"search [0-9.]+ s \((\w+)\)", r"search T s (\1)",
                                                      r.stdout).splitlines()) + "\n"
 
 

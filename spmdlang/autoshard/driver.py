@@ -418,7 +418,8 @@ def render_autoshard(console, report: dict) -> None:
 
     mesh = ", ".join(f"{a}={n}" for a, n in report["mesh"]["axes"].items())
     prob = report["problem"]
-    heading(console, f"autoshard  mesh [{mesh}]  solver {report['solver']}  {report['solve_s']:.2f} s  "
+    # (the search's time: weighing every reshard between strategies, then the solver)
+    heading(console, f"autoshard  mesh [{mesh}]  search {report['solve_s']:.2f} s ({report['solver']})  "
             f"({prob['groups']} groups of {prob['units']} values and ops, {prob['variables']:,} variables)")
     chosen = report["chosen"]
     t = table("parameter", "sharding", "from")
