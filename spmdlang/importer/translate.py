@@ -1817,7 +1817,7 @@ def _call(t, eqn, ins):
     # (an f64 draw, under x64, is drawn from 64-bit bits: its body is inlined, and refused there
     # at the user's line)
     if draw is not None and ins and ins[0].shape == (2,) and is_key(eqn.invars[0].aval.dtype) \
-            and str(t.out(eqn).dtype) in ("float32", "bfloat16", "float16"):
+            and dtype_name(t.out(eqn).dtype, t.where) != "f64":
         expr = draw(t, eqn, ins)
         if expr is not None:
             return t.put(eqn, expr)
