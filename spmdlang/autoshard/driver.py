@@ -326,10 +326,9 @@ def _other_limits(plan, planned, budget: int, prob, compiles, solve, plan_of):
 def _between_limits(plan, planned, budget: int, fits: float, over: float, compiles, solve, plan_of, steps: int = 4):
     """Under a budget, where the parameters' limit `over` gave a plan over the budget and `fits`
     (the parameters split as finely as they can be) one that fits: the limits between, halved
-    `steps` times. Tightening by the overshoot
-    can step past faster plans that fit (a stripped train_mlp step at 300,000 bytes: 28.7 us where
-    a 4.4 us plan of 245,764 bytes fits, found at 400,000). The fastest fitting plan, with its
-    solution."""
+    `steps` times. Tightening by the overshoot can step past faster plans that fit (a stripped
+    train_mlp step at 300,000 bytes: 28.7 us where a 4.4 us plan of 245,764 bytes fits, found at
+    400,000). The fastest fitting plan, with its solution."""
     for _ in range(steps):
         if not compiles.left or over - fits < 1024:
             break

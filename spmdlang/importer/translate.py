@@ -1038,14 +1038,16 @@ def _pad(t, eqn, ins):
 
 # ------------------------------------------------------------------------- reductions and scans
 
+def _reduced(t: Translator, x: Ref, fn: str, axes: list) -> str:
+    """`fn` (sum, max, min, prod) of x over `axes`, bools through i32."""
+    if x.dtype == "bool":
+        return f"{fn}(cast({t.value(x)}, i32), axis={_ints(axes)}) > 0"
+    return f"{fn}({t.value(x)}, axis={_ints(axes)})"
+
+
 def _reduction(fn):
     def write(t: Translator, eqn, ins):
-        axes = list(eqn.params["axes"])
-        x = ins[0]
-        if x.dtype == "bool":
-            inner = f"{fn}(cast({t.value(x)}, i32), axis={_ints(axes)})"
-            return t.put(eqn, f"{inner} > 0")
-        return t.put(eqn, f"{fn}({t.value(x)}, axis={_ints(axes)})")
+        return t.put(eqn, _reduced(t, ins[0], fn, list(eqn.params["axes"])))
 
     return write
 
@@ -1059,10 +1061,7 @@ def _positional_collective(fn):
         axes = list(eqn.params["axes"])
         if eqn.params.get("axis_index_groups") is not None or not all(isinstance(a, int) for a in axes):
             t.fail(f"jax primitive '{eqn.primitive.name}' over a named axis has no spmdlang equivalent")
-        outs = []
-        for k, x in enumerate(ins):
-            text = f"{fn}({t.value(x)}, axis={_ints(axes)})" if axes else t.value(x)
-            outs.append(t.put(eqn, text, k))
+        outs = [t.put(eqn, _reduced(t, x, fn, axes) if axes else t.value(x), k) for k, x in enumerate(ins)]
         return outs if len(outs) > 1 else outs[0]
 
     return write

@@ -295,10 +295,9 @@ def _sum_pool_transpose(d, op, ct, crop: bool = False):
         attrs["lhs_dilation"] = tuple(strides)
     dx = d.emit("pool", ct, **attrs)
     if dx.type.shape != x.type.shape:
-        rank = x.type.rank
         dx = d.emit("slice", dx, starts=(0,) + tuple(starts) + (0,),
                     stops=(x.type.shape[0],) + tuple(q + n for q, n in zip(starts, n_in)) + (x.type.shape[-1],),
-                    steps=(1,) * rank)
+                    steps=(1,) * x.type.rank)
     assert dx.type.shape == x.type.shape, (dx.type, x.type)
     return dx
 
