@@ -486,10 +486,34 @@ def _edge_cost(shape, isz: int, mesh: Mesh, src: Sharding, dst: Sharding, cache:
     extend its current ones, no pending sum) is a local slice and costs nothing."""
     if not src.partial and all(w[: len(h)] == h for h, w in zip(src.dims, dst.dims)):
         return 0.0
+    src, dst = _renamed(mesh, src, dst)
     key = (shape, isz, src, dst, latency_bytes)
     if key not in cache:
         cache[key] = _comm(plan_reshard(shape, isz, mesh, src, dst), latency_bytes)
     return cache[key]
+
+
+def _renamed(mesh: Mesh, src: Sharding, dst: Sharding) -> tuple[Sharding, Sharding]:
+    """`src` and `dst` with the mesh axes they use renamed, in order of first use, each to the first
+    mesh axis of its size not taken yet. A reshard's cost depends on the axes' sizes alone (never on
+    their names or the device order), so on [data=2, seq=2, model=2] the questions
+    {model, _} -> {_, seq} and {data, _} -> {_, model} are one: a search over three axes asks
+    2.5 times fewer (a 7-op attention's 5,559 questions are 2,185)."""
+    sizes = dict(mesh.axes)
+    names: dict = {}
+    for s in (src, dst):
+        for a in (*s.used_axes(), *s.partial):
+            if a not in names:
+                names[a] = next(b for b, n in mesh.axes if n == sizes[a] and b not in names.values())
+    if all(a == b for a, b in names.items()):
+        return src, dst
+
+    def rename(s: Sharding) -> Sharding:
+        partial = {names[a] for a in s.partial}
+        return Sharding(tuple(tuple(names[a] for a in d) for d in s.dims),
+                        tuple(a for a in mesh.names if a in partial), s.open_dims, s.partial_op)
+
+    return rename(src), rename(dst)
 
 
 def _count(shape) -> int:

@@ -427,6 +427,20 @@ def _count_layouts(axes, counts, sizes, used=()):
                     yield (pick, *tail)
 
 
+@lru_cache(maxsize=4096)
+def _relabels(axes, sizes, counts, active, rank) -> tuple:
+    """(layout, its axes) of every layout of `rank` dims splitting the `active` dims over distinct
+    `axes` with these shard counts: what one permute reaches. Shared by the searches, which ask it
+    of the same axes over and over (a search over three axes asks it a thousand times)."""
+    out = []
+    for picked in _count_layouts(axes, counts, dict(zip(axes, sizes))):
+        full = [()] * rank
+        for d, dim in zip(active, picked):
+            full[d] = dim
+        out.append((tuple(full), frozenset(a for dim in picked for a in dim)))
+    return tuple(out)
+
+
 class _Search:
     """The best plan over every step of the table (Dijkstra over layouts), on the dims either layout
     splits and the axes either uses. `objective` orders (bytes, collectives, comm_cost) of a plan:
@@ -464,6 +478,7 @@ class _Search:
         self.start = (src.dims, self.order(src.partial))
         self.target = (dst.dims, self.order(dst.partial))
         self.relabel: dict = {}  # (pending sums, shard counts) -> the layouts a permute reaches
+        self.counts: dict = {}  # a run of axes -> its shard count (asked millions of times)
 
     def order(self, axes) -> tuple[str, ...]:
         return tuple(a for a in self.axes if a in axes)
@@ -487,9 +502,9 @@ class _Search:
         return any(":" in a for a in self.merge(run))
 
     def count(self, axes) -> int:
-        n = 1
-        for a in axes:
-            n *= self.sizes[a]
+        n = self.counts.get(axes)
+        if n is None:
+            n = self.counts[axes] = prod(self.sizes[a] for a in axes)
         return n
 
     def size_of(self, dims) -> int:
@@ -547,12 +562,9 @@ class _Search:
     def permutes(self, dims, partial):
         key = (partial, tuple(self.count(dims[d]) for d in self.active))
         if key not in self.relabel:
-            self.relabel[key] = []
-            for picked in _count_layouts([a for a in self.axes if a not in partial], key[1], self.sizes):
-                full = [()] * len(dims)
-                for d, dim in zip(self.active, picked):
-                    full[d] = dim
-                self.relabel[key].append((tuple(full), {a for dim in picked for a in dim}))
+            free = tuple(a for a in self.axes if a not in partial)
+            self.relabel[key] = _relabels(free, tuple(self.sizes[a] for a in free), key[1], tuple(self.active),
+                                          len(dims))
         mine = {a for dim in dims for a in dim}
         for full, theirs in self.relabel[key]:
             if full != dims:
@@ -624,7 +636,7 @@ class _Search:
                     nbytes, step = self.step(kind, k, size)
                     if kind in (CollectiveKind.ALL_GATHER, CollectiveKind.ALL_TO_ALL) and self.subs(run):
                         step = (step[0], k - 1, step[2])  # k - 1 permutes (ir.collectives._by_shifts)
-                p = tuple(a + step[i] for a, i in zip(prio, self.objective))
+                p = tuple([a + step[i] for a, i in zip(prio, self.objective)])
                 if nxt not in best or p < best[nxt]:
                     best[nxt] = p
                     back[nxt] = (state, kind, run, dim, dim2, nbytes, k)
