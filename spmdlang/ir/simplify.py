@@ -104,7 +104,18 @@ def _key(op: Op):
     # table's `hints`) compute the same value: they merge (see _cse_ops)
     hints = _hints(op)
     attrs = {k: v for k, v in op.attrs.items() if k not in hints} if hints else op.attrs
-    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted(attrs.items())), op.backward)
+    return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted((k, _exact(v)) for k, v in attrs.items())),
+            op.backward)
+
+
+def _exact(v):
+    """An attribute as a key that tells -0.0 from 0.0 (equal, and hashed alike, as floats): the
+    constants of `x + 0.0` and `minimum(x, -0.0)` are two values, not one."""
+    if isinstance(v, (float, np.floating)):
+        return (float(v), math.copysign(1.0, v))
+    if isinstance(v, tuple):
+        return tuple(map(_exact, v))
+    return v
 
 
 def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:

@@ -15,12 +15,14 @@ the mesh, and returns one array per position (the numpy simulator's semantics of
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
 from ..ir.collectives import CollectiveKind
 from ..ir.types import TensorType, is_float, is_int, jnp_dtype, widen
 from ..partition.permute import mesh_order_pairs, permute_pairs
+from . import extremes
 from .registry import Family, Stage, check, no_flops, py_literal, register
 
 
@@ -88,7 +90,8 @@ register(CollectiveKind.ALL_GATHER, doc="concatenate the group's shards along `d
 
 # ---------------------------------------------------------------------------------- all_reduce
 
-_REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
+_REDUCERS = {"sum": np.sum, "max": partial(extremes.reduce, "max"), "min": partial(extremes.reduce, "min"),
+             "prod": np.prod}
 
 
 def _sim_all_reduce(arrays, attrs, mesh):

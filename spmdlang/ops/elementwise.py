@@ -14,6 +14,7 @@ import numpy as np
 from ..ir import types as T
 from ..ir.types import TensorType
 from ..partition.factors import elementwise_rule
+from . import extremes
 from .registry import Family, Grad, PartialMode, Takes, check, no_flops, register, set_vjp
 
 
@@ -244,8 +245,8 @@ _ARITH = {
     "sub": (np.subtract, "({0} - {1})", PartialMode.additive, "a - b"),
     "mul": (np.multiply, "({0} * {1})", PartialMode.multilinear, "a * b"),
     "div": (np.divide, "({0} / {1})", PartialMode.multilinear, "a / b; ints floor-divide, and x / 0 is 0"),
-    "maximum": (np.maximum, "jnp.maximum({0}, {1})", None, "the larger of a and b"),
-    "minimum": (np.minimum, "jnp.minimum({0}, {1})", None, "the smaller of a and b"),
+    "maximum": (extremes.maximum, "jnp.maximum({0}, {1})", None, "the larger of a and b (+0.0 above -0.0)"),
+    "minimum": (extremes.minimum, "jnp.minimum({0}, {1})", None, "the smaller of a and b (-0.0 below +0.0)"),
     "pow": (np.power, "jnp.power({0}, {1})", None, "a ** b; int powers with b < 0 truncate toward zero"),
     "floordiv": (np.floor_divide, "jnp.floor_divide({0}, {1})", None,
                  "a // b, floor division as numpy (ints: x // 0 is 0)"),

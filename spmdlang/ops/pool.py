@@ -28,6 +28,7 @@ from ..ir.mesh import Sharding
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder
 from ..partition.halo import Window
 from ..partition.reshard import chunk
+from . import extremes
 from .contract import _conv_window, conv_output_size
 from .moving import _worth_it
 from .registry import Family, check, register, set_vjp
@@ -92,7 +93,7 @@ def _numpy(x, *, reduce, window, strides, padding, lhs_dilation=None):
         sl = (slice(None),) + tuple(slice(o, o + (m - 1) * s + 1, s) for o, m, s in
                                     zip(offs, out_shape[1:-1], strides)) + (slice(None),)
         part = xp[sl]
-        acc = part if acc is None else (np.maximum(acc, part) if kind == "max" else acc + part)
+        acc = part if acc is None else (extremes.maximum(acc, part) if kind == "max" else acc + part)
     return np.asarray(acc).astype(x.dtype)
 
 

@@ -6,12 +6,15 @@ reduction's identity, `reduce_fill`) and one collective combines the shards.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, REDUCTION, RuleBuilder
+from . import extremes
 from .registry import Family, Grad, PartialMode, ReduceKind, check, operand_flops, register, set_vjp
 
 
@@ -60,8 +63,8 @@ def _fill(kind):
 _REDUCE = {
     "reduce_sum": (np.sum, "jnp.sum", ReduceKind.sum),
     "reduce_prod": (np.prod, "jnp.prod", ReduceKind.prod),
-    "reduce_max": (np.max, "jnp.max", ReduceKind.max),
-    "reduce_min": (np.min, "jnp.min", ReduceKind.min),
+    "reduce_max": (partial(extremes.reduce, "max"), "jnp.max", ReduceKind.max),
+    "reduce_min": (partial(extremes.reduce, "min"), "jnp.min", ReduceKind.min),
 }
 
 

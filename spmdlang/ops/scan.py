@@ -13,13 +13,17 @@ import numpy as np
 from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..partition.factors import PASS, PERMUTATION, RuleBuilder
+from . import extremes
 from .reduce import _fill
 from .registry import Family, check, operand_flops, register, set_vjp
 
-# op -> (numpy ufunc, jax combine function, reduction primitive, reduce kind). jax emits an
-# associative_scan: jax.lax.cumsum/cummax lower to reduce_window on CPU, and XLA's SPMD partitioner
-# gives wrong answers for two such windows of one split operand with different init values (a
-# cummax and a cumsum of x along its split dim: the cumsum comes back -inf).
+# op -> (numpy ufunc, jax combine function, reduction primitive, reduce kind). The XLA baseline
+# emits an associative_scan: jax.lax.cumsum/cummax lower to reduce_window on CPU, and XLA's SPMD
+# partitioner gives wrong answers for two such windows of one split operand with different init
+# values (a cummax and a cumsum of x along its split dim: the cumsum comes back -inf). Our module
+# scans each shard's block, which no partitioner touches, with jax.lax's own scans: the
+# associative_scan's interleave adds +0.0 padding, which turns a -0.0 product or maximum into +0.0
+# (cumprod of [-0.0, 2.0] is [+0.0, +0.0] where jnp.cumprod gives [-0.0, -0.0]).
 _SCANS = {
     "cumsum": (np.add, "jnp.add", "reduce_sum", "sum"),
     "cumprod": (np.multiply, "jnp.multiply", "reduce_prod", "prod"),
@@ -50,7 +54,12 @@ def _numpy(ufunc):
         wide = x.astype(np.float32) if T.np_is_narrow_float(x.dtype) else x
         if reverse:
             wide = np.flip(wide, axis)
-        out = ufunc.accumulate(wide, axis=axis, dtype=wide.dtype)
+        if ufunc is np.maximum:
+            out = extremes.accumulate("max", wide, axis)
+        else:
+            out = ufunc.accumulate(wide, axis=axis, dtype=wide.dtype)
+        if ufunc is np.add and wide.dtype.kind == "f":
+            out = out + wide.dtype.type(0)  # jax's cumsum starts from +0.0: a run of -0.0 sums to +0.0
         if reverse:
             out = np.flip(out, axis)
         return np.asarray(out).astype(x.dtype)
@@ -65,6 +74,18 @@ def _jax(fn):
         if T.np_is_narrow_float(T.np_dtype(dt)):
             x = f"{x}.astype(jnp.float32)"
         text = f"jax.lax.associative_scan({fn}, {x}, reverse={attrs['reverse']}, axis={attrs['axis']})"
+        return f"{text}.astype({T.jnp_dtype(dt)})" if x != args[0] else text
+
+    return emit
+
+
+def _jax_local(name):
+    def emit(args, attrs, out):
+        dt = out[0].dtype
+        x = args[0]
+        if T.np_is_narrow_float(T.np_dtype(dt)):
+            x = f"{x}.astype(jnp.float32)"
+        text = f"jax.lax.{name}({x}, axis={attrs['axis']}, reverse={attrs['reverse']})"
         return f"{text}.astype({T.jnp_dtype(dt)})" if x != args[0] else text
 
     return emit
@@ -106,7 +127,8 @@ def _partition(name):
 for _name, (_ufunc, _lax, _, _kind) in _SCANS.items():
     register(_name, doc=f"inclusive running {_kind} along `axis` (from the end when `reverse`)",
              example=(("f32[8, 16]",), {"axis": 1, "reverse": False}),
-             infer=_infer(_name), numpy=_numpy(_ufunc), rule=_rule, jax=_jax(_lax), partition=_partition(_name),
+             infer=_infer(_name), numpy=_numpy(_ufunc), rule=_rule, jax=_jax(_lax), jax_local=_jax_local(_name),
+             partition=_partition(_name),
              flops=operand_flops, family=Family.reduce)
 
 

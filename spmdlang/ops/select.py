@@ -14,6 +14,7 @@ from ..ir import types as T
 from ..ir.mesh import Sharding
 from ..ir.types import TensorType
 from ..partition.factors import PASS, PERMUTATION, REDUCTION, REPLICATE, RuleBuilder
+from . import extremes
 from .create import gathered_axes, jax_clamped_ids, jax_local_gather, shard_ids
 from .reduce import _fill
 from .registry import Family, Grad, check, no_flops, operand_flops, register, set_vjp
@@ -255,8 +256,7 @@ def _scatter_numpy(kind):
         if kind == "sum":
             np.add.at(np.moveaxis(wide, axis, 0), flat[keep], u[keep])
         else:  # NaN wins: any NaN at a position, from x or an update, makes it NaN
-            fn = np.maximum if kind == "max" else np.minimum
-            fn.at(np.moveaxis(wide, axis, 0), flat[keep], u[keep])
+            extremes.scatter(kind, np.moveaxis(wide, axis, 0), flat[keep], u[keep])
         return wide.astype(x.dtype)
 
     return run
