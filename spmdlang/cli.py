@@ -558,6 +558,8 @@ def main(argv=None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "output", None) == "":  # (only '-' means standard output)
+        parser.error("-o: the path is empty")
     from .limits import deep_call
 
     try:

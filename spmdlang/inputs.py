@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tokenize
 import zipfile
 
 import numpy as np
@@ -203,12 +204,19 @@ def load_npz(path: str, prog: Program | None = None) -> dict[str, np.ndarray]:
                     except ValueError:
                         raise _fail(path, f"{path}: member '{info.filename}' is not a .npy array "
                                           f"({_describe_member(zf, info)})", span) from None
-                    if version == (1, 0):
-                        shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                    elif version == (2, 0):
-                        shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                    else:  # 3.0: a UTF-8 header, read by numpy's own reader
-                        shape, _fortran, dtype = np.lib.format._read_array_header(f, version)
+                    try:
+                        if version == (1, 0):
+                            shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                        elif version == (2, 0):
+                            shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                        else:  # 3.0 (a UTF-8 header) and later: numpy's reader, on the whole member
+                            with zf.open(info) as g:
+                                a = np.lib.format.read_array(g, allow_pickle=False)
+                            shape, dtype = a.shape, a.dtype
+                    except (ValueError, SyntaxError, tokenize.TokenError) as e:
+                        why = e if isinstance(e, ValueError) else "its header dict does not parse"
+                        raise _fail(path, f"{path}: member '{info.filename}' has a malformed .npy header ({why})",
+                                    span) from None
                 if dtype.hasobject:
                     raise _fail(path, f"{path}: '{name}' holds Python objects ({dtype}), not numbers", span)
                 if p is not None:

@@ -1133,3 +1133,20 @@ def test_refusals_say_why_at_the_users_line():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     assert out.startswith("3 ") and "'random_bits' of 64 bits" in out and "jnp.float32" in out, out
+
+
+def test_dict_keys_that_read_alike_as_names_get_distinct_fields():
+    """"a.b" and "a_b" (PyTorch's "layer.0.weight" beside "layer_0_weight") both sanitize to a_b:
+    the second becomes a_b_2, and the program computes what jax does (it was an internal error)."""
+    params = {"a.b": np.ones(3, np.float32), "a_b": np.full(3, 2.0, np.float32),
+              "layer.0.weight": np.full(3, 3.0, np.float32), "layer_0_weight": np.full(3, 5.0, np.float32)}
+
+    def fwd(p):
+        return p["a.b"] * p["a_b"] + p["layer.0.weight"] * 2.0 - p["layer_0_weight"]
+
+    imp = spmdlang.from_jax(fwd, params)
+    assert "a_b_2: f32[3]" in imp.source and "layer_0_weight_2: f32[3]" in imp.source
+    c = imp.compile()
+    for backend in ("ref", "jax"):
+        got = np.asarray(imp.unflatten(c.run(imp.flatten(params), backend=backend)))
+        np.testing.assert_allclose(got, np.asarray(fwd(params)), rtol=1e-6)

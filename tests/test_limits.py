@@ -475,3 +475,27 @@ def test_endless_stdin_is_cut_off(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BufferedReader(Endless())))
     code, _, err = cli(capsys, "check", "-")
     assert code == 1 and "standard input is longer than" in err
+
+
+def test_npz_version_3_and_malformed_headers(capsys, tmp_path):
+    """A .npy of format 3.0 (a UTF-8 header; np.load reads it) is read; a header whose length field
+    cuts its dict short, or an unknown format version, is a located error, not an internal one."""
+    path = write(tmp_path, NPZ_PROG)
+    x, y = np.arange(8, dtype=np.float32), np.arange(4, dtype=np.int32)
+    v3 = io.BytesIO()
+    np.lib.format.write_array(v3, x, version=(3, 0))
+    src = tmp_path / "in.npz"
+    _npz(src, {"x.npy": v3.getvalue(), "y.npy": y})
+    code, out, err = cli(capsys, "run", path, "--backend", "ref", "--inputs", src, "--json")
+    assert code == 0, err
+    assert json.loads(out)["outputs"][0]["sum"] == pytest.approx(2 * 28 + 8 * 6)
+    good = io.BytesIO()
+    np.lib.format.write_array(good, x, version=(1, 0))
+    short = bytearray(good.getvalue())
+    short[8:10] = (16).to_bytes(2, "little")  # the header's length: 16 bytes, mid-dict
+    unknown = bytearray(good.getvalue())
+    unknown[6] = 9  # format 9.0
+    for member, fragment in ((bytes(short), "has a malformed .npy header"), (bytes(unknown), "not (9, 0)")):
+        _npz(src, {"x.npy": member, "y.npy": y})
+        code, _, err = cli(capsys, "run", path, "--backend", "ref", "--inputs", src)
+        assert code == 1 and f"{path}:" in err and fragment in err and "internal error" not in err, err

@@ -220,3 +220,14 @@ def test_full_disk_during_an_atomic_replace_keeps_the_old_file(capsys, prog, tmp
     assert code == 1 and "No space left on device" in err
     assert dest.read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.ir", "prog.spmd"]  # no temp file left
+
+
+@pytest.mark.parametrize("command", [["compile", "--target", "ir"], ["run", "--backend", "ref"],
+                                     ["autoshard"]])
+def test_an_empty_output_path_is_command_line_misuse(prog, capsys, command):
+    """Only `-` means standard output: `-o ""` (an unset shell variable) is refused with exit 2
+    and writes nothing (it printed to stdout, exit 0)."""
+    with pytest.raises(SystemExit) as e:
+        main([command[0], prog, *command[1:], "-o", ""])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and "-o: the path is empty" in err

@@ -449,8 +449,8 @@ def _check_nesting(tree: Tree, source: Source) -> None:
     while stack:
         t, depth = stack.pop()
         if depth > MAX_NESTING:
-            raise SpmdError(f"the program nests more than {MAX_NESTING} levels deep here (parentheses, calls, "
-                            "indexing, blocks, and each operator of a chain count one level); split it with "
+            raise SpmdError(f"the program nests more than {MAX_NESTING} levels deep here (calls, indexing, "
+                            "blocks, and each operator of a chain count one level; parentheses do not); split it with "
                             "assignments", _span(source, t))
         stack.extend((c, depth + 1) for c in t.children if isinstance(c, Tree))
 

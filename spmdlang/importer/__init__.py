@@ -444,16 +444,30 @@ def _tries(leaves_with_paths, n: int) -> list:
     """Per top-level child (argument, or output element): None (no leaves), the leaf's index (the
     child is one array), or a trie {field: trie or leaf index} in jax's leaf order."""
     out: list = [None] * n
+    fields: dict = {}  # id(trie node) -> {key text: its field name}
+
+    def field(node: dict, key) -> str:
+        # keys that read alike as names ("a.b" and "a_b") get distinct fields: "a_b", "a_b_2"
+        taken = fields.setdefault(id(node), {})
+        text = N.key_name(key)
+        if text not in taken:
+            name = base = _field(key)
+            j = 2
+            while name in taken.values():
+                name, j = f"{base}_{j}", j + 1
+            taken[text] = name
+        return taken[text]
+
     for k, (path, _) in enumerate(leaves_with_paths):
         i = path[0].idx if path and hasattr(path[0], "idx") else 0
-        rest = [_field(key) for key in path[1:]]
+        rest = path[1:]
         if not rest:
             out[i] = k
             continue
         node = out[i] if isinstance(out[i], dict) else out.__setitem__(i, {}) or out[i]
-        for f in rest[:-1]:
-            node = node.setdefault(f, {})
-        node[rest[-1]] = k
+        for key in rest[:-1]:
+            node = node.setdefault(field(node, key), {})
+        node[field(node, rest[-1])] = k
     return out
 
 
