@@ -112,7 +112,7 @@ class Val:
 # discrete answer (comparison, floor, argmax, cast to int) is drawn from them. Real errors there
 # still show: the values themselves are compared to a tolerance. sqrt and division are correctly
 # rounded everywhere.
-_APPROXIMATE = re.compile(r"\b(tanh|sigmoid|log_sigmoid|gelu|sin|cos|exp|log|rsqrt|pow|erf|erf_inv|log1p|expm1|"
+_APPROXIMATE = re.compile(r"\b(tanh|atan2|sigmoid|log_sigmoid|gelu|sin|cos|exp|log|rsqrt|pow|erf|erf_inv|log1p|expm1|"
                           r"softplus|silu|swish|elu|celu|selu|softmax|log_softmax|logsumexp|standardize)\(")
 
 
@@ -283,7 +283,7 @@ class Generator:
             form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})"])
         else:
             form = self.ch.choice(["{} + {}", "{} - {}", "{} * {}", "maximum({}, {})", "minimum({}, {})",
-                                   "{} * {} + 1.0", "pow(abs({}) + 0.5, {})"]
+                                   "{} * {} + 1.0", "pow(abs({}) + 0.5, {})", "atan2({}, {})"]
                                   + ([] if literal else ["{} / (abs({}) + 1.0)"]))
         exact = exact and _portable(form)
         if self.ch.chance(0.3):

@@ -384,6 +384,8 @@ def _binary_cases():
         Case("pow-sqrt", "x: f32[5]", "x ** 0.5", lambda x: x ** f32(0.5), {"x": positive(5)}),
         Case("pow-builtin", "a: f32[5], b: f32[5]", "pow(a, b)", np.power, {"a": positive(5)}),
         Case("pow-i32", "x: i32[5]", "x ** 3", lambda x: x**3),
+        Case("atan2", "a: f32[3, 5], b: f32[3, 5]", "atan2(a, b)", np.arctan2),
+        Case("atan2-i32", "a: i32[5], b: i32[5]", "atan2(a, b)", lambda a, b: np.arctan2(a, b).astype(f32)),
         Case("pow-i32-float", "x: i32[5]", "x ** 2.0", lambda x: x.astype(f32) ** 2, {"x": ints(0, 9, 5)}),
         Case("neg-pow-precedence", "x: f32[5]", "-x ** 2", lambda x: -(x**2)),
         Case("maximum", "a: f32[3, 5], b: f32[5]", "maximum(a, b)", np.maximum),

@@ -138,7 +138,7 @@ RULES += [(f"{op} like exp", op, [(8, 16)], {}, "([i, j]) -> ([i, j])")
           for op in "log sqrt rsqrt tanh sigmoid gelu sin cos floor ceil round neg abs sign relu".split()]
 RULES += [("logical_not like exp", "logical_not", [("bool", (8, 16))], {}, "([i, j]) -> ([i, j])")]
 RULES += [(f"{op} like add", op, [(8, 16), (8, 16)], {}, "([i, j], [i, j]) -> ([i, j])")
-          for op in "div maximum minimum pow lt le gt ge eq ne".split()]
+          for op in "div maximum minimum pow atan2 lt le gt ge eq ne".split()]
 RULES += [(f"{op} like add", op, [("bool", (8, 16)), ("bool", (8, 16))], {}, "([i, j], [i, j]) -> ([i, j])")
           for op in ("logical_and", "logical_or")]
 RULES += [(f"{op} like reduce_sum", op, [(8, 16, 4)], {"axes": (1,)}, "([i, j, k]) -> ([i, k]) reduction={j}")

@@ -793,3 +793,29 @@ func main(x: f32[4] {a}, ids: i32[3], u: f32[3]) -> f32[4] {
                              "(f32[7, 0], f32[7, 0]) {\n  return scatter_max(x, i, u), scatter_add(x, i, u)\n}\n")
     report = empty.diff()
     assert report["ok"], report
+
+
+def test_atan2_and_its_gradient_as_jax():
+    """atan2(a, b) on rows split unevenly over 3, signed zeros and ints included, its gradient
+    (b / (a^2 + b^2), -a / (a^2 + b^2)) against jax.grad, and jnp.arctan2 imported by from_jax."""
+    import jax
+    import jax.numpy as jnp
+
+    src = ("mesh [r=3]\nfunc loss(a: f32[2, 7], b: f32[2, 7]) -> f32[] {\n  return sum(atan2(a, b) * atan2(b, 2.0))\n}\n"
+           "func main(a: f32[2, 7] {_, r}, b: f32[2, 7] {_, r}, i: i32[7]) -> (f32[2, 7], f32[7], f32[2, 7], "
+           "f32[2, 7]) {\n  l, ga, gb = value_and_grad(loss, a, b, argnums=[0, 1])\n"
+           "  return atan2(a, b), atan2(i, 3), ga, gb\n}\n")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((2, 7)).astype(np.float32) for _ in range(2))
+    a[0, :3], b[0, :3] = [-0.0, 0.0, -0.0], [-1.0, -1.0, 0.0]
+    i = np.arange(-3, 4, dtype=np.int32)
+    ga, gb = jax.grad(lambda a, b: jnp.sum(jnp.arctan2(a, b) * jnp.arctan2(b, 2.0)), (0, 1))(a, b)
+    want = [jnp.arctan2(a, b), jnp.arctan2(i, 3).astype(jnp.float32), ga, gb]
+    c = spmdlang.compile(src)
+    for backend in ("ref", "sim", "jax"):
+        for got, w in zip(c.run({"a": a, "b": b, "i": i}, backend=backend), want):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-5, atol=1e-6)
+            assert np.signbit(np.asarray(got)).tolist() == np.signbit(np.asarray(w)).tolist(), backend
+    imp = spmdlang.from_jax(lambda a, b: jnp.arctan2(a, b) * 2.0, a, b)
+    got = imp.unflatten(imp.compile().run(imp.flatten(a, b), backend="ref"))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jnp.arctan2(a, b) * 2.0), rtol=1e-6)

@@ -913,8 +913,8 @@ class Lowerer:
         values, dt, shape = self.unify([a, b], [aspan or span, bspan or span], span)
         if dt == "bool" and kind in ("add", "sub", "mul", "div", "pow", "floordiv", "mod"):
             raise SpmdError("arithmetic on bool tensors is not defined; cast to i32 or f32 first", span)
-        if kind == "div" and T.is_int(dt):
-            values = [self.cast(v, float_for(dt), span) for v in values]  # true division, as numpy
+        if kind in ("div", "atan2") and T.is_int(dt):
+            values = [self.cast(v, float_for(dt), span) for v in values]  # in floats, as numpy
         if kind in ("logical_and", "logical_or") and dt != "bool":
             raise SpmdError(f"{kind} needs bool operands", span)
         out = self.b.emit(kind, *values, span=span)
@@ -1035,7 +1035,10 @@ def _fold(kind, a, b, span):
             "floordiv": lambda: a // b, "mod": lambda: a % b, "mul": lambda: a * b, "pow": lambda: a ** b,
             "lt": lambda: a < b, "le": lambda: a <= b, "gt": lambda: a > b, "ge": lambda: a >= b,
             "eq": lambda: a == b, "ne": lambda: a != b,
-            "maximum": lambda: max(a, b), "minimum": lambda: min(a, b),
+            # (XLA's signed zeros: max(-0.0, 0.0) is 0.0 and min -0.0, whichever comes first)
+            "maximum": lambda: a + b if a == b == 0 else max(a, b),
+            "minimum": lambda: -(-a - b) if a == b == 0 else min(a, b),
+            "atan2": lambda: math.atan2(a, b),
             "logical_and": lambda: bool(a) and bool(b), "logical_or": lambda: bool(a) or bool(b),
         }[kind]()
     except (ZeroDivisionError, OverflowError) as e:

@@ -511,7 +511,7 @@ def _call2(fn):
     return write
 
 
-for _p, _fn in (("max", "maximum"), ("min", "minimum"), ("pow", "pow")):
+for _p, _fn in (("max", "maximum"), ("min", "minimum"), ("pow", "pow"), ("atan2", "atan2")):
     PRIMS[_p] = _call2(_fn)
 
 

@@ -144,7 +144,7 @@ _UNARY_EXAMPLE = (("f32[4, 8]",), {})
 # reports it apart, as "transcendentals"); an op jax expands counts the ops it becomes (sigmoid:
 # negate, add, divide; gelu's tanh form: 8; the erf form's polynomial: 64); integer floor division
 # and remainder with their sign fix-ups; a cast is one convert (or select)
-PER_ELEMENT_FLOPS = {"exp": 0, "log": 0, "sqrt": 0, "rsqrt": 0, "tanh": 0, "erf": 0, "log1p": 0, "expm1": 0,
+PER_ELEMENT_FLOPS = {"exp": 0, "log": 0, "atan2": 0, "sqrt": 0, "rsqrt": 0, "tanh": 0, "erf": 0, "log1p": 0, "expm1": 0,
                      "sin": 0, "cos": 0, "sigmoid": 3, "gelu": 8, "gelu_erf": 64, "softplus": 6,
                      "floordiv": 13, "mod": 8, "cast": 1}
 
@@ -324,6 +324,10 @@ for _name, (_fn, _jax, _partial, _doc) in _ARITH.items():
              family=Family.elementwise,
              partial=_partial, partial_operands=(0,) if _name == "div" else None, example=_BINARY_EXAMPLE,
              builtin=Takes.numeric if _name in _ARITH_BUILTINS else None)
+register("atan2", doc="the angle of the point (b, a) in (-pi, pi]: atan(a / b) in b's half-plane (jax.lax.atan2)",
+         infer=_binary_infer("atan2", {"float"}), numpy=lambda a, b: np.arctan2(T.widen(a), T.widen(b)).astype(a.dtype),
+         flops=_per_element("atan2"), rule=_elementwise_rule, jax=_template("jax.lax.atan2({0}, {1})"),
+         family=Family.elementwise, example=_BINARY_EXAMPLE, builtin=Takes.float)
 for _name, (_fn, _jax, _doc) in _COMPARE.items():
     register(_name, doc=_doc, infer=_binary_infer(_name, {"float", "int", "bool"}, "bool"), numpy=_fn,
              rule=_elementwise_rule, jax=_template(_jax), jax_local=_lax_local(_name, _template(_jax)),
@@ -474,6 +478,9 @@ def _binary_vjp(name):
             ca = d.mul(ct, d.mul(b, d.emit("pow", a, d.emit("sub", b, d.like(1.0, b)))))
             safe = d.select(d.emit("eq", a, d.like(0.0, a)), _full_shape(d, d.like(1.0, a), a.type.shape), a)
             cb = d.mul(ct, d.mul(d.emit("log", safe), y))
+        elif name == "atan2":  # d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2), as jax's
+            r = d.emit("add", d.mul(a, a), d.mul(b, b))
+            ca, cb = d.mul(ct, d.emit("div", b, r)), d.mul(ct, d.emit("div", d.neg(a), r))
         elif name == "mod":  # jnp.remainder(a, b) = a - floor(a / b) * b
             ca = ct
             cb = d.neg(d.mul(ct, d.emit("floor", d.emit("div", a, b))))
@@ -484,7 +491,7 @@ def _binary_vjp(name):
     return vjp
 
 
-for _name in _ARITH:
+for _name in (*_ARITH, "atan2"):
     set_vjp(_name, Grad.none if _name == "floordiv" else _binary_vjp(_name))
 for _name in (*_COMPARE, *_LOGICAL):
     set_vjp(_name, Grad.none)
