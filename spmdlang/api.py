@@ -267,6 +267,19 @@ class Compiled:
 
             source = self.jax_source if backend == "jax" else self.xla_source
             return run_processes(source, arrays, self.mesh.size, processes)
+        if not isolate and backend not in self._runners:
+            from .backend_jax.runner import devices_fixed_below
+
+            have = devices_fixed_below(self.mesh.size)
+            if have is not None:  # (jax ran before: its device count is fixed) a jax of its own
+                import warnings
+
+                warnings.warn(f"jax has used its devices already and has {have}, fewer than the mesh's "
+                              f"{self.mesh.size}: the {backend} backend runs in a child process with "
+                              f"{self.mesh.size} virtual CPU devices (slower: a process and a compile per "
+                              f'run). To run here, call jax.config.update("jax_num_cpu_devices", '
+                              f"{self.mesh.size}) right after importing jax", RuntimeWarning, stacklevel=2)
+                isolate = True
         if isolate:
             from .backend_jax.multiprocess import XlaAborted, run_isolated
             from .backend_jax.runner import _runs_on_cpu

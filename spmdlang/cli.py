@@ -29,6 +29,22 @@ class UsageError(Exception):
 # ---------------------------------------------------------------------------------- argument parsing
 
 
+def _finite(doc):
+    """`doc` with every NaN or infinity as the string "nan", "inf" or "-inf": JSON has no such
+    numbers (Python's json writes NaN and -Infinity, which strict parsers refuse)."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return "nan" if math.isnan(doc) else ("inf" if doc > 0 else "-inf")
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc
+
+
+def _json(doc, **kw) -> str:
+    return json.dumps(_finite(doc), allow_nan=False, **kw)
+
+
 def _int(text: str) -> int | None:
     """An integer as Python writes one (digits, `_` between them: 1_000)."""
     return int(text) if re.fullmatch(r"-?\d+(_\d+)*", text) else None
@@ -322,7 +338,7 @@ def cmd_check(args) -> int:
     c = _compile(args)
     report = c.check_report()
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(_json(report, indent=2))
         return 0
     from .explain import render_check
 
@@ -337,10 +353,10 @@ def cmd_compile(args) -> int:
     if args.output:
         write_output(args.output, text.encode())
         if args.json:  # (with `-o -` the text owns stdout: the document goes to stderr, as run's does)
-            print(json.dumps({"target": args.target, "output": args.output}),
+            print(_json({"target": args.target, "output": args.output}),
                   file=sys.stderr if args.output == "-" else sys.stdout)
     elif args.json:
-        print(json.dumps({"target": args.target, "text": text}))
+        print(_json({"target": args.target, "text": text}))
     else:
         sys.stdout.write(text)
     return 0
@@ -392,7 +408,7 @@ def cmd_run(args) -> int:
         doc = {"backend": args.backend, "outputs": summary, "file": args.output}
         if notes:
             doc["notes"] = notes
-        print(json.dumps(doc), file=sys.stdout if to_stdout else sys.stderr)
+        print(_json(doc), file=sys.stdout if to_stdout else sys.stderr)
         return 0
     from rich.text import Text
 
@@ -416,7 +432,7 @@ def cmd_diff(args) -> int:
                     processes=args.processes, max_memory=args.max_memory, max_work=args.max_work,
                     isolate_xla=True)  # (XLA's partitioner may abort on the baseline: that row's error)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(_json(report, indent=2))
     else:
         from .explain import render_diff
 
@@ -444,7 +460,7 @@ def cmd_explain(args) -> int:
 
         report["xla"] = xla_analysis(c)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(_json(report, indent=2))
         return 0
     from .explain import render_explain, render_xla
 
@@ -465,7 +481,7 @@ def cmd_bench(args) -> int:
     report = bench(c, seed=args.seed, repeat=args.repeat, progress=not args.json, rounds=args.rounds,
                    int_range=args.int_range)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(_json(report, indent=2))
     else:
         render_bench(_console(), report)
     return 0
@@ -491,7 +507,7 @@ def cmd_autoshard(args) -> int:
         write_output(args.output, result.source.encode())
         report["output"] = args.output
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(_json(report, indent=2))
         return 0
     if args.output and args.output != "-":
         render_autoshard(_console(), report)
@@ -520,7 +536,7 @@ def cmd_ops(args) -> int:
     from .oplist import ops_report, render_ops
 
     entries = ops_report()
-    sys.stdout.write(json.dumps(entries, indent=2) + "\n" if args.json else render_ops(entries))
+    sys.stdout.write(_json(entries, indent=2) + "\n" if args.json else render_ops(entries))
     return 0
 
 

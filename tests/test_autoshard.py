@@ -196,6 +196,20 @@ def test_no_plan_fits_is_a_located_error():
     assert "fits 1,000 bytes per device" in e.value.message and e.value.line is not None
 
 
+def test_a_budget_below_the_parameters_says_what_they_need():
+    """Under 70,000 bytes the search compiles plans (the smallest 79,872); under 60,000 it finds
+    none: the error names the parameters' own floor (69,632), not the program as written's peak
+    (270,336, which read as if a tighter budget needed more)."""
+    text = "mesh [a=2, b=2]\nfunc main(x: f32[8, 256] {a, _}, w: f32[256, 256]) -> f32[8, 256] {\n  return x @ w\n}\n"
+    needs = []
+    for budget in (70_000, 60_000):
+        with pytest.raises(spmdlang.SpmdError) as e:
+            autoshard(text, filename="p.spmd", memory_per_device=budget)
+        needs.append(int(e.value.message.split(" need")[1].split(" bytes")[0].split()[-1].replace(",", "")))
+    assert "the parameters alone need 69,632" in e.value.message
+    assert needs[1] <= needs[0], needs
+
+
 def test_every_budget_a_found_plan_fits_finds_a_plan():
     """train_mlp with its annotations stripped: 300,000 bytes found a plan of 94,212, while
     250,000 and 100,000 failed ("the smallest found needs 442,372"): the limits tightened from

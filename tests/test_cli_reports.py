@@ -213,3 +213,36 @@ def test_diff_reports_the_float_tolerance_even_when_the_last_result_is_an_intege
     code, out, _ = run_cli(capsys, "diff", str(p), "--backends", "ref,sim", "--json")
     d = json.loads(out)
     assert code == 0 and d["rtol"] == d["atol"] == 1e-4
+
+
+def test_json_is_strict_with_non_finite_numbers(tmp_path, capsys):
+    """A result summing to -inf or NaN: `run --json` and `diff --json` write strict JSON (the
+    strings "-inf", "nan"), which a parser refusing NaN/Infinity reads (they wrote -Infinity, NaN)."""
+    import json
+
+    from spmdlang.cli import main
+
+    def strict(text):
+        def refuse(token):
+            raise ValueError(f"not JSON: {token}")
+        return json.loads(text, parse_constant=refuse)
+
+    prog = tmp_path / "p.spmd"
+    prog.write_text("mesh [x=2]\nfunc main(a: f32[4] {x}) -> (f32[4], f32[4]) {\n"
+                    "  return log(a * 0.0), sqrt(a - 10.0)\n}\n")
+    assert main(["run", str(prog), "--backend", "ref", "--json"]) == 0
+    sums = [o["sum"] for o in strict(capsys.readouterr().out)["outputs"]]
+    assert sums == ["-inf", "nan"]
+    main(["diff", str(prog), "--backends", "ref,sim", "--json"])
+    strict(capsys.readouterr().out)
+
+
+def test_a_results_settlement_has_a_line():
+    """A sum carried out of a loop over a split dim is settled for the result: its collective's
+    line is the result's (it was null in --json, blank in the table)."""
+    import spmdlang
+
+    c = spmdlang.compile("mesh [data=2]\nfunc main(x: f32[8] {data}) -> f32[] {\n  t = 0.0\n"
+                         "  loop i in range(3) {\n    x = x * 2.0\n    t = t + sum(x)\n  }\n  return t\n}\n")
+    entries = c.explain_report()["collectives"]
+    assert entries and all(isinstance(e["line"], int) for e in entries), entries

@@ -4,6 +4,7 @@ numpy, plain jax arrays or jax arrays on any sharding, and importing jax before 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -149,13 +150,15 @@ def test_importing_jax_first_still_gets_virtual_devices(tmp_path):
 
 
 def test_too_few_devices_after_jax_started_is_a_clear_error(tmp_path):
+    """The module loaded in this process (`runner`) cannot have more devices than jax started with:
+    a clear error (`run` goes to a child process instead: the test below)."""
     code = (
         "import jax\n"
         "jax.devices()\n"  # jax has started with its default (1 CPU device): the count is fixed now
         "import spmdlang\n"
         f"c = spmdlang.compile({MLP!r})\n"
         "try:\n"
-        "    c.run(backend='jax')\n"
+        "    c.runner('jax')\n"
         "except spmdlang.SpmdError as e:\n"
         "    print('SpmdError', e.message)\n"
     )
@@ -241,3 +244,25 @@ func main(x: i32[4, 5] {(q, p), _}) -> i32[] {
     with jax.enable_x64(True):
         got = c.run({"x": x}, backend="jax")[0]
     assert got.dtype == np.int32 and int(got) == int(want)
+
+
+def test_run_after_jax_used_its_devices_runs_in_a_child_process(tmp_path):
+    """A user who computed with jax first (a model.init, a jnp.ones) fixed jax's CPU device count
+    at 1: `run(backend="jax")` on a mesh of 4 then runs in a child process with a jax of its own,
+    warning that it does, and gives the reference's answer (it was an error)."""
+    script = tmp_path / "used_first.py"
+    script.write_text(
+        "import warnings\nimport jax, jax.numpy as jnp, numpy as np\n"
+        "x = jnp.ones((8, 4)) * 3.0  # jax's devices are fixed now: 1 CPU device\n"
+        "import spmdlang\n"
+        "c = spmdlang.compile('mesh [a=2, b=2]\\nfunc main(x: f32[8, 4] {a, b}) -> f32[4] {\\n"
+        "  return sum(x * x, 0)\\n}\\n')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    out = c.run({'x': np.asarray(x)}, backend='jax')[0]\n"
+        "assert len(jax.devices()) == 1 and any('child process' in str(m.message) for m in w), w\n"
+        "np.testing.assert_allclose(out, np.full(4, 72.0))\nprint('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env["JAX_PLATFORMS"] = "cpu"
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]

@@ -801,7 +801,8 @@ def test_atan2_and_its_gradient_as_jax():
     import jax
     import jax.numpy as jnp
 
-    src = ("mesh [r=3]\nfunc loss(a: f32[2, 7], b: f32[2, 7]) -> f32[] {\n  return sum(atan2(a, b) * atan2(b, 2.0))\n}\n"
+    src = ("mesh [r=3]\nfunc loss(a: f32[2, 7], b: f32[2, 7]) -> f32[] {\n"
+           "  return sum(atan2(a, b) * atan2(b, 2.0))\n}\n"
            "func main(a: f32[2, 7] {_, r}, b: f32[2, 7] {_, r}, i: i32[7]) -> (f32[2, 7], f32[7], f32[2, 7], "
            "f32[2, 7]) {\n  l, ga, gb = value_and_grad(loss, a, b, argnums=[0, 1])\n"
            "  return atan2(a, b), atan2(i, 3), ga, gb\n}\n")

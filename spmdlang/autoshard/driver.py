@@ -242,7 +242,8 @@ def _autoshard(text, filename, mesh, consts, entry, budget, method, n_runners) -
             if p is not None:
                 plans.append(p)
     solve_s = clock[0]
-    chosen = _choose(plans + [written], budget, compiles, _where(source, func))
+    floor = _floor(prob) if budget is not None and plan is None else None
+    chosen = _choose(plans + [written], budget, compiles, _where(source, func), floor)
     others = [p for p in plans if p is not chosen]
     problem = {"units": len(prob.units), "groups": len(prob.groups), "edges": len(prob.edges),
                "variables": prob.size, "candidate_compiles": compiles.count}
@@ -278,10 +279,15 @@ def _fit(budget: int | None, prob, compiles, solve, plan_of):
     return plan, planned, limit
 
 
-def _choose(candidates: list[Plan], budget: int | None, compiles, where) -> Plan:
+def _choose(candidates: list[Plan], budget: int | None, compiles, where, floor: float | None = None) -> Plan:
     """The fastest plan in the model that fits the budget (ties: the least peak memory, then the
-    earlier candidate)."""
+    earlier candidate). `floor`: the parameters' bytes split as finely as they can be, where the
+    search found no plan under the budget."""
     fits = [p for p in candidates if budget is None or p.totals()["peak_bytes_per_device"] <= budget]
+    if not fits and floor is not None and floor > budget:
+        raise SpmdError(f"no plan fits {budget:,} bytes per device: the parameters alone need {int(floor):,} bytes "
+                        "per device, split as finely as the mesh allows", where,
+                        note="the budget binds the compiled peak, which holds the activations too")
     if not fits:
         least = min(candidates, key=lambda p: p.totals()["peak_bytes_per_device"])
         raise SpmdError(f"no plan found fits {budget:,} bytes per device: the smallest of the plans kept "

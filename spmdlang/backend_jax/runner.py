@@ -5,7 +5,8 @@ jax is already imported) `jax.config.update("jax_num_cpu_devices", N)` sets it; 
 concerns the CPU platform, so on a TPU/GPU host jax still uses the accelerator, and the emitted
 module falls back to CPU devices only if the accelerator has too few. XLA_FLAGS'
 --xla_force_host_platform_device_count, if the user set it, is respected. Only once jax has used
-its devices is the count fixed: then a mesh bigger than it is an error saying what to do.
+its devices is the count fixed: then `Compiled.run` runs a bigger mesh in a child process with a
+jax of its own (devices_fixed_below), and a ModuleRunner is an error saying what to do.
 """
 
 from __future__ import annotations
@@ -39,6 +40,28 @@ def ensure_devices(n: int) -> None:
             jax.config.update("jax_num_cpu_devices", max(n, 8))
     except (AttributeError, RuntimeError):  # already initialised, or a jax without the option
         pass
+
+
+def devices_fixed_below(n: int) -> int | None:
+    """jax's device count if jax has used its devices already and has fewer than n (CPU devices
+    included), else None: a mesh of n cannot run in this process."""
+    if "jax" not in sys.modules:
+        return None
+    try:
+        from jax._src import xla_bridge
+
+        if not xla_bridge.backends_are_initialized():
+            return None
+    except (ImportError, AttributeError):
+        return None
+    import jax
+
+    try:
+        cpus = len(jax.devices("cpu"))
+    except RuntimeError:
+        cpus = 0
+    have = max(len(jax.devices()), cpus)
+    return have if have < n else None
 
 
 def check_devices(n: int) -> None:

@@ -98,14 +98,15 @@ def _hints(op: Op) -> tuple[str, ...]:
     return e.hints if e is not None else ()
 
 
-def _key(op: Op):
-    # backward ops never stand in for forward ones (nor the other way): the xla oracle replaces
-    # the backward ops of a grad call by jax's autodiff. Ops that differ only in hints (the op
-    # table's `hints`) compute the same value: they merge (see _cse_ops)
+def _key(op: Op, passes: bool = True):
+    # backward ops never stand in for forward ones (nor the other way) in the global program
+    # (`passes`): the xla oracle replaces the backward ops of a grad call by jax's autodiff. Ops
+    # that differ only in hints (the op table's `hints`) compute the same value: they merge (see
+    # _cse_ops)
     hints = _hints(op)
     attrs = {k: v for k, v in op.attrs.items() if k not in hints} if hints else op.attrs
     return (op.kind, tuple(id(v) for v in op.operands), tuple(sorted((k, _exact(v)) for k, v in attrs.items())),
-            op.backward)
+            op.backward if passes else None)
 
 
 def _exact(v):
@@ -118,7 +119,7 @@ def _exact(v):
     return v
 
 
-def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
+def _cse_ops(ops_in, keep, repl: dict, passes: bool = True) -> list[Op]:
     seen: dict = {}
     ops = []
     for op in ops_in:
@@ -127,13 +128,14 @@ def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
             repl[op] = new
             op = new
         if op.regions:  # a loop: its body is deduplicated on its own, the loop never merged
-            new = rewrite_regions(op, lambda r: (_cse_ops(r.ops, keep, repl), [repl.get(v, v) for v in r.results]))
+            new = rewrite_regions(op, lambda r: (_cse_ops(r.ops, keep, repl, passes),
+                                                 [repl.get(v, v) for v in r.results]))
             if new is not op:
                 repl[op] = new
             ops.append(new)
             continue
         try:
-            key = _key(op)
+            key = _key(op, passes)
             hash(key)
         except TypeError:
             ops.append(op)
@@ -153,11 +155,13 @@ def _cse_ops(ops_in, keep, repl: dict) -> list[Op]:
     return ops
 
 
-def cse(prog: Program, keep=frozenset()) -> tuple[Program, dict]:
+def cse(prog: Program, keep=frozenset(), passes: bool = True) -> tuple[Program, dict]:
     """Replace an op by an earlier identical one (same kind, operands and attrs; every op is pure).
+    `passes=False` (the per-partition program, which no oracle reads by pass) merges a backward op
+    into its forward twin too: a max pool's gradient exchanges the halo its forward pass did.
     Returns the program and a map from each dropped or rewritten op/value to what replaces it."""
     repl: dict = {}
-    ops = _cse_ops(prog.ops, keep, repl)
+    ops = _cse_ops(prog.ops, keep, repl, passes)
     if not repl:
         return prog, {}
     params = prog.params

@@ -217,7 +217,7 @@ def finish(spmd):
     Pure; the result is kept on `spmd` (never changed once partitioned) and returned again."""
     if spmd.finished is not None:
         return spmd.finished
-    prog, repl = cse(spmd.program)
+    prog, repl = cse(spmd.program, passes=False)
     prog, more = algebraic(prog)
     repl.update(more)  # ledger.remapped follows chains: op -> its CSE'd op -> its rewritten op
     prog = dead_code(prog)

@@ -256,7 +256,8 @@ class Emitter(LocalOps):
             kind = runs
             nbytes = step_bytes(runs, self.mesh.group_size(axes), local_op.operands[0].type.nbytes)
         op = self.current
-        line = op.span.line if op is not None and op.span else None
+        span = op.span if op is not None else self.span  # (no op: a result's settlement, at its return)
+        line = span.line if span else None
         self.ledger.add(Collective(kind, tuple(axes), float(nbytes), line, op.kind if op else "return",
                                    reason, local_op, reduce,
                                    backward=bool(backward or op is not None and op.backward),
