@@ -127,6 +127,17 @@ def test_an_abort_inside_xla_is_the_xla_rows_error(capsys, monkeypatch, tmp_path
         source.replace("def build(mesh", "raise ValueError('boom')\n\ndef build(mesh", 1), *a, **k))
     code, out, err = run_cli(capsys, "run", str(prog), "--backend", "xla")
     assert code == 3 and "internal error" in err and "Traceback" not in err
+    # XLA refusing the baseline with an error of its own (its HLO verifier on a strided
+    # ConvTranspose's gradient, 13 rows over 8): the xla row's error, as an abort is
+    refuse = ("from jax.errors import JaxRuntimeError\n"
+              "raise JaxRuntimeError('INVALID_ARGUMENT: during context [hlo verifier]: Slice dim size 1')\n\n")
+    monkeypatch.setattr(mp, "run_isolated", lambda source, *a, **k: real(
+        source.replace("def build(mesh", refuse + "def build(mesh", 1), *a, **k))
+    code, out, _ = run_cli(capsys, "diff", str(prog), "--json")
+    (row,) = [r for r in json.loads(out)["results"] if r["backend"] == "xla"]
+    assert code == 1 and "XLA failed to compile it: INVALID_ARGUMENT: during context [hlo verifier]" in row["error"]
+    code, out, err = run_cli(capsys, "run", str(prog), "--backend", "xla")
+    assert code == 1 and "error: the xla backend: XLA failed to compile it" in err
     monkeypatch.setattr(mp, "run_isolated", real)
     code, out, _ = run_cli(capsys, "run", str(prog), "--backend", "xla", "--json")  # XLA's own, now or fixed
     assert code in (0, 1) and "Traceback" not in out

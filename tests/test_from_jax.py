@@ -1150,3 +1150,26 @@ def test_dict_keys_that_read_alike_as_names_get_distinct_fields():
     for backend in ("ref", "jax"):
         got = np.asarray(imp.unflatten(c.run(imp.flatten(params), backend=backend)))
         np.testing.assert_allclose(got, np.asarray(fwd(params)), rtol=1e-6)
+
+
+def test_pools_with_a_window_of_one_on_a_spatial_dim():
+    """flax's nn.max_pool(x, (3, 1)) and nn.avg_pool(x, (1, 3)) on NHWC leave three dims whole: the
+    first and last are N and C, the other a spatial dim of window 1 (they were refused as 'a window
+    that leaves other than two dims whole'); forward and gradient as jax, rows split over 4."""
+    import flax.linen as nn
+
+    x = np.random.default_rng(3).standard_normal((2, 9, 6, 3)).astype(np.float32)
+
+    def f(x):
+        a = nn.max_pool(x, (3, 1), strides=(2, 1))
+        b = nn.avg_pool(x, (1, 3), padding="SAME")
+        return jnp.sum(jnp.tanh(a)) + jnp.sum(b * b)
+
+    step = jax.value_and_grad(f)
+    imp = spmdlang.from_jax(step, x, mesh={"data": 4}, in_specs=(P(None, "data"),))
+    want = step(x)
+    c = imp.compile()
+    for backend in ("ref", "sim", "jax"):
+        got = imp.unflatten(c.run(imp.flatten(x), backend=backend))
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)

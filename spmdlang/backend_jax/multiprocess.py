@@ -106,6 +106,10 @@ def run_isolated(source: str, arrays, n_devices: int, timeout: float = 600.0) ->
             log = (work / "err0.txt").read_text().strip().splitlines()
             # XLA's fatal log line ("F1128 ... file.cc:118] Check failed: ...") says what it was
             fatal = [line for line in log if re.match(r"^F\d{4} ", line) or "Check failed" in line]
+            refused = [line for line in log if re.match(r"^(jax\.errors\.JaxRuntimeError|jaxlib\S*XlaRuntimeError): ",
+                                                         line)]
+            if not fatal and refused:  # XLA refused the module (its HLO verifier, say): an error it raised
+                raise XlaAborted("XLA failed to compile it: " + refused[-1].split(": ", 1)[1].strip()[-600:])
             if not fatal and p.returncode > 0:  # a Python exception in the child: not XLA's doing
                 raise RuntimeError("the isolated run failed:\n" + "\n".join(log[-12:]))
             tail = re.sub(r"^F\d{4} [\d:.]+\s+\d+ ", "", fatal[0]) if fatal else "\n".join(log[-6:])

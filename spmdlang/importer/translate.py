@@ -1310,13 +1310,10 @@ def _write_pool(t, eqn, kind, x, window, strides, padding, lhs):
     rank = len(x.shape)
     free = [d for d in range(rank) if window[d] == 1 and strides[d] == 1 and padding[d] == [0, 0]
             and lhs[d] == 1]
-    spatial = [d for d in range(rank) if d not in free]
-    if not spatial:
+    if len(free) == rank:
         return x
     # the pool builtins work over [N, spatial..., C]: two free dims, moved first and last
-    if len(free) != 2:
-        t.fail(f"jax primitive '{eqn.primitive.name}' over a window that leaves other than two dims whole "
-               "has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C])")
+    free, spatial = _pool_dims(t, eqn, rank, free)
     perm = [free[0], *spatial, free[1]]
     win, st, pad = [window[d] for d in spatial], [strides[d] for d in spatial], [padding[d] for d in spatial]
     dil = [lhs[d] for d in spatial]
@@ -1339,6 +1336,19 @@ def _write_pool(t, eqn, kind, x, window, strides, padding, lhs):
 
 for _kind in ("sum", "max", "min"):
     PRIMS[f"reduce_window_{_kind}"] = _pool(_kind)
+
+
+def _pool_dims(t, eqn, rank: int, whole: list[int]) -> tuple[list[int], list[int]]:
+    """The pool's [N, C] dims and its spatial dims, of the dims its window leaves `whole`: those two,
+    or where more are whole (flax's nn.max_pool(x, (3, 1)) on NHWC) the first and the last, the
+    others spatial dims of a window of 1."""
+    if len(whole) > 2 and 0 in whole and rank - 1 in whole:
+        whole = [0, rank - 1]
+    if len(whole) != 2:
+        t.fail(f"jax primitive '{eqn.primitive.name}' over a window that leaves {len(whole)} dims whole (of "
+               f"{rank}) has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C]: "
+               "two dims whole)")
+    return whole, [d for d in range(rank) if d not in whole]
 
 
 @prim("reduce_window")
@@ -1369,10 +1379,7 @@ def _select_and_scatter_add(t, eqn, ins):
     padding = [list(map(int, q)) for q in p["padding"]]
     rank = len(x.shape)
     free = [d for d in range(rank) if window[d] == 1 and strides[d] == 1 and padding[d] == [0, 0]]
-    spatial = [d for d in range(rank) if d not in free]
-    if len(free) != 2 or not spatial:
-        t.fail("jax primitive 'select_and_scatter_add' over a window that leaves other than two dims whole "
-               "has no spmdlang equivalent (pools work over the spatial dims of [N, spatial..., C])")
+    free, spatial = _pool_dims(t, eqn, rank, free)
     perm = [free[0], *spatial, free[1]]
     win, st, pad = [window[d] for d in spatial], [strides[d] for d in spatial], [padding[d] for d in spatial]
     xv, sv = t.value(x), t.value(src)
