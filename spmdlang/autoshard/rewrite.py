@@ -241,6 +241,9 @@ def _spec_edits(t: _Text, func, prob, sol, prog, results=True, structs: dict | N
             t.insert(t.span(fd.type.span)[1], " " + inner.pop())
         else:
             constraints += [(path, _spec(sh)) for path, sh, _ in leaves]
+    # (a constraint the function states already, as autoshard's own output does, is not written twice)
+    lines = {line.strip() for line in t.text.splitlines()}
+    constraints = [(path, spec) for path, spec in constraints if _leaf_constraint(path, spec) not in lines]
     if constraints and func.body:
         first = func.body[0]
         indent = "\n" + " " * (first.span.col - 1)
