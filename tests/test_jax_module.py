@@ -5,6 +5,7 @@ numpy, plain jax arrays or jax arrays on any sharding, and importing jax before 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +267,21 @@ def test_run_after_jax_used_its_devices_runs_in_a_child_process(tmp_path):
     env["JAX_PLATFORMS"] = "cpu"
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
+def test_place_refuses_what_a_cast_would_truncate_and_names_it_does_not_know():
+    """Float ids for an i32 parameter (they were truncated), complex values for an f32 one (their
+    imaginary part dropped), a struct field the struct lacks and an axis_names key that is no
+    program axis (both ignored) are ValueErrors; ints for a float parameter still convert."""
+    c = spmdlang.compile("mesh [x=2]\nstruct P {\n  w: f32[4]\n}\n"
+                         "func main(p: P, ids: i32[3]) -> f32[3] {\n  return take(p.w, ids)\n}\n")
+    m = c.runner("jax").module
+    p = {"w": np.arange(4, dtype=np.float32)}
+    np.testing.assert_array_equal(m.run({"w": [0, 1, 2, 3]}, [3, 1, 0])[0], [3.0, 1.0, 0.0])
+    for args, kw, fragment in [((p, np.array([0.7, 1.9, 2.5])), {}, "expected int32 values, got float64"),
+                               (({"w": np.ones(4) * (1 + 5j)}, [0, 1, 2]), {}, "got complex128"),
+                               (({"w": p["w"], "ww": np.zeros(4)}, [0, 1, 2]), {}, "got the fields ['ww']"),
+                               ((p, [0, 1, 2]), {"mesh": m.make_mesh(), "axis_names": {"dtaa": "x"}},
+                                "axis_names maps ['dtaa']")]:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            m.run(*args, **kw)

@@ -34,6 +34,9 @@ def make_mesh(devices=None):
 def program_mesh(mesh, axis_names=None):
     """`mesh` seen with this program's axis names. `axis_names` maps each of AXES to an axis of
     `mesh` of the same size (e.g. {"data": "dp"}); unmapped axes keep their names."""
+    unknown = [a for a in (axis_names or {}) if a not in AXES]
+    if unknown:
+        raise ValueError(f"axis_names maps {unknown}, which are not axes of the program {AXES}")
     names = {a: (axis_names or {}).get(a, a) for a in AXES}
     auto = all(t == AxisType.Auto for t in getattr(mesh, 'axis_types', None) or (AxisType.Auto,))
     if tuple(mesh.axis_names) == AXES and all(a == b for a, b in names.items()) and auto \
@@ -99,6 +102,10 @@ def _tree_map(fn, like, *trees):
                     raise ValueError(f"expected a dict with the field {k!r} (fields: {list(like)}), "
                                      f"got {type(t).__name__}") from None
             out[k] = _tree_map(fn, v, *parts)
+        for t in trees:
+            extra = [k for k in t if k not in like] if isinstance(t, dict) else []
+            if extra:
+                raise ValueError(f"got the fields {extra}, which the struct {list(like)} does not have")
         return out
     return fn(like, *trees)
 
@@ -156,9 +163,12 @@ def place(arrays, mesh, axis_names=None):
 def _place(a, shape, spec, dtype, mesh):
     """One global array laid out as `spec` (see place)."""
     if not hasattr(a, "shape"):  # a Python number or list
-        a = np.asarray(a, dtype)
+        a = np.asarray(a)
     if tuple(a.shape) != tuple(shape):
         raise ValueError(f"expected shape {shape}, got {tuple(a.shape)}")
+    have, want = np.dtype(a.dtype).kind, np.dtype(dtype).kind
+    if have == "c" or (have == "f" and want in "iub"):  # (what a cast would truncate or drop)
+        raise ValueError(f"expected {np.dtype(dtype).name} values, got {np.dtype(a.dtype).name}: cast them first")
     sharding = NamedSharding(mesh, spec)
     target = _padded_shape(shape, spec, mesh)
     if isinstance(a, jax.Array):
