@@ -360,6 +360,9 @@ class _Algebra:
             perm = tuple(op.attrs["perm"])
             if perm == tuple(range(len(perm))):
                 return a[0]
+            moved = [p for p in perm if a[0].type.shape[p] != 1]
+            if a[0].type == r.type and moved == sorted(moved):  # only dims of size 1 move: the same array
+                return a[0]
             if inner is not None and inner.kind == "transpose":
                 first = tuple(inner.attrs["perm"])
                 both = tuple(first[p] for p in perm)

@@ -220,6 +220,9 @@ def finish(spmd):
     prog, repl = cse(spmd.program, passes=False)
     prog, more = algebraic(prog)
     repl.update(more)  # ledger.remapped follows chains: op -> its CSE'd op -> its rewritten op
+    if more:  # an identity gone (a transpose of size-1 dims) can leave two ops alike: one
+        prog, again = cse(prog, passes=False)
+        repl.update(again)
     prog = dead_code(prog)
     prog, ledger = _combine(prog, remapped(spmd.ledger, repl, set(all_ops(prog.ops))))
     prog, more = algebraic(prog)  # combining packs values with reshapes: a reshape of a reshape is one
