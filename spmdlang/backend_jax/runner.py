@@ -20,6 +20,18 @@ from ..errors import SpmdError
 _FLAG = "--xla_force_host_platform_device_count"
 
 
+def _started() -> bool:
+    """Whether jax has used its devices (its backends are initialised): their count is fixed."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):
+        return False
+
+
 def ensure_devices(n: int) -> None:
     """Make sure jax has at least n CPU devices, if it has not used its devices yet."""
     if _FLAG in os.environ.get("XLA_FLAGS", ""):
@@ -27,13 +39,8 @@ def ensure_devices(n: int) -> None:
     from . import require_jax
 
     jax = require_jax()
-    try:
-        from jax._src import xla_bridge
-
-        if xla_bridge.backends_are_initialized():
-            return
-    except (ImportError, AttributeError):
-        pass
+    if _started():
+        return
     try:
         current = jax.config.jax_num_cpu_devices
         if current < 0 or current < n:
@@ -45,14 +52,7 @@ def ensure_devices(n: int) -> None:
 def devices_fixed_below(n: int) -> int | None:
     """jax's device count if jax has used its devices already and has fewer than n (CPU devices
     included), else None: a mesh of n cannot run in this process."""
-    if "jax" not in sys.modules:
-        return None
-    try:
-        from jax._src import xla_bridge
-
-        if not xla_bridge.backends_are_initialized():
-            return None
-    except (ImportError, AttributeError):
+    if not _started():
         return None
     import jax
 
@@ -84,15 +84,7 @@ def _runs_on_cpu(n: int) -> bool:
     """Whether a mesh of n devices would run on (virtual) CPU devices. Asking jax would initialise
     its backends and fix the CPU device count before ensure_devices could raise it, so until jax
     has initialised them, go by the requested platform: CPU unless an accelerator is asked for."""
-    initialised = False
-    if "jax" in sys.modules:
-        try:
-            from jax._src import xla_bridge
-
-            initialised = xla_bridge.backends_are_initialized()
-        except (ImportError, AttributeError):
-            initialised = False
-    if not initialised:
+    if not _started():
         platforms = os.environ.get("JAX_PLATFORMS", "") or os.environ.get("JAX_PLATFORM_NAME", "")
         return not platforms or "cpu" in platforms.split(",")[0]
     import jax

@@ -67,25 +67,14 @@ def _numpy(ufunc):
     return run
 
 
-def _jax(fn):
+def _jax(call):
+    """The scan as `call` writes it (text with {x}, {axis}, {reverse}), narrow floats scanned in f32."""
     def emit(args, attrs, out):
         dt = out[0].dtype
         x = args[0]
         if T.np_is_narrow_float(T.np_dtype(dt)):
             x = f"{x}.astype(jnp.float32)"
-        text = f"jax.lax.associative_scan({fn}, {x}, reverse={attrs['reverse']}, axis={attrs['axis']})"
-        return f"{text}.astype({T.jnp_dtype(dt)})" if x != args[0] else text
-
-    return emit
-
-
-def _jax_local(name):
-    def emit(args, attrs, out):
-        dt = out[0].dtype
-        x = args[0]
-        if T.np_is_narrow_float(T.np_dtype(dt)):
-            x = f"{x}.astype(jnp.float32)"
-        text = f"jax.lax.{name}({x}, axis={attrs['axis']}, reverse={attrs['reverse']})"
+        text = call.format(x=x, axis=attrs["axis"], reverse=attrs["reverse"])
         return f"{text}.astype({T.jnp_dtype(dt)})" if x != args[0] else text
 
     return emit
@@ -127,9 +116,10 @@ def _partition(name):
 for _name, (_ufunc, _lax, _, _kind) in _SCANS.items():
     register(_name, doc=f"inclusive running {_kind} along `axis` (from the end when `reverse`)",
              example=(("f32[8, 16]",), {"axis": 1, "reverse": False}),
-             infer=_infer(_name), numpy=_numpy(_ufunc), rule=_rule, jax=_jax(_lax), jax_local=_jax_local(_name),
-             partition=_partition(_name),
-             flops=operand_flops, family=Family.reduce)
+             infer=_infer(_name), numpy=_numpy(_ufunc), rule=_rule,
+             jax=_jax(f"jax.lax.associative_scan({_lax}, {{x}}, reverse={{reverse}}, axis={{axis}})"),
+             jax_local=_jax(f"jax.lax.{_name}({{x}}, axis={{axis}}, reverse={{reverse}})"),
+             partition=_partition(_name), flops=operand_flops, family=Family.reduce)
 
 
 # ---------------------------------------------------------------------------------- derivatives
